@@ -45,8 +45,9 @@ import (
 //	                restored kernel finds these host files again). Sockets in it are left
 //	                out (the agent's own is made again). Owners as on the host.
 //	group,          a multi-container group's only: group.json (its sidecars' names and
-//	init-<k>,       image digests, its completed init containers' recorded exits), init
-//	member-<k>      container k's and sidecar k's agent state dirs (gvisor_group_export.go).
+//	init-<k>,       image digests, the recorded exits of its completed init containers
+//	member-<k>      and of its sidecars that had ended), init container k's and sidecar
+//	                k's agent state dirs (gvisor_group_export.go).
 //	volume-<index>  each disk volume of the spec (index into Spec.Volumes), from the
 //	                read-only btrfs snapshot taken with the memory image (or the volumes of
 //	                a checkpointed source as they are). Owners as the sandbox sees them

@@ -85,8 +85,8 @@ func TestForkFromCheckpointHostileParts(t *testing.T) {
 // TestForkFromCheckpointHostileGroupParts: a group's export adds parts (group: group.json,
 // member-<k>: a sidecar's agent state), as sandbox-made as the others: archives crafted
 // to write outside the staging dir are refused; a group.json that is a link (to a host
-// file holding a valid document), names other containers, is oversized or is not a
-// document is refused before any sandbox is made; nothing lands outside, nothing of the
+// file holding a valid document), names other containers, is oversized, is not a
+// document or records an ended sidecar's exit out of bounds is refused before any sandbox is made; nothing lands outside, nothing of the
 // import is left, no fork dir.
 func TestForkFromCheckpointHostileGroupParts(t *testing.T) {
 	e := exportEnv(t)
@@ -116,7 +116,12 @@ func TestForkFromCheckpointHostileGroupParts(t *testing.T) {
 		"two sidecars":                     zstdTar(t, dir, file(fileGroupExport, `{"members":[{"name":"side","digest":"sha256:b0b0"},{"name":"x","digest":"sha256:b0b0"}]}`)),
 		"oversized":                        zstdTar(t, dir, file(fileGroupExport, `{"members":[`+strings.Repeat(" ", 2*maxGroupJSON)+`]}`)),
 		"not a document":                   zstdTar(t, dir, file(fileGroupExport, "\x00\x01")),
-		"no group.json":                    empty,
+		// A sidecar that had ended: its recorded exit is what the import records.
+		"ended sidecar, exit code 4096":  zstdTar(t, dir, file(fileGroupExport, `{"members":[{"name":"side","digest":"sha256:b0b0","ended":{"exitCode":4096,"restarts":0,"reason":"Error","message":"","finishedAt":"2026-12-04T22:00:00Z"}}]}`)),
+		"ended sidecar, terminal escape": zstdTar(t, dir, file(fileGroupExport, `{"members":[{"name":"side","digest":"sha256:b0b0","ended":{"exitCode":1,"restarts":0,"reason":"Error","message":"\u001b]52;c;cHduZWQ=\u0007","finishedAt":"2026-12-04T22:00:00Z"}}]}`)),
+		"ended sidecar, far future":      zstdTar(t, dir, file(fileGroupExport, `{"members":[{"name":"side","digest":"sha256:b0b0","ended":{"exitCode":1,"restarts":0,"reason":"Error","message":"","finishedAt":"9999-01-01T00:00:00Z"}}]}`)),
+		"ended sidecar, 1 MiB message":   zstdTar(t, dir, file(fileGroupExport, `{"members":[{"name":"side","digest":"sha256:b0b0","ended":{"exitCode":1,"restarts":0,"reason":"Error","message":"`+strings.Repeat("m", 1<<20)+`","finishedAt":"2026-12-04T22:00:00Z"}}]}`)),
+		"no group.json":                  empty,
 	}
 	sp := volSpec("hgp", GVisorClass, []runtime.Volume{{Name: "data", SizeBytes: 64 << 20}}, "sleep 1000")
 	sp.Image = "busybox@sha256:b0b0"

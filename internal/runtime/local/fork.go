@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -45,9 +46,9 @@ import (
 // group's volumes snapshotted once).
 //
 // Not forked (refused): memory-medium volumes and disk volumes outside the btrfs pool
-// (they would need a full copy), groups with a sidecar that has ended
-// (gvisor_group_pause.go; completed init containers are recorded, not refused), Docker
-// Engine sandboxes.
+// (they would need a full copy), Docker Engine sandboxes. A group's containers that
+// have ended (completed init containers, sidecars that ended for good) are recorded in
+// each fork with the source's exit, never run again (gvisor_group_pause.go).
 
 // forkParallel bounds the forks restored concurrently.
 const forkParallel = 4
@@ -68,8 +69,9 @@ type forkParams struct {
 	// known before the checkpoint.
 	members       map[string]string
 	memberDigests map[string]string
-	// completed, for a group, are its init containers (completed before the checkpoint,
-	// so not in it) by name: each fork records them as completed, never run again.
+	// completed, for a group, are its containers that had ended before the checkpoint
+	// (so are not in it) by name: its init containers (completed) and its sidecars that
+	// ended for good. Each fork records them as ended as they were, never run again.
 	completed map[string]completedMember
 	// ready, when not nil, is closed once image, vols and run are set, or err (the
 	// source's checkpoint failed): the forks of a running source are made while it is
@@ -311,7 +313,21 @@ func (b *Backend) forkSource(ctx context.Context, s *sandbox) (fp *forkParams, c
 // forkCheckpoint checkpoints running sandbox s for forks and snapshots its volumes,
 // leaving its kernel paused; on an error it runs on.
 func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, func(), error) {
-	image, err := b.saveImage(ctx, s, filepath.Join(s.dir, "fork-"+randomName()))
+	var (
+		image string
+		held  []*sandbox
+		err   error
+	)
+	for attempt := 1; ; attempt++ {
+		image, held, err = b.saveImage(ctx, s, filepath.Join(s.dir, "fork-"+randomName()))
+		var me *errMemberEnded
+		if err == nil || !errors.As(err, &me) || attempt == saveAttempts {
+			break
+		}
+		// A member ended during the save: the next one records it as ended
+		// (gvisor_group_pause.go).
+		awaitMemberExit(ctx, me.m)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -329,7 +345,7 @@ func (b *Backend) forkCheckpoint(ctx context.Context, s *sandbox) (*forkParams, 
 		err = copyRunDir(ctx, filepath.Join(shownDir(s.dir), dirRun), fp.run)
 	}
 	if err == nil && len(s.members) > 0 {
-		fp.members, fp.completed, err = b.copyMemberRuns(ctx, s, image, &cleanups) // gvisor_group_pause.go
+		fp.members, fp.completed, err = b.copyMemberRuns(ctx, s, image, held, &cleanups) // gvisor_group_pause.go
 	}
 	if err != nil {
 		b.continueAfterSave(ctx, s, "")

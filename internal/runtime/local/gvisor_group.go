@@ -361,13 +361,21 @@ func (b *Backend) launchGVisorGroup(ctx context.Context, s *sandbox, spec *runti
 				errs[i] = containerErr(m.name, err)
 				return
 			}
-			if s.fork != nil && init {
-				// A fork's init container completed in the source, before its checkpoint
-				// (which does not hold it): recorded as completed, never run again.
-				if err := b.recordCompletedMember(ctx, s, m); err != nil { // gvisor_group_pause.go
+			if s.fork != nil {
+				// Known by now: the primary's restore waited for the source's checkpoint.
+				if err := s.fork.wait(ctx); err != nil {
 					errs[i] = containerErr(m.name, err)
+					return
 				}
-				return
+				if _, ended := s.fork.completed[m.name]; ended || init {
+					// A fork's container that had ended in the source before its
+					// checkpoint (which does not hold it: a completed init container, a
+					// sidecar that ended for good): recorded as it ended, never run again.
+					if err := b.recordCompletedMember(ctx, s, m); err != nil { // gvisor_group_pause.go
+						errs[i] = containerErr(m.name, err)
+					}
+					return
+				}
 			}
 			m.join, m.fork = join, s.fork
 			defer func() { m.join = nil }()

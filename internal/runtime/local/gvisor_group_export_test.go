@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -236,6 +237,50 @@ func TestReadGroupExport(t *testing.T) {
 			t.Logf("%s: %v", what, err)
 		}
 	}
+	// Sidecars that had ended: their exits recorded (any exit code 0-255 or none, one of
+	// the final reasons, bounded fields); a running sidecar has none, an ended one needs
+	// no digest.
+	ended := func(a, b string) string {
+		return `{"members":[{"name":"a","digest":"sha256:0a0a"` + a + `},{"name":"b","digest":"sha256:0b0b"` + b + `}]}`
+	}
+	endedAt := func(fields string) string { return `,"ended":{` + fields + `,"finishedAt":"2026-12-04T22:00:00Z"}` }
+	fp = &forkParams{}
+	stage = write(t, `{"members":[{"name":"a","digest":"","ended":{"exitCode":137,"restarts":6,"reason":"RestartLimit","message":"main command killed by signal 9 (killed)\n","finishedAt":"2026-12-04T22:00:00Z"}},{"name":"b","digest":"sha256:0b0b"}]}`)
+	if err := readGroupExport(stage, spec, fp); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := fp.completed["a"]; !ok || fp.members["a"] != "" || c.run != filepath.Join(stage, "member-0") || c.exit.ExitCode == nil || *c.exit.ExitCode != 137 ||
+		c.exit.Restarts != 6 || c.exit.Reason != "RestartLimit" || !c.exit.At.Equal(time.Date(2026, 12, 4, 22, 0, 0, 0, time.UTC)) || fp.members["b"] == "" {
+		t.Errorf("ended %+v, members %v", fp.completed, fp.members)
+	}
+	for _, fields := range []string{`"exitCode":0,"restarts":0,"reason":"Completed","message":""`, `"exitCode":null,"restarts":0,"reason":"StartError","message":"no such file"`,
+		`"exitCode":255,"restarts":1048576,"reason":"Error","message":""`, `"exitCode":0,"restarts":0,"reason":"Stopped","message":""`} {
+		if err := readGroupExport(write(t, ended(endedAt(fields), "")), spec, &forkParams{}); err != nil {
+			t.Errorf("%s: %v", fields, err)
+		}
+	}
+	for what, body := range map[string]string{
+		"exit code 256":        ended(endedAt(`"exitCode":256,"restarts":0,"reason":"Error","message":""`), ""),
+		"negative exit code":   ended(endedAt(`"exitCode":-9,"restarts":0,"reason":"Error","message":""`), ""),
+		"unknown reason":       ended(endedAt(`"exitCode":1,"restarts":0,"reason":"Pwned","message":""`), ""),
+		"completed, code 1":    ended(endedAt(`"exitCode":1,"restarts":0,"reason":"Completed","message":""`), ""),
+		"reason with escape":   ended(endedAt(`"exitCode":1,"restarts":0,"reason":"Error\u001b[2J","message":""`), ""),
+		"long message":         ended(endedAt(`"exitCode":1,"restarts":0,"reason":"Error","message":"`+strings.Repeat("m", maxCompletedMessage+1)+`"`), ""),
+		"control in message":   ended(endedAt(`"exitCode":1,"restarts":0,"reason":"Error","message":"a\u0007b"`), ""),
+		"huge restarts":        ended(endedAt(`"exitCode":1,"restarts":1048577,"reason":"Error","message":""`), ""),
+		"no finish time":       ended(`,"ended":{"exitCode":1,"restarts":0,"reason":"Error","message":""}`, ""),
+		"finish in the future": ended(`,"ended":{"exitCode":1,"restarts":0,"reason":"Error","message":"","finishedAt":"`+future+`"}`, ""),
+		"unknown field":        ended(endedAt(`"exitCode":1,"restarts":0,"reason":"Error","message":"","pid":1`), ""),
+		"bad digest":           ended(`,"digest":"../x"`+endedAt(`"exitCode":1,"restarts":0,"reason":"Error","message":""`), ""),
+		"running, no digest":   `{"members":[{"name":"a","digest":""},{"name":"b","digest":"sha256:0b0b"}]}`,
+		"unknown container":    `{"members":[{"name":"a","digest":"sha256:0a0a"},{"name":"c","digest":"sha256:0b0b"` + endedAt(`"exitCode":1,"restarts":0,"reason":"Error","message":""`) + `}]}`,
+	} {
+		if err := readGroupExport(write(t, body), spec, &forkParams{}); !errors.Is(err, runtime.ErrInvalidSpec) {
+			t.Errorf("ended sidecar, %s: %v, want refused", what, err)
+		} else {
+			t.Logf("ended sidecar, %s: %v", what, err)
+		}
+	}
 	// A link in place of group.json (to a file the host reads) is not followed.
 	stage = t.TempDir()
 	target := filepath.Join(t.TempDir(), "host.json")
@@ -251,4 +296,30 @@ func TestReadGroupExport(t *testing.T) {
 	if err := readGroupExport(stage, spec, &forkParams{}); err == nil {
 		t.Error("a symlinked group.json was followed")
 	}
+}
+
+// FuzzEndedExit: whatever a sidecar's recorded exit holds (its agent's status, which the
+// sandbox can write, fed it), the exit a fork records of it (endedExit) is one an
+// import accepts (endedInvalid), and one already acceptable is kept as it is.
+func FuzzEndedExit(f *testing.F) {
+	f.Add(int32(7), true, 1, "RestartLimit", "", int64(1764885600))
+	f.Add(int32(0), true, 0, "Completed", "done", int64(1764885600))
+	f.Add(int32(300), true, -4, "Pwned\x1b", "a\x07\xff"+strings.Repeat("é", 600), int64(-1))
+	f.Add(int32(0), false, 99999999, "", "", int64(1<<40))
+	f.Fuzz(func(t *testing.T, code int32, hasCode bool, restarts int, reason, msg string, at int64) {
+		now := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+		ex := runtime.Exit{Restarts: restarts, Reason: reason, Message: msg, At: time.Unix(at, 0)}
+		if hasCode {
+			ex.ExitCode = &code
+		}
+		got := endedExit(ex, now)
+		ge := exportExit(got)
+		if why := endedInvalid(&ge, now); why != "" {
+			t.Fatalf("endedExit(%+v) = %+v: refused: %s", ex, got, why)
+		}
+		if endedInvalid(&groupExportExit{ExitCode: ex.ExitCode, Restarts: ex.Restarts, Reason: ex.Reason, Message: ex.Message, FinishedAt: ex.At.UTC()}, now) == "" &&
+			!reflect.DeepEqual(exportExit(got), exportExit(ex)) {
+			t.Fatalf("endedExit(%+v) = %+v: an acceptable exit changed", ex, got)
+		}
+	})
 }

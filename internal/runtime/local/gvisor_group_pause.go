@@ -33,15 +33,33 @@ import (
 //     for the restored sentry (Resume) or "stopped while paused" (Stop).
 //   - The group's volumes are the primary's (group.go): they stay in place as for a
 //     single container, once for the whole group.
-//   - A container that has ended (a completed init container, a sidecar that gave up)
-//     would still be counted by runsc's save (its init process is kept until runsc
-//     deletes the container), and a restore would have to register it again, which an
-//     ended container cannot be. So it is deleted in runsc before the save
-//     (dropEndedMembers); its exit and its agent's last status stay in its dir, so it
-//     is reported as it was. The members the checkpoint holds are listed in it
-//     (fileCkMembers, written before the checkpoint is committed); the restore
-//     registers those. A member that ends between that deletion and the save (the
-//     kernel is paused first) makes the checkpoint fail, the group running on.
+//   - A container that has ended (a completed init container, a sidecar that ended for
+//     good: completed, or failed after its restart limit — its agent, the container's
+//     init, has exited) would still be counted by runsc's save (its init process is
+//     kept until runsc deletes the container), and a restore would have to register it
+//     again, which an ended container cannot be. So it is deleted in runsc before the
+//     save (dropEndedMembers); its exit and its agent's last status stay in its dir, so
+//     it is reported as it was (and forks record it from there, see below). The members
+//     the checkpoint holds are listed in it (fileCkMembers, written before the
+//     checkpoint is committed); the restore registers those.
+//   - No member is lost or run twice by ending during a checkpoint: saveImage reads once
+//     (dropEndedMembers) which members have ended — a member has ended when its watcher
+//     has recorded its exit (m.done closed; final: a container's agent restarts its
+//     command itself and, once it exits, the container never runs again) — and that
+//     reading is the checkpoint's: those are deleted and recorded, the others (held)
+//     are to be in the image. The kernel is then paused (`runsc pause`: no container
+//     changes state from there until the save is done), and every held member is
+//     checked running in runsc (checkMembersRunning; one whose agent cannot be
+//     suspended before the pause is checked likewise). One that ended between the
+//     reading and the pause (its exit not yet recorded, perhaps in the image as a
+//     stopped container) fails this checkpoint (errMemberEnded): the image is dropped,
+//     the group runs on, its watcher records the exit (a Pause's checkpoint wait is
+//     cleared for it: endGroupCk), and the checkpoint is taken again (saveAttempts),
+//     this time with the member recorded as ended. A member that ends after the pause
+//     (the kernel running again after a fork's save) is in the image as running: each
+//     fork continues it from there and it ends there in its own time, as in the source;
+//     it is not recorded (copyMemberRuns goes by the held list, not by what has ended
+//     since).
 //   - Forks of a group (fork.go): the sentry is checkpointed once (saveImage, the source
 //     continuing after it), with a copy of every container's agent state dir
 //     (copyMemberRuns), and each fork is made as a group is created (createGroup:
@@ -50,12 +68,13 @@ import (
 //     source's), but `runsc restore` of its root container (the sentry, into the fork's
 //     own cgroup) then of each member takes the place of `runsc run` and the start
 //     sequence (restoreGroupFork, finishGroupFork): the containers continue where the
-//     source's were. Completed init containers (every group's, once it runs) are not in
-//     the checkpoint: each fork records them as completed instead of launching them
-//     (recordCompletedMember: the source's exit, a copy of its agent state dir for its
-//     logs and last status, nothing run), and its sentry is restored with the running
-//     containers only, as the checkpoint holds them. A group with a sidecar that has
-//     ended is not forked (groupForkUnsupported).
+//     source's were. Completed init containers (every group's, once it runs) and
+//     sidecars that ended for good before the checkpoint are not in it: each fork
+//     records them as they ended instead of launching them (recordCompletedMember: the
+//     source's exit — an init container's exit code 0, a sidecar's exit code, reason,
+//     message, restart count and finish time, bounded by endedExit — and a copy of its
+//     agent state dir for its logs and last status, nothing run), and its sentry is
+//     restored with the running containers only, as the checkpoint holds them.
 //   - runsc's restore validates each container's spec against the one in the
 //     checkpoint (runsc/specutils/restore.go, validateSpecs), annotations included,
 //     and a group's root carries dev.gvisor.spec.cgroup-parent, the sentry's cgroup:
@@ -86,7 +105,8 @@ import (
 //         sources, namespace paths, environment, resources) and in that annotation.
 //   - Exports of groups (export.go, whose import is a fork or a move on another runner):
 //     the bundle carries each member's agent state dir and the members' names and image
-//     digests, and the completed init containers' agent state dirs and recorded exits,
+//     digests, and the recorded exits of the completed init containers and of the
+//     sidecars that had ended,
 //     besides the sentry's image and the group's volumes (gvisor_group_export.go); the
 //     import makes the group as a local fork is made.
 
@@ -142,44 +162,91 @@ func checkpointGroupUnsupported(s *sandbox) string {
 }
 
 // dropEndedMembers deletes the ended members of group s in runsc (see above), so that
-// its save counts only the running containers.
-func (b *Backend) dropEndedMembers(ctx context.Context, s *sandbox) error {
+// its save counts only the running containers, and returns the others: the members
+// the checkpoint is to hold (checked running once the kernel is paused,
+// checkMembersRunning). Whether a member has ended is read here once (its watcher has
+// recorded its exit: final), and that reading decides for the whole checkpoint: an
+// ended member's checkpoint wait (Pause's) is cleared, its exit and agent state dir
+// are what forks record.
+func (b *Backend) dropEndedMembers(ctx context.Context, s *sandbox) ([]*sandbox, error) {
+	var held, ended []*sandbox
 	for _, m := range s.members {
-		if !memberEnded(m) {
-			continue
-		}
-		if _, err := s.rt.run(ctx, "delete", "--force", m.cid); err != nil && !notExist(err) {
-			b.log.Warn("checkpoint: delete an ended container", "sandbox", s.id, "container", m.name, "err", err)
-			return fmt.Errorf("container %q has ended and runsc could not delete it before the checkpoint", m.name)
+		if memberEnded(m) {
+			ended = append(ended, m)
+		} else {
+			held = append(held, m)
 		}
 	}
-	return nil
+	b.mu.Lock()
+	for _, m := range ended {
+		m.ck = nil // its watcher is done (done closed): nothing waits on it
+	}
+	b.mu.Unlock()
+	for _, m := range ended {
+		if _, err := s.rt.run(ctx, "delete", "--force", m.cid); err != nil && !notExist(err) {
+			b.log.Warn("checkpoint: delete an ended container", "sandbox", s.id, "container", m.name, "err", err)
+			return nil, fmt.Errorf("container %q has ended and runsc could not delete it before the checkpoint", m.name)
+		}
+	}
+	return held, nil
 }
 
-// checkMembersRunning reports an error if a member of s that the checkpoint is to hold
-// is no longer running in runsc (its kernel paused: nothing changes from here on).
-func (b *Backend) checkMembersRunning(ctx context.Context, s *sandbox) error {
-	for _, m := range b.ckMembers(s) {
+// errMemberEnded is a checkpoint of a group that did not take because member m, which
+// it was to hold, ended between dropEndedMembers and the pause of the kernel: it may
+// be in the image as a stopped container, and its exit is not yet recorded. The group
+// runs on; once m's watcher has recorded its exit (awaitMemberExit) a new checkpoint
+// records m as ended (saveAttempts).
+type errMemberEnded struct{ m *sandbox }
+
+func (e *errMemberEnded) Error() string {
+	return fmt.Sprintf("container %q ended during the checkpoint: try again", e.m.name)
+}
+
+// saveAttempts bounds the checkpoints of a group tried when a member ends during one.
+const saveAttempts = 3
+
+// awaitMemberExit waits (bounded) until member m's exit is recorded.
+func awaitMemberExit(ctx context.Context, m *sandbox) {
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-m.done:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// checkMembersRunning returns an *errMemberEnded if a member of s that the checkpoint
+// is to hold (held) is no longer running in runsc (its kernel paused: nothing changes
+// from here on).
+func (b *Backend) checkMembersRunning(ctx context.Context, s *sandbox, held []*sandbox) error {
+	for _, m := range held {
 		st, err := s.rt.state(ctx, m.cid)
 		if err == nil && st.Status != "running" && st.Status != "paused" {
 			err = fmt.Errorf("it is %s", st.Status)
 		}
 		if err != nil {
 			b.log.Warn("checkpoint: a container is not running", "sandbox", s.id, "container", m.name, "err", err)
-			return fmt.Errorf("container %q ended during the checkpoint: try again", m.name)
+			return &errMemberEnded{m: m}
 		}
 	}
 	return nil
 }
 
+// memberStopped reports whether member m of s is no longer running in runsc.
+func (b *Backend) memberStopped(ctx context.Context, s, m *sandbox) bool {
+	st, err := s.rt.state(ctx, m.cid)
+	return err != nil || (st.Status != "running" && st.Status != "paused")
+}
+
 // writeCkMembers lists the members image (a checkpoint of group s, not yet committed)
 // holds.
-func (b *Backend) writeCkMembers(s *sandbox, image string) error {
+func (b *Backend) writeCkMembers(s *sandbox, held []*sandbox, image string) error {
 	if len(s.members) == 0 {
 		return nil
 	}
 	names := []string{}
-	for _, m := range b.ckMembers(s) {
+	for _, m := range held {
 		names = append(names, m.name)
 	}
 	return writeJSONAtomic(filepath.Join(image, fileCkMembers), names)
@@ -362,20 +429,13 @@ func groupRestored(s *sandbox, image string) bool {
 	return true
 }
 
-// groupForkUnsupported says why group s cannot be forked ("" if it can). A completed
-// init container is no obstacle (each fork records it as completed); a sidecar that has
-// ended is: a fork would have to hold a sidecar that is neither in the checkpoint nor
-// able to run again (its agent gave up on it), which is not implemented.
+// groupForkUnsupported says why group s cannot be forked ("" if it can). Its containers
+// that have ended (completed init containers, sidecars that ended for good) are no
+// obstacle: each fork records them as they ended.
 func (b *Backend) groupForkUnsupported(s *sandbox) string {
 	if m := b.pausedOf(s); m != nil && m.Released {
 		if _, _, err := checkpointedMemberRuns(s, filepath.Join(s.dir, dirCheckpoint)); err != nil {
 			return err.Error()
-		}
-		return ""
-	}
-	for _, m := range s.members {
-		if memberEnded(m) && !isInitMember(s, m) {
-			return fmt.Sprintf("container %q has ended: forks of a group with a sidecar that has ended are not implemented", m.name)
 		}
 	}
 	return ""
@@ -387,7 +447,8 @@ func isInitMember(s *sandbox, m *sandbox) bool {
 	return c != nil && init
 }
 
-// completedMember is a completed init container of a group a fork starts from: its
+// completedMember is a container of a group a fork starts from that had ended before
+// the checkpoint (a completed init container, a sidecar that ended for good): its
 // recorded exit and (when known) its agent state dir (its logs and last status).
 type completedMember struct {
 	exit runtime.Exit
@@ -406,18 +467,28 @@ func completedExit(name string, ex runtime.Exit) (runtime.Exit, error) {
 	return ex.WithDefaultReason(), nil
 }
 
-// recordCompletedMember records init container m of fork s as completed (as the
-// source's was, from s.fork.completed) instead of launching it: its dir holds its exit
-// and a copy of its agent state dir (its logs), nothing runs, and it ends at once.
+// memberExit is the recorded exit of ended member m of group s as a fork records it:
+// an init container's as completedExit, a sidecar's as endedExit.
+func memberExit(s, m *sandbox, ex runtime.Exit) (runtime.Exit, error) {
+	if isInitMember(s, m) {
+		return completedExit(m.name, ex)
+	}
+	return endedExit(ex, time.Now()), nil // gvisor_group_export.go
+}
+
+// recordCompletedMember records member m of fork s, which had ended in the source
+// before its checkpoint (s.fork.completed: an init container, a sidecar that ended for
+// good), as ended as it was instead of launching it: its dir holds its exit and a copy
+// of its agent state dir (its logs), nothing runs, and it ends at once.
 func (b *Backend) recordCompletedMember(ctx context.Context, s, m *sandbox) error {
 	if err := s.fork.wait(ctx); err != nil {
 		return err
 	}
 	c, ok := s.fork.completed[m.name]
 	if !ok {
-		return fmt.Errorf("init container: its completion is not recorded in the checkpoint")
+		return fmt.Errorf("its exit is not recorded in the checkpoint")
 	}
-	ex, err := completedExit(m.name, c.exit)
+	ex, err := memberExit(s, m, c.exit)
 	if err != nil {
 		return err
 	}
@@ -485,9 +556,9 @@ func memberDigests(s *sandbox) map[string]string {
 }
 
 // checkpointedMemberRuns returns the agent state dirs of checkpointed group s's members
-// by name, as forks of its checkpoint image start from them, and its completed init
-// containers (not in the checkpoint: their exits recorded in their dirs); an error if
-// the checkpoint lacks a sidecar.
+// by name, as forks of its checkpoint image start from them, and the members that had
+// ended before it was taken (not in it: their exits recorded in their dirs), as
+// copyMemberRuns does for a running group.
 func checkpointedMemberRuns(s *sandbox, image string) (map[string]string, map[string]completedMember, error) {
 	var names []string
 	if err := readJSON(filepath.Join(image, fileCkMembers), &names); err != nil {
@@ -505,14 +576,11 @@ func checkpointedMemberRuns(s *sandbox, image string) (map[string]string, map[st
 			out[m.name] = run
 			continue
 		}
-		if !isInitMember(s, m) {
-			return nil, nil, fmt.Errorf("container %q had ended before the group was paused: forks of a group with a sidecar that has ended are not implemented", m.name)
-		}
 		var ex runtime.Exit
 		if err := readJSON(filepath.Join(m.dir, fileExit), &ex); err != nil {
-			return nil, nil, fmt.Errorf("init container %q: its exit is not recorded: %w", m.name, err)
+			return nil, nil, fmt.Errorf("container %q is not in the checkpoint and its exit is not recorded: %w", m.name, err)
 		}
-		ex, err := completedExit(m.name, ex)
+		ex, err := memberExit(s, m, ex)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -522,24 +590,23 @@ func checkpointedMemberRuns(s *sandbox, image string) (map[string]string, map[st
 }
 
 // copyMemberRuns copies the agent state dirs of running group s's members (its kernel
-// paused after the checkpoint into image) next to image, for its forks; cleanups gets
-// what removes them. Completed init containers (dropped from the save) are returned
-// with their exits; a sidecar that ended before the save fails the fork.
-func (b *Backend) copyMemberRuns(ctx context.Context, s *sandbox, image string, cleanups *[]func()) (map[string]string, map[string]completedMember, error) {
+// paused after the checkpoint into image, which holds the members held) next to image,
+// for its forks; cleanups gets what removes them. The members not held had ended before
+// the save (dropEndedMembers: their exits recorded, final) and are returned with their
+// exits. A member held that has ended since (after the kernel was checked paused with it
+// running) is in the checkpoint: each fork continues it from there, as the source does.
+func (b *Backend) copyMemberRuns(ctx context.Context, s *sandbox, image string, held []*sandbox, cleanups *[]func()) (map[string]string, map[string]completedMember, error) {
 	out := map[string]string{}
 	done := map[string]completedMember{}
 	for _, m := range s.members {
-		ended := memberEnded(m)
+		ended := !slices.Contains(held, m)
 		var ex runtime.Exit
 		if ended {
-			if !isInitMember(s, m) {
-				return nil, nil, fmt.Errorf("container %q ended during the fork's checkpoint: try again", m.name)
+			if !memberEnded(m) { // dropEndedMembers left out only ended members
+				return nil, nil, fmt.Errorf("container %q is not in the checkpoint and has not ended", m.name)
 			}
-			b.mu.Lock()
-			ex = m.exit
-			b.mu.Unlock()
 			var err error
-			if ex, err = completedExit(m.name, ex); err != nil {
+			if ex, err = memberExit(s, m, m.exit); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -630,7 +697,7 @@ func (b *Backend) finishGroupFork(ctx context.Context, s *sandbox) (err error) {
 	s.proc = gvisorProc(s, raw)
 	b.mu.Unlock()
 	s.info.Pid, s.info.PidStart = pid, raw.start
-	running := containersOf(s)[1:] // a completed init container is recorded, not restored
+	running := containersOf(s)[1:] // an ended member (recordCompletedMember) is recorded, not restored
 	if _, err := b.attachRestoredMembers(s, running, pid); err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -286,9 +284,7 @@ func checkInitGroup(t *testing.T, b *Backend, id, when string) {
 // group runs with its init container recorded as completed (the source's exit and log,
 // never run again) and its app and sidecar continuing from memory; the moved group
 // pauses and resumes there in a restarted backend. A tampered group.json in the store
-// (the init container's recorded exit) is refused, leaving nothing. A group whose
-// sidecar has ended is still refused (fork and export): that sidecar is neither in the
-// checkpoint nor able to run again, and recording it is not implemented.
+// (the init container's recorded exit) is refused, leaving nothing.
 func TestPauseExportGVisorGroupInit(t *testing.T) {
 	e := exportEnv(t)
 	e2 := exportEnv(t) // the other runner
@@ -440,32 +436,7 @@ func TestPauseExportGVisorGroupInit(t *testing.T) {
 		checkNoLeaks(t, e2.state, x)
 	}
 
-	// A group whose sidecar has ended: refused, before anything is made or written.
-	const gid = "gxi-end"
-	ended := runtime.Spec{ID: gid, RuntimeClass: GVisorClass,
-		Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh", Args: []string{"-c", counterLoop}},
-		Sidecars:  []runtime.Container{{Name: "side", Image: "busybox", Command: "true"}}}
-	e.create(ended)
-	waitFor(t, func() bool { // its exit recorded (the watcher's), not only its agent's status
-		sb, err := e.b.get(ctx, gid)
-		return err == nil && sb.container("side") != nil && memberEnded(sb.container("side"))
-	})
-	f := ended.Clone()
-	f.ID = "gxi-end-f"
-	if _, errs := e.b.Fork(ctx, gid, []*runtime.Spec{&f}); !errors.Is(errs[0], errdefs.ErrNotImplemented) || !strings.Contains(errs[0].Error(), `container "side" has ended`) {
-		t.Errorf("fork of a group whose sidecar ended: %v, want refused", errs[0])
-	}
-	if _, err := e.b.ExportCheckpoint(ctx, gid, func(context.Context, string, io.Reader) error {
-		t.Error("put called for a refused export")
-		return nil
-	}); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), `container "side" has ended`) {
-		t.Errorf("export of a group whose sidecar ended: %v, want refused", err)
-	}
-	checkNoLeaks(t, e.state, f.ID)
-	if err := e.b.Destroy(ctx, gid); err != nil {
-		t.Fatal(err)
-	}
-	checkNoLeaks(t, e.state, gid)
+	// A group whose sidecar has ended: TestGVisorGroupEndedSidecar.
 }
 
 // BenchmarkPauseResumeGVisorGroup: a checkpoint pause and a resume of an idle

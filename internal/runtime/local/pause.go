@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -214,23 +215,39 @@ func (b *Backend) checkpointUnsupported(s *sandbox) string {
 // checkpoint checkpoints running gVisor sandbox s (opMu held) into <dir>/checkpoint and
 // ends its sentry; on an error the sandbox runs on as it was.
 func (b *Backend) checkpoint(ctx context.Context, s *sandbox) (int64, error) {
-	ck := &ckWait{next: make(chan ckNext, 1)}
-	b.mu.Lock()
-	s.ck = ck
-	b.mu.Unlock()
-	b.setGroupCk(s, true) // a group's members wait through it too
-	tmp, err := b.saveImage(ctx, s, filepath.Join(s.dir, dirCheckpointTmp))
-	if err != nil {
+	var (
+		ck   *ckWait
+		tmp  string
+		held []*sandbox
+		err  error
+	)
+	for attempt := 1; ; attempt++ {
+		ck = &ckWait{next: make(chan ckNext, 1)}
+		b.mu.Lock()
+		s.ck = ck
+		b.mu.Unlock()
+		b.setGroupCk(s, true) // a group's members wait through it too
+		tmp, held, err = b.saveImage(ctx, s, filepath.Join(s.dir, dirCheckpointTmp))
+		if err == nil {
+			break
+		}
 		b.mu.Lock()
 		s.ck = nil
 		b.mu.Unlock()
 		if s.proc == nil || s.proc.exited() {
 			ck.next <- ckNext{} // the sandbox did not survive: its watcher records the exit
+			b.endGroupCk(s)
+			return 0, err
 		}
-		b.endGroupCk(s)
-		return 0, err
+		b.endGroupCk(s) // a member that ended meanwhile records its exit now
+		var me *errMemberEnded
+		if !errors.As(err, &me) || attempt == saveAttempts {
+			return 0, err
+		}
+		// The next checkpoint records it as ended (gvisor_group_pause.go).
+		awaitMemberExit(ctx, me.m)
 	}
-	if err := b.writeCkMembers(s, tmp); err != nil {
+	if err := b.writeCkMembers(s, held, tmp); err != nil {
 		b.continueAfterSave(ctx, s, tmp)
 		return 0, b.abandonCheckpoint(s, ck, err)
 	}
@@ -260,18 +277,19 @@ func (b *Backend) checkpoint(ctx context.Context, s *sandbox) (int64, error) {
 }
 
 // saveImage writes a checkpoint of running gVisor sandbox s into dir (made afresh),
-// leaving the sandbox's kernel paused and its agent suspended; it returns dir. On an
-// error the sandbox runs again as before and dir is gone.
-func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string, error) {
+// leaving its kernel paused; it returns dir and, for a group, the members the
+// checkpoint holds (its other members had ended: dropEndedMembers). On an error s runs
+// on; a group member that ended during the save is an *errMemberEnded.
+func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string, []*sandbox, error) {
 	if err := os.RemoveAll(dir); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", err
+		return "", nil, err
 	}
-	fail := func(err error) (string, error) {
+	fail := func(err error) (string, []*sandbox, error) {
 		_ = os.RemoveAll(dir)
-		return "", err
+		return "", nil, err
 	}
 	if testImageDirHook != nil {
 		if err := testImageDirHook(dir); err != nil {
@@ -280,20 +298,31 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 	}
 	failpoint.Hit("local.pause.tmp")
 	t := time.Now()
-	if err := b.dropEndedMembers(ctx, s); err != nil {
+	held, err := b.dropEndedMembers(ctx, s)
+	if err != nil {
 		return fail(err)
 	}
+	running := append([]*sandbox{s}, held...)
 	// Every container's agent (a group's: each has its own channel).
 	resumeAll := func() {
-		for _, c := range containersOf(s) {
+		for _, c := range running {
 			b.resumeAgent(ctx, c)
 		}
-		for _, c := range containersOf(s) {
+		for _, c := range running {
 			b.awaitAgent(ctx, c)
 		}
 	}
-	for _, c := range containersOf(s) {
+	if testSaveHook != nil {
+		testSaveHook(s)
+	}
+	for _, c := range running {
 		if err := b.suspendAgent(ctx, c); err != nil {
+			if c.member && b.memberStopped(ctx, s, c) {
+				// It ended since dropEndedMembers: see checkMembersRunning.
+				running = slices.DeleteFunc(running, func(x *sandbox) bool { return x == c })
+				resumeAll()
+				return fail(&errMemberEnded{m: c})
+			}
 			resumeAll()
 			if c.member {
 				err = fmt.Errorf("container %q: %w", c.name, err)
@@ -309,13 +338,17 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 	}
 	failpoint.Hit("local.pause.paused")
 	b.step(ctx, "save: runsc pause", &t)
-	if err := b.checkMembersRunning(ctx, s); err != nil {
-		b.continueAfterSave(ctx, s, "")
+	if err := b.checkMembersRunning(ctx, s, held); err != nil {
+		var me *errMemberEnded
+		if errors.As(err, &me) {
+			running = slices.DeleteFunc(running, func(c *sandbox) bool { return c == me.m })
+		}
+		b.continueContainers(ctx, s, running, "")
 		return fail(err)
 	}
 	if _, err := s.rt.run(ctx, "checkpoint", "--leave-running", "--image-path="+dir, s.cid); err != nil {
 		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
-		b.continueAfterSave(ctx, s, "")
+		b.continueContainers(ctx, s, running, "")
 		if strings.Contains(err.Error(), "bound host socket") {
 			// Not the agent's (it has closed its listener and says so before the save;
 			// a resume of an earlier suspension cannot reopen it: agent/relisten.go):
@@ -328,22 +361,32 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 	}
 	failpoint.Hit("local.pause.saved")
 	b.step(ctx, "save: runsc checkpoint", &t)
-	return dir, nil
+	return dir, held, nil
 }
+
+// testSaveHook, when set (tests), runs in saveImage once the ended members are dropped,
+// before the agents are suspended and the kernel paused.
+var testSaveHook func(s *sandbox)
 
 // continueAfterSave resumes the paused kernel and the suspended agent of s after
 // saveImage (removing image unless "").
 func (b *Backend) continueAfterSave(ctx context.Context, s *sandbox, image string) {
+	b.continueContainers(ctx, s, containersOf(s), image)
+}
+
+// continueContainers resumes the paused kernel of s and the suspended agents of
+// containers cs (removing image unless "").
+func (b *Backend) continueContainers(ctx context.Context, s *sandbox, cs []*sandbox, image string) {
 	if image != "" {
 		_ = os.RemoveAll(image)
 	}
-	for _, c := range containersOf(s) {
+	for _, c := range cs {
 		markResume(filepath.Join(shownDir(c.dir), dirRun))
 	}
 	if _, err := s.rt.run(ctx, "resume", s.cid); err != nil {
 		b.log.Warn("checkpoint: resume the sandbox", "sandbox", s.id, "err", err)
 	}
-	for _, c := range containersOf(s) {
+	for _, c := range cs {
 		b.awaitAgent(ctx, c)
 	}
 }
