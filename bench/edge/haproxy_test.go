@@ -2,7 +2,6 @@ package edgebench
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // haproxyConfig gives HAProxy the edge's two jobs: end TLS and proxy HTTP/1.1 with
@@ -100,10 +100,9 @@ func startHAProxy(dir string, ca *pki.CA, httpBackend, tlsBackend netip.AddrPort
 
 // freeAddr returns a loopback address nothing listens on (just now).
 func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := testenv.FreeAddr()
 	if err != nil {
 		panic(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return a
 }

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -122,12 +121,11 @@ func dev(b *testing.B) *server {
 }
 
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := testenv.FreeAddr()
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 func start() (*server, error) {

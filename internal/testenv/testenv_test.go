@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,4 +211,26 @@ func TestPruneAgents(t *testing.T) {
 	if strings.Join(left, " ") != "keep recent" {
 		t.Errorf("left %v, want [keep recent]", left)
 	}
+}
+
+// TestFreeAddr: addresses handed out are loopback, free when returned, and never
+// handed out twice.
+func TestFreeAddr(t *testing.T) {
+	seen := map[string]bool{}
+	for range 200 {
+		a, err := FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[a] {
+			t.Fatalf("%s handed out twice", a)
+		}
+		seen[a] = true
+	}
+	a, _ := FreeAddr()
+	l, err := net.Listen("tcp", a)
+	if err != nil {
+		t.Fatalf("listen on the free %s: %v", a, err)
+	}
+	l.Close()
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // startSplitGateway is startGateway with the runner behind runnerapi: the gateway reaches
@@ -332,12 +333,11 @@ func TestSplitProcesses(t *testing.T) {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := testenv.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return a
 }
 
 // startProcess starts bin with args and waits until its stdout prints a line starting
