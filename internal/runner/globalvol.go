@@ -209,7 +209,7 @@ func (r *Runner) checkGlobals(spec *runtime.Spec) error {
 		}
 		_, ok := r.backend.(runtime.VolumeCapturer)
 		if lc, live := r.backend.(runtime.LiveCapturer); !ok || (live && lc.CapturesLive()) {
-			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL: this runner's backend cannot upload a writer's copy when the sandbox ends (read-only mounts work)", v.Name)
+			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL: this runner's backend cannot upload a writer's copy when the sandbox ends (mount it read-only, or on another runner)", v.Name)
 		}
 	}
 	return nil
