@@ -25,4 +25,3 @@ func prepullStatus(h any) *controlplanev1.PrepullStatus {
 	}
 	return enroll.PrepullStatus(rep)
 }
-
