@@ -366,7 +366,9 @@ func heartbeat(ctx context.Context, st store.Store, r runner.Handle, log *slog.L
 			if err != nil {
 				return controlplane.Status{Version: version}, err
 			}
-			return runnerStatus(c), nil
+			s := runnerStatus(c)
+			s.Prepull = prepullStatus(r)
+			return s, nil
 		}, log)
 }
 

@@ -91,6 +91,7 @@ func enrollStatus(ctx context.Context, l *runner.Local) (*enroll.Status, error) 
 		Capacity:       resourcesProto(s.Capacity),
 		Usage:          resourcesProto(s.Usage),
 		SandboxesTotal: int64(len(l.R.List())),
+		Prepull:        prepullStatus(l),
 		// The control plane sends the desired release's checksums for it (self-update);
 		// startHeartbeat sets SelfUpdate.
 		Arch: runtime.GOARCH,

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -69,6 +70,8 @@ type Status struct {
 	Ready    bool
 	Capacity Resources
 	Usage    Resources
+	// Prepull: how the runner's image pre-pull stands; nil when its backend has none.
+	Prepull *controlplanev1.PrepullStatus
 }
 
 // Beat records one heartbeat of a runner: its status and the time. It leaves the etag
@@ -83,8 +86,12 @@ func Beat(ctx context.Context, st store.Store, org, runnerID string, s Status) e
 		return err
 	}
 	now := time.Now().UTC()
+	prepull, err := prepullJSON(s.Prepull, now)
+	if err != nil {
+		return err
+	}
 	return st.Runners().RecordHeartbeat(ctx, org, runnerID, store.RunnerStatus{
-		LastHeartbeatAt: &now, Version: s.Version, Ready: s.Ready, Capacity: capacity, Usage: usage,
+		LastHeartbeatAt: &now, Version: s.Version, Ready: s.Ready, Capacity: capacity, Usage: usage, Prepull: prepull,
 	})
 }
 

@@ -371,16 +371,17 @@ func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[contr
 	}
 	var vs violations
 	failedVersion, failure := checkSelfUpdateFailure(&vs, req.Msg.GetSelfUpdateFailedVersion(), req.Msg.GetSelfUpdateFailure())
+	now := s.now().UTC()
+	prepull := checkPrepull(&vs, req.Msg.GetPrepull(), now)
 	if err := vs.err("invalid heartbeat"); err != nil {
 		s.log.Warn("heartbeat refused", "org", org, "runner", id, "err", err)
 		return nil, err
 	}
 	capacity, _ := json.Marshal(Resources{MilliCPU: req.Msg.GetCapacity().GetMilliCpu(), MemoryBytes: req.Msg.GetCapacity().GetMemoryBytes()})
 	usage, _ := json.Marshal(Resources{MilliCPU: req.Msg.GetUsage().GetMilliCpu(), MemoryBytes: req.Msg.GetUsage().GetMemoryBytes(), Sandboxes: req.Msg.GetUsage().GetSandboxes()})
-	now := s.now().UTC()
 	if err := s.st.Runners().RecordHeartbeat(ctx, org, id, store.RunnerStatus{
 		LastHeartbeatAt: &now, Version: req.Msg.GetVersion(), Ready: req.Msg.GetReady(), Capacity: capacity, Usage: usage,
-		SelfUpdate: req.Msg.GetSelfUpdate(), SelfUpdateFailedVersion: failedVersion, SelfUpdateFailure: failure,
+		SelfUpdate: req.Msg.GetSelfUpdate(), SelfUpdateFailedVersion: failedVersion, SelfUpdateFailure: failure, Prepull: prepull,
 	}); err != nil {
 		return nil, runnerErr(id, "", err)
 	}

@@ -298,7 +298,7 @@ func (s *Service) CreateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, apierr.Newf(apierr.ControlPlaneUnavailable, "runner %s was created but its install into cluster %s could not start: %v; delete it and create it again",
 			rec.RunnerID, rec.ClusterID, err)
 	}
-	return s.withHalts(ctx, targets, rec.Org, s.withInstall(ctx, s.toProto(out, targets), rec.Org))
+	return s.withHalts(ctx, targets, rec.Org, s.withInstall(ctx, s.toProto(ctx, out, targets), rec.Org))
 }
 
 func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[controlplanev1.GetManagedRunnerRequest]) (*connect.Response[controlplanev1.ManagedRunner], error) {
@@ -315,7 +315,7 @@ func (s *Service) GetManagedRunner(ctx context.Context, req *connect.Request[con
 	if err != nil {
 		return nil, err
 	}
-	return s.withHalts(ctx, targets, r.Org, s.withInstall(ctx, s.toProto(r, targets), r.Org))
+	return s.withHalts(ctx, targets, r.Org, s.withInstall(ctx, s.toProto(ctx, r, targets), r.Org))
 }
 
 func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[controlplanev1.ListManagedRunnersRequest]) (*connect.Response[controlplanev1.ListManagedRunnersResponse], error) {
@@ -336,7 +336,7 @@ func (s *Service) ListManagedRunners(ctx context.Context, req *connect.Request[c
 	}
 	out := &controlplanev1.ListManagedRunnersResponse{NextPageToken: next}
 	for _, r := range rs {
-		out.ManagedRunners = append(out.ManagedRunners, s.withInstall(ctx, s.toProto(r, targets), r.Org))
+		out.ManagedRunners = append(out.ManagedRunners, s.withInstall(ctx, s.toProto(ctx, r, targets), r.Org))
 	}
 	if _, err := s.withHalts(ctx, targets, principal(ctx).Org, out.ManagedRunners...); err != nil {
 		return nil, err
@@ -359,7 +359,7 @@ func (s *Service) UpdateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	s.log.Info("runner updated", "org", org, "runner", id, "mask", req.Msg.GetUpdateMask().GetPaths(), "policy_revision", out.PolicyRevision)
-	return s.withHalts(ctx, targets, org, s.withInstall(ctx, s.toProto(out, targets), org))
+	return s.withHalts(ctx, targets, org, s.withInstall(ctx, s.toProto(ctx, out, targets), org))
 }
 
 // update writes u pinned to etag, or to the current version when etag is "" (retrying a
@@ -472,7 +472,7 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 		return nil, runnerErr(id, "", err)
 	}
 	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target, "deadline", att.Deadline)
-	return s.withHalts(ctx, targets, org, s.withInstall(ctx, s.toProto(out, targets), org))
+	return s.withHalts(ctx, targets, org, s.withInstall(ctx, s.toProto(ctx, out, targets), org))
 }
 
 // rolloutStatus fills st's install and rollout fields from its version, desired_version and
@@ -549,7 +549,7 @@ func resourcesProto(b json.RawMessage) *controlplanev1.RunnerResources {
 }
 
 // toProto is the runner as the API shows it; targets are channelTargets.
-func (s *Service) toProto(r store.Runner, targets map[string]string) *controlplanev1.ManagedRunner {
+func (s *Service) toProto(ctx context.Context, r store.Runner, targets map[string]string) *controlplanev1.ManagedRunner {
 	out := &controlplanev1.ManagedRunner{
 		RunnerId:       r.RunnerID,
 		ClusterId:      r.ClusterID,
@@ -587,6 +587,8 @@ func (s *Service) toProto(r store.Runner, targets map[string]string) *controlpla
 
 		SelfUpdateFailedVersion: r.Status.SelfUpdateFailedVersion,
 		SelfUpdateFailure:       r.Status.SelfUpdateFailure,
+
+		Prepull: s.prepullProto(ctx, r.Org, r.Status.Prepull),
 	}
 	_, st.UpdateAvailable = updateAvailable(r, targets)
 	rolloutStatus(st)

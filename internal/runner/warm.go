@@ -39,3 +39,17 @@ func (l *Local) SetWarmPools(ctx context.Context, targets []runtime.WarmTarget) 
 	}
 	return l.R.SetWarmPools(ctx, out)
 }
+
+// PrepullReport is how the backend's image pre-pull of the warm targets stands
+// (runtime.PrepullReporter: the local and Kubernetes backends); ok false when the
+// backend does not pre-pull.
+func (r *Runner) PrepullReport() (rep runtime.PrepullReport, ok bool) {
+	pr, ok := r.backend.(runtime.PrepullReporter)
+	if !ok {
+		return runtime.PrepullReport{}, false
+	}
+	return pr.PrepullReport(), true
+}
+
+// PrepullReport is the backend's (Runner.PrepullReport).
+func (l *Local) PrepullReport() (runtime.PrepullReport, bool) { return l.R.PrepullReport() }

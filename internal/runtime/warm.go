@@ -1,6 +1,10 @@
 package runtime
 
-import "context"
+import (
+	"context"
+	"strings"
+	"time"
+)
 
 // WarmPooler is an optional interface of a Backend: it keeps sandboxes pre-started for
 // the specs it is given (templates' warm pools, issue 22), so a Create of such a spec is
@@ -30,3 +34,66 @@ type WarmTarget struct {
 
 // MaxWarmSize bounds one target's Size (a template's sandboxd.warmPool.size).
 const MaxWarmSize = 16
+
+// PrepullReporter is an optional interface of a WarmPooler backend that pre-pulls the
+// warm targets' images (local: into the image store; Kubernetes: onto the nodes): how
+// far that is, per image, for the runner's heartbeat (the control plane's
+// ManagedRunnerStatus.prepull).
+type PrepullReporter interface {
+	PrepullReport() PrepullReport
+}
+
+// PrepullState is where one pre-pulled image stands.
+type PrepullState string
+
+const (
+	// PrepullPending: wanted, not tried yet.
+	PrepullPending PrepullState = "PENDING"
+	// PrepullPulling: a pull (local) or a pre-pull Pod (Kubernetes) is under way.
+	PrepullPulling PrepullState = "PULLING"
+	// PrepullPresent: pulled (local), or on every node it is wanted on (Kubernetes).
+	// A later refresh that fails keeps it PRESENT with LastError set.
+	PrepullPresent PrepullState = "PRESENT"
+	// PrepullFailed: the last attempt failed (LastError) and it is not present; retried
+	// at NextAttempt.
+	PrepullFailed PrepullState = "FAILED"
+)
+
+// Bounds of a PrepullReport: the images it lists (the backends' default pre-pull bound)
+// and the bytes of one LastError.
+const (
+	MaxPrepullReportImages = 64
+	MaxPrepullErrorLen     = 512
+)
+
+// PrepullReport is the pre-pull's state, per image, in the order the images are wanted.
+type PrepullReport struct {
+	// Images: at most MaxPrepullReportImages.
+	Images []PrepullImage
+	// LeftOut counts the images wanted but not listed: beyond the backend's pre-pull
+	// bound (not pre-pulled) or beyond MaxPrepullReportImages.
+	LeftOut int
+}
+
+// PrepullImage is one pre-pulled image.
+type PrepullImage struct {
+	Image string
+	// Target is the first warm target that wants it ("<org>/<template id>").
+	Target string
+	State  PrepullState
+	// NodesPresent and NodesTotal (Kubernetes only): the nodes the image is on, of those
+	// it is wanted on (ready nodes the targets' Pod settings allow).
+	NodesPresent, NodesTotal int
+	// LastError of the last failed attempt (at most MaxPrepullErrorLen bytes, valid
+	// UTF-8); "" after a success.
+	LastError string
+	// LastAttempt started the last pull; zero before one. NextAttempt is when it is
+	// pulled (or checked) again; zero while one is under way.
+	LastAttempt, NextAttempt time.Time
+}
+
+// Org is the organization of the image's target (the part of Target before the "/").
+func (i *PrepullImage) Org() string {
+	org, _, _ := strings.Cut(i.Target, "/")
+	return org
+}

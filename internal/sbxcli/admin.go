@@ -225,6 +225,10 @@ func (a *app) printRunner(r *controlplanev1.ManagedRunner, h runnerHealth) error
 		row("Memory", humanBytes(u.GetMemoryBytes())+" used of "+humanBytes(c.GetMemoryBytes()))
 		row("Sandboxes", fmt.Sprint(u.GetSandboxes()))
 	}
+	row("Image pre-pull", prepullSummary(st.GetPrepull()))
+	for _, im := range st.GetPrepull().GetImages() {
+		row("  Image", prepullImageLine(im))
+	}
 	policy := "never set"
 	if r.GetPolicy() != nil {
 		policy = fmt.Sprintf("revision %d (sbx admin runner policy get %s)", r.GetPolicyRevision(), r.GetRunnerId())

@@ -1,8 +1,10 @@
 package store_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,8 +281,9 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `ALTER TABLE sandboxes DROP COLUMN memory_bytes`)
 		rawExec(t, dsn, `DROP TABLE sandbox_volumes`) // of 0016, applied again
 		rawExec(t, dsn, `DROP TABLE volumes`)
-		rawExec(t, dsn, `DROP TABLE audit_events`) // of 0021, applied again
-		rawExec(t, dsn, `DROP TABLE secret_keys`)  // of 0022, applied again (0023 alters audit_events: dropped above)
+		rawExec(t, dsn, `DROP TABLE audit_events`)                 // of 0021, applied again
+		rawExec(t, dsn, `DROP TABLE secret_keys`)                  // of 0022, applied again (0023 alters audit_events: dropped above)
+		rawExec(t, dsn, `ALTER TABLE runners DROP COLUMN prepull`) // of 0024, applied again
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)
@@ -306,4 +309,48 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 			t.Fatalf("halts: %+v", hs)
 		}
 	})
+}
+
+// TestRunnerPrepullStatus: a heartbeat's pre-pull status is kept with the runner (Get,
+// List, the rollout's list), replaced by the next heartbeat (none clears it), bounded.
+func TestRunnerPrepullStatus(t *testing.T) {
+	eachStore(t, func(t *testing.T, s store.Store) {
+		ctx := t.Context()
+		mustOrg(t, s, "o1")
+		r := mustRunner(t, s, "o1", "r1", "c1")
+		if r.Status.Prepull != nil {
+			t.Fatalf("new runner: %s", r.Status.Prepull)
+		}
+		pp := json.RawMessage(`{"images":[{"image":"busybox:1","state":"PREPULL_PRESENT"}]}`)
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", store.RunnerStatus{Version: "v1", Prepull: pp}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Runners().Get(ctx, "o1", "r1")
+		if err != nil || !jsonEqual(got.Status.Prepull, pp) || got.Etag != r.Etag {
+			t.Fatalf("after a heartbeat: %s %v", got.Status.Prepull, err)
+		}
+		list, _, err := s.Runners().List(ctx, "o1", store.Page{})
+		if err != nil || len(list) != 1 || !jsonEqual(list[0].Status.Prepull, pp) {
+			t.Fatalf("list: %+v %v", list, err)
+		}
+		for _, bad := range []json.RawMessage{json.RawMessage(`{"images":`), json.RawMessage(`"` + strings.Repeat("x", store.MaxPrepullLen) + `"`)} {
+			if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", store.RunnerStatus{Prepull: bad}); !errors.Is(err, store.ErrInvalid) {
+				t.Fatalf("prepull of %d bytes: %v", len(bad), err)
+			}
+		}
+		if err := s.Runners().RecordHeartbeat(ctx, "o1", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Runners().Get(ctx, "o1", "r1"); got.Status.Prepull != nil {
+			t.Fatalf("after a heartbeat without one: %s", got.Status.Prepull)
+		}
+	})
+}
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	return reflect.DeepEqual(x, y)
 }

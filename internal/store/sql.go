@@ -205,7 +205,7 @@ const runnerCols = `org_id, runner_id, cluster_id, zone, runner_group_id, displa
 	desired_version, policy, policy_revision, revision, created_at, updated_at,
 	last_heartbeat_at, version, ready, capacity, usage, maintenance_policy,
 	self_update, update_from_version, update_to_version, update_state, update_reason,
-	update_started_at, update_deadline, update_ended_at, self_update_failed_version, self_update_failure`
+	update_started_at, update_deadline, update_ended_at, self_update_failed_version, self_update_failure, prepull`
 
 // The etag names one revision of one incarnation of a runner: a runner deleted and
 // created again under the same id does not accept the old etags.
@@ -228,7 +228,7 @@ func parseEtag(etag string) (created time.Time, revision int64, ok bool) {
 
 func scanRunner(r row) (Runner, error) {
 	var x Runner
-	var policy, capacity, usage, maint dbJSON
+	var policy, capacity, usage, maint, prepull dbJSON
 	var created, updated, heartbeat dbTime
 	var revision int64
 	var up UpdateAttempt
@@ -237,7 +237,7 @@ func scanRunner(r row) (Runner, error) {
 		&x.ReleaseChannel, &x.DesiredVersion, &policy, &x.PolicyRevision, &revision, &created, &updated,
 		&heartbeat, &x.Status.Version, &x.Status.Ready, &capacity, &usage, &maint,
 		&x.Status.SelfUpdate, &up.From, &up.To, &up.State, &up.Reason, &upStart, &upDeadline, &upEnd,
-		&x.Status.SelfUpdateFailedVersion, &x.Status.SelfUpdateFailure)
+		&x.Status.SelfUpdateFailedVersion, &x.Status.SelfUpdateFailure, &prepull)
 	if err != nil {
 		return Runner{}, err
 	}
@@ -246,7 +246,7 @@ func scanRunner(r row) (Runner, error) {
 		x.LastUpdate = &up
 	}
 	x.Policy, x.Status.Capacity, x.Status.Usage = json.RawMessage(policy), json.RawMessage(capacity), json.RawMessage(usage)
-	x.MaintenancePolicy = json.RawMessage(maint)
+	x.MaintenancePolicy, x.Status.Prepull = json.RawMessage(maint), json.RawMessage(prepull)
 	x.CreatedAt, x.UpdatedAt, x.Status.LastHeartbeatAt = created.t, updated.t, heartbeat.ptr()
 	x.Etag = runnerEtag(created.t, revision)
 	return x, nil
@@ -489,15 +489,22 @@ func (rn runners) RecordHeartbeat(ctx context.Context, org, runnerID string, st 
 	if err := checkSelfUpdateFailure(st); err != nil {
 		return err
 	}
+	if err := checkJSON("prepull", st.Prepull); err != nil {
+		return err
+	}
+	if len(st.Prepull) > MaxPrepullLen {
+		return invalid("prepull must be at most %d bytes (got %d)", MaxPrepullLen, len(st.Prepull))
+	}
 	at := now()
 	if st.LastHeartbeatAt != nil {
 		at = utc(*st.LastHeartbeatAt)
 	}
 	n, err := rn.s.d.exec(ctx, `UPDATE runners SET last_heartbeat_at = $3, version = $4, ready = $5,
-		capacity = $6, usage = $7, self_update = $8, self_update_failed_version = $9, self_update_failure = $10
+		capacity = $6, usage = $7, self_update = $8, self_update_failed_version = $9, self_update_failure = $10,
+		prepull = $11
 		WHERE org_id = $1 AND runner_id = $2`,
 		org, runnerID, at, st.Version, st.Ready, jsonArg(st.Capacity), jsonArg(st.Usage), st.SelfUpdate,
-		st.SelfUpdateFailedVersion, st.SelfUpdateFailure)
+		st.SelfUpdateFailedVersion, st.SelfUpdateFailure, jsonArg(st.Prepull))
 	if err != nil {
 		return fmt.Errorf("record heartbeat: %w", err)
 	}

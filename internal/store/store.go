@@ -327,7 +327,14 @@ type RunnerStatus struct {
 	// a reason needs a version.
 	SelfUpdateFailedVersion string
 	SelfUpdateFailure       string
+	// Prepull is how the runner's image pre-pull stands (the JSON of a
+	// controlplane.v1.PrepullStatus), replaced by every heartbeat; nil when the last
+	// heartbeat reported none. At most MaxPrepullLen bytes (ErrInvalid).
+	Prepull json.RawMessage
 }
+
+// MaxPrepullLen bounds RunnerStatus.Prepull: 64 images of bounded text.
+const MaxPrepullLen = 1 << 20
 
 // Bounds of RunnerStatus's self-update failure, in bytes.
 const (

@@ -200,6 +200,12 @@ func TestPlatformRegistryPull(t *testing.T) {
 		}
 	}
 	t.Logf("pre-pulled %s onto the node %v after the warm target (status %+v)", ref, time.Since(start).Round(time.Millisecond), s.Backend.PrepullStatus())
+	// What the runner's heartbeat reports of it (ManagedRunnerStatus.prepull).
+	if rep, ok := local.PrepullReport(); !ok || len(rep.Images) != 1 || rep.Images[0].Image != ref || rep.Images[0].Target != "org-a/tmpl-1" ||
+		rep.Images[0].State != runtime.PrepullPresent || rep.Images[0].NodesTotal < 1 || rep.Images[0].NodesPresent != rep.Images[0].NodesTotal ||
+		rep.Images[0].LastError != "" || rep.Images[0].LastAttempt.IsZero() || rep.Images[0].NextAttempt.IsZero() {
+		t.Errorf("pre-pull report after the pre-pull: %+v (%v)", rep, ok)
+	}
 	if l, _ := pods.List(ctx, metav1.ListOptions{LabelSelector: kubernetes.LabelSandbox + "," + kubernetes.LabelRunner + "=" + runnerID}); len(l.Items) != 0 {
 		t.Errorf("%d sandbox pods before any create", len(l.Items))
 	}

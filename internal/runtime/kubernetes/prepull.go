@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Image pre-pull on Kubernetes (issue 22 §5: "image layers of templates are pre-pulled
@@ -176,7 +177,7 @@ func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) 
 	if dropped > 0 {
 		b.log.Warn("image pre-pull: more images than the bound; pre-pulling the first", "max", b.prepull.max, "left_out", dropped)
 	}
-	b.prepull.set(want)
+	b.prepull.set(want, dropped)
 	return nil
 }
 
@@ -199,6 +200,7 @@ type prepuller struct {
 
 	mu      sync.Mutex
 	want    []*prepullWant
+	dropped int                                 // wanted images beyond max (not pre-pulled)
 	state   map[string]map[string]*prepullState // by want key, by node
 	started bool
 	closed  bool
@@ -239,12 +241,13 @@ func newPrepuller(b *Backend) *prepuller {
 
 // set replaces the images to keep; the organizations no longer wanted lose their pull
 // Secret when they have no sandbox either.
-func (p *prepuller) set(want []*prepullWant) {
+func (p *prepuller) set(want []*prepullWant, dropped int) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return
 	}
+	p.dropped = dropped
 	before := map[string]bool{}
 	ownBefore := map[string]bool{}
 	for _, w := range p.want {
@@ -323,6 +326,87 @@ func (b *Backend) PrepullStatus() PrepullStatus {
 		}
 	}
 	return st
+}
+
+// PrepullReport implements runtime.PrepullReporter: per wanted image (in want order,
+// bounded), on how many of the nodes it is wanted on it is present, and how it stands:
+// PRESENT on all of them; else PULLING while a pre-pull Pod of it runs; else FAILED when
+// a node's last Pod failed (LastError: the latest such failure); else PENDING.
+// LastAttempt is the latest Pod's creation; NextAttempt the earliest retry of a node
+// without the image, else the earliest refresh (zero: none is waiting).
+func (b *Backend) PrepullReport() runtime.PrepullReport {
+	if b.prepull == nil {
+		return runtime.PrepullReport{}
+	}
+	p := b.prepull
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := runtime.PrepullReport{LeftOut: p.dropped}
+	for _, w := range p.want {
+		if len(out.Images) >= runtime.MaxPrepullReportImages {
+			out.LeftOut++
+			continue
+		}
+		img := runtime.PrepullImage{Image: w.ref, Target: w.target, State: runtime.PrepullPending}
+		var pulling, failed bool
+		var errAt, retry, refresh time.Time
+		for i := range p.nodes {
+			n := &p.nodes[i]
+			if !nodeReady(n) {
+				continue
+			}
+			if _, ok := w.placementOn(n); !ok {
+				continue
+			}
+			img.NodesTotal++
+			st := p.state[w.key][n.Name]
+			if st == nil {
+				continue
+			}
+			if st.created.After(img.LastAttempt) {
+				img.LastAttempt = st.created
+			}
+			switch {
+			case st.pod != "":
+				pulling = true
+			case st.present:
+				refresh = earliest(refresh, st.due)
+			default:
+				retry = earliest(retry, st.due)
+			}
+			if st.present {
+				img.NodesPresent++
+			} else if st.lastErr != "" && st.failures > 0 {
+				failed = true
+				if st.created.After(errAt) || img.LastError == "" {
+					errAt, img.LastError = st.created, st.lastErr
+				}
+			}
+		}
+		img.LastError = textclip.Clip(img.LastError, runtime.MaxPrepullErrorLen)
+		img.NextAttempt = retry
+		if retry.IsZero() {
+			img.NextAttempt = refresh
+		}
+		switch {
+		case img.NodesTotal > 0 && img.NodesPresent == img.NodesTotal:
+			img.State = runtime.PrepullPresent
+		case pulling:
+			img.State = runtime.PrepullPulling
+		case failed:
+			img.State = runtime.PrepullFailed
+		}
+		out.Images = append(out.Images, img)
+	}
+	return out
+}
+
+// earliest of a and b, the zero time being none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 func (p *prepuller) run() {

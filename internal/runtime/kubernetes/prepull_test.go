@@ -321,3 +321,72 @@ func TestPrepullRefreshesOrgSecret(t *testing.T) {
 		eventually(t, fmt.Sprintf("token %d in org-a's secret", i), func() bool { return holds(c) })
 	}
 }
+
+// TestPrepullReport: per image, the nodes it is wanted on and present on; PULLING while
+// its Pods run, FAILED with the kubelet's reason (clipped) when a node's Pod failed,
+// PRESENT once every node has it (the error cleared).
+func TestPrepullReport(t *testing.T) {
+	b, cs := newFakeBackend(t, Config{PrepullInFlight: 2}, node("n1", true, nil), node("n2", true, nil), node("n3", false, nil))
+	fastPrepull(b)
+	b.prepull.retryMin, b.prepull.retryMax = time.Hour, time.Hour
+	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{target("t1", "org-a", nil, "busybox:1")}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []corev1.Pod
+	eventually(t, "two pre-pull pods", func() bool { pods = prepullPods(t, cs); return len(pods) == 2 })
+	r := b.PrepullReport()
+	if len(r.Images) != 1 || r.LeftOut != 0 {
+		t.Fatalf("report %+v", r)
+	}
+	if i := r.Images[0]; i.Image != "busybox:1" || i.Target != "org-a/t1" || i.State != runtime.PrepullPulling || i.NodesTotal != 2 || i.NodesPresent != 0 || i.LastAttempt.IsZero() {
+		t.Fatalf("while pulling: %+v", i)
+	}
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName == "n1" {
+			setPodStatus(t, cs, p, corev1.PodStatus{Phase: corev1.PodSucceeded})
+			continue
+		}
+		setPodStatus(t, cs, p, corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{Name: containerPull,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull", Message: "pull access denied " + strings.Repeat("x", 4096)}}}}})
+	}
+	eventually(t, "FAILED on n2", func() bool { return b.PrepullReport().Images[0].State == runtime.PrepullFailed })
+	i := b.PrepullReport().Images[0]
+	if i.NodesPresent != 1 || i.NodesTotal != 2 || !strings.HasPrefix(i.LastError, "ErrImagePull: pull access denied") ||
+		len(i.LastError) > runtime.MaxPrepullErrorLen || i.NextAttempt.Before(time.Now().Add(59*time.Minute)) {
+		t.Fatalf("after a failure on n2: %+v (error %d bytes)", i, len(i.LastError))
+	}
+
+	// The retry on n2 succeeds.
+	b.prepull.mu.Lock()
+	for _, st := range b.prepull.state["busybox:1"] {
+		if !st.present {
+			st.due = time.Now()
+		}
+	}
+	b.prepull.mu.Unlock()
+	eventually(t, "the retry's pod", func() bool { pods = prepullPods(t, cs); return len(pods) == 1 })
+	setPodStatus(t, cs, &pods[0], corev1.PodStatus{Phase: corev1.PodSucceeded})
+	eventually(t, "PRESENT", func() bool { return b.PrepullReport().Images[0].State == runtime.PrepullPresent })
+	if i := b.PrepullReport().Images[0]; i.NodesPresent != 2 || i.NodesTotal != 2 || i.LastError != "" || i.NextAttempt.IsZero() {
+		t.Fatalf("present: %+v", i)
+	}
+}
+
+// The report lists at most runtime.MaxPrepullReportImages images; the rest (and those
+// beyond the pre-pull bound) are counted.
+func TestPrepullReportBounded(t *testing.T) {
+	b, _ := newFakeBackend(t, Config{MaxPrepull: 100})
+	var ts []runtime.WarmTarget
+	for n := range 110 {
+		ts = append(ts, target(fmt.Sprintf("t%d", n), "org-a", nil, fmt.Sprintf("img/%d:1", n)))
+	}
+	if err := b.SetWarmPools(t.Context(), ts); err != nil {
+		t.Fatal(err)
+	}
+	r := b.PrepullReport()
+	if len(r.Images) != runtime.MaxPrepullReportImages || r.LeftOut != 110-runtime.MaxPrepullReportImages ||
+		r.Images[0].Image != "img/0:1" || r.Images[0].State != runtime.PrepullPending || r.Images[0].NodesTotal != 0 {
+		t.Fatalf("%d listed, %d left out, first %+v", len(r.Images), r.LeftOut, r.Images[0])
+	}
+}

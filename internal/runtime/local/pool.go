@@ -633,7 +633,7 @@ func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) 
 		if dropped > 0 {
 			b.log.Warn("image pre-pull: more images than the bound; pre-pulling the first", "max", b.prepull.max, "left_out", dropped)
 		}
-		b.prepull.set(want)
+		b.prepull.set(want, dropped)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Image pre-pull (issue 22): every warm target the runner is sent (a live template its
@@ -53,6 +54,8 @@ type prepullState struct {
 	digest   string    // of the last successful pull; "" before one
 	due      time.Time // next pull
 	failures int
+	lastErr  string    // of the last failed pull (clipped); "" after a success
+	lastAt   time.Time // the last pull started
 }
 
 type prepuller struct {
@@ -64,7 +67,9 @@ type prepuller struct {
 
 	mu      sync.Mutex
 	want    []prepullWant
+	dropped int                      // wanted references beyond max (not pre-pulled)
 	state   map[string]*prepullState // by reference
+	pulling string                   // the reference being pulled; "" none
 	started bool
 	closed  bool
 	pulls   int // finished pulls, successful or not (tests)
@@ -125,14 +130,14 @@ func prepullWants(targets []runtime.WarmTarget, skip map[int]bool, maxImages int
 	return out, dropped
 }
 
-// set replaces the images to keep pulled.
-func (p *prepuller) set(want []prepullWant) {
+// set replaces the images to keep pulled; dropped counts those left out by the bound.
+func (p *prepuller) set(want []prepullWant, dropped int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return
 	}
-	p.want = want
+	p.want, p.dropped = want, dropped
 	wanted := map[string]bool{}
 	for _, w := range want {
 		wanted[w.ref] = true
@@ -222,8 +227,14 @@ func (p *prepuller) run() {
 func (p *prepuller) pullOne(w prepullWant) {
 	ctx, cancel := context.WithTimeout(p.ctx, prepullTimeout)
 	start := time.Now()
+	p.mu.Lock()
+	p.pulling = w.ref
+	p.mu.Unlock()
 	img, err := p.pull(ctx, w.ref, w.creds)
 	cancel()
+	p.mu.Lock()
+	p.pulling = ""
+	p.mu.Unlock()
 	if p.ctx.Err() != nil {
 		return
 	}
@@ -235,11 +246,13 @@ func (p *prepuller) pullOne(w prepullWant) {
 		p.state[w.ref] = st
 	}
 	prev := st.digest
+	st.lastAt = start
 	if err != nil {
 		st.failures++
+		st.lastErr = textclip.Clip(err.Error(), runtime.MaxPrepullErrorLen)
 		st.due = time.Now().Add(min(p.retryMin<<min(st.failures-1, 16), p.retryMax))
 	} else {
-		st.failures, st.digest = 0, img.Digest
+		st.failures, st.digest, st.lastErr = 0, img.Digest, ""
 		st.due = time.Now().Add(p.refresh)
 	}
 	due := st.due
@@ -264,6 +277,46 @@ func (p *prepuller) close() {
 	if started {
 		<-p.done
 	}
+}
+
+// report is the pre-puller's state per wanted image, in want order, bounded.
+func (p *prepuller) report() runtime.PrepullReport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := runtime.PrepullReport{LeftOut: p.dropped}
+	for _, w := range p.want {
+		if len(out.Images) >= runtime.MaxPrepullReportImages {
+			out.LeftOut++
+			continue
+		}
+		img := runtime.PrepullImage{Image: w.ref, Target: w.key, State: runtime.PrepullPending}
+		if st := p.state[w.ref]; st != nil {
+			img.LastError, img.LastAttempt, img.NextAttempt = st.lastErr, st.lastAt, st.due
+			switch {
+			case st.digest != "":
+				img.State = runtime.PrepullPresent
+			case st.failures > 0:
+				img.State = runtime.PrepullFailed
+			}
+		}
+		if p.pulling == w.ref {
+			img.NextAttempt = time.Time{}
+			if img.State != runtime.PrepullPresent { // a refresh of a present image stays PRESENT
+				img.State = runtime.PrepullPulling
+			}
+		}
+		out.Images = append(out.Images, img)
+	}
+	return out
+}
+
+// PrepullReport implements runtime.PrepullReporter: the images pre-pulled for the warm
+// targets the pool does not keep (those it keeps are pulled by its refill), per image.
+func (b *Backend) PrepullReport() runtime.PrepullReport {
+	if b.prepull == nil {
+		return runtime.PrepullReport{}
+	}
+	return b.prepull.report()
 }
 
 // PrepulledImages returns the digests of the images pre-pulled for the current warm

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/random"
@@ -201,10 +202,10 @@ func TestPrepullClose(t *testing.T) {
 		return nil, ctx.Err()
 	}
 	p := newPrepuller(pull, slog.New(slog.DiscardHandler), 4)
-	p.set([]prepullWant{{ref: "x"}})
+	p.set([]prepullWant{{ref: "x"}}, 0)
 	<-started
 	p.close()
-	p.set([]prepullWant{{ref: "y"}})
+	p.set([]prepullWant{{ref: "y"}}, 0)
 	if p.pulls != 0 {
 		t.Fatalf("a cancelled pull counted: %d", p.pulls)
 	}
@@ -294,5 +295,116 @@ func TestPrepullIntoImageStore(t *testing.T) {
 	}
 	if got := b.PrepulledImages(); len(got) != 1 {
 		t.Fatalf("PrepulledImages = %q", got)
+	}
+}
+
+// The pre-pull's report per image: PENDING before its pull, PULLING during it, FAILED
+// with the (clipped) error and the retry time after a failed pull, PRESENT after the
+// retry succeeds (the error cleared); images beyond the bound are counted as left out.
+func TestPrepullReport(t *testing.T) {
+	started := make(chan string, 4)
+	release := make(chan error)
+	pull := func(ctx context.Context, ref string, _ *runtime.Credentials) (*Image, error) {
+		started <- ref
+		select {
+		case err := <-release:
+			if err != nil {
+				return nil, err
+			}
+			return &Image{Ref: ref, Digest: "sha256:" + ref}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	b := &Backend{log: log, prepull: newPrepuller(pull, log, 2)}
+	t.Cleanup(func() {
+		if err := b.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	b.prepull.retryMin, b.prepull.retryMax = time.Hour, time.Hour
+	targets := []runtime.WarmTarget{
+		{Key: "acme/t1", Spec: runtime.Spec{Container: runtime.Container{Image: "reg/a:1"},
+			Sidecars: []runtime.Container{{Name: "s", Image: "reg/b:1"}}}},
+		{Key: "globex/t2", Spec: runtime.Spec{Container: runtime.Container{Image: "reg/c:1"}}}, // beyond the bound
+	}
+	if err := b.SetWarmPools(context.Background(), targets); err != nil {
+		t.Fatal(err)
+	}
+	state := func(r runtime.PrepullReport) string {
+		var s []string
+		for _, i := range r.Images {
+			s = append(s, i.Image+"="+string(i.State))
+		}
+		return fmt.Sprintf("%s left_out=%d", strings.Join(s, ","), r.LeftOut)
+	}
+	if got := <-started; got != "reg/a:1" {
+		t.Fatalf("first pull %s", got)
+	}
+	r := b.PrepullReport()
+	if got := state(r); got != "reg/a:1=PULLING,reg/b:1=PENDING left_out=1" {
+		t.Fatalf("report while pulling: %s", got)
+	}
+	if r.Images[0].Target != "acme/t1" || r.Images[0].Org() != "acme" || r.Images[1].Target != "acme/t1" {
+		t.Fatalf("targets: %+v", r.Images)
+	}
+
+	before := time.Now()
+	release <- fmt.Errorf("%w: manifest unknown %s", runtime.ErrRegistry, strings.Repeat("\xff", 4096))
+	if got := <-started; got != "reg/b:1" {
+		t.Fatalf("second pull %s", got)
+	}
+	r = b.PrepullReport()
+	if got := state(r); got != "reg/a:1=FAILED,reg/b:1=PULLING left_out=1" {
+		t.Fatalf("report after a failed pull: %s", got)
+	}
+	a := r.Images[0]
+	if !strings.Contains(a.LastError, "manifest unknown") || len(a.LastError) > runtime.MaxPrepullErrorLen || !utf8.ValidString(a.LastError) {
+		t.Fatalf("last error (%d bytes) %q", len(a.LastError), a.LastError)
+	}
+	if a.LastAttempt.After(before) || a.NextAttempt.Before(before.Add(59*time.Minute)) {
+		t.Fatalf("last attempt %v, next %v (failed at %v, retry after an hour)", a.LastAttempt, a.NextAttempt, before)
+	}
+	release <- nil
+	waitPulls(t, b, 2)
+	if got := state(b.PrepullReport()); got != "reg/a:1=FAILED,reg/b:1=PRESENT left_out=1" {
+		t.Fatalf("report after the second pull: %s", got)
+	}
+
+	// The retry succeeds.
+	b.prepull.mu.Lock()
+	b.prepull.state["reg/a:1"].due = time.Now()
+	b.prepull.mu.Unlock()
+	if err := b.SetWarmPools(context.Background(), targets); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-started; got != "reg/a:1" {
+		t.Fatalf("retry pulled %s", got)
+	}
+	release <- nil
+	waitPulls(t, b, 3)
+	r = b.PrepullReport()
+	if got := state(r); got != "reg/a:1=PRESENT,reg/b:1=PRESENT left_out=1" {
+		t.Fatalf("report after the retry: %s", got)
+	}
+	if r.Images[0].LastError != "" {
+		t.Fatalf("error kept after a success: %q", r.Images[0].LastError)
+	}
+}
+
+// The report lists at most runtime.MaxPrepullReportImages images, whatever the bound.
+func TestPrepullReportBounded(t *testing.T) {
+	imgs := &recordingImages{}
+	p := newPrepuller(imgs.Pull, slog.New(slog.DiscardHandler), 1000)
+	defer p.close()
+	var want []prepullWant
+	for i := range runtime.MaxPrepullReportImages + 10 {
+		want = append(want, prepullWant{ref: fmt.Sprintf("img/%d", i), key: "o/t"})
+	}
+	p.set(want, 5)
+	r := p.report()
+	if len(r.Images) != runtime.MaxPrepullReportImages || r.LeftOut != 15 || r.Images[0].Image != "img/0" {
+		t.Fatalf("report of %d images: %d listed (first %q), left out %d", len(want)+5, len(r.Images), r.Images[0].Image, r.LeftOut)
 	}
 }

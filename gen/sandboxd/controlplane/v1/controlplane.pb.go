@@ -40,6 +40,68 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PrepullState is where one pre-pulled image stands.
+type PrepullState int32
+
+const (
+	PrepullState_PREPULL_STATE_UNSPECIFIED PrepullState = 0
+	// Wanted, not tried yet (or waiting for a free pull).
+	PrepullState_PREPULL_PENDING PrepullState = 1
+	// Being pulled (local) or a pre-pull Pod runs (Kubernetes).
+	PrepullState_PREPULL_PULLING PrepullState = 2
+	// Pulled (local), or on every node it is wanted on (Kubernetes). A refresh that failed
+	// keeps it PRESENT with last_error set.
+	PrepullState_PREPULL_PRESENT PrepullState = 3
+	// The last attempt failed (last_error) and the image is not present; retried at
+	// next_attempt_time.
+	PrepullState_PREPULL_FAILED PrepullState = 4
+)
+
+// Enum value maps for PrepullState.
+var (
+	PrepullState_name = map[int32]string{
+		0: "PREPULL_STATE_UNSPECIFIED",
+		1: "PREPULL_PENDING",
+		2: "PREPULL_PULLING",
+		3: "PREPULL_PRESENT",
+		4: "PREPULL_FAILED",
+	}
+	PrepullState_value = map[string]int32{
+		"PREPULL_STATE_UNSPECIFIED": 0,
+		"PREPULL_PENDING":           1,
+		"PREPULL_PULLING":           2,
+		"PREPULL_PRESENT":           3,
+		"PREPULL_FAILED":            4,
+	}
+)
+
+func (x PrepullState) Enum() *PrepullState {
+	p := new(PrepullState)
+	*p = x
+	return p
+}
+
+func (x PrepullState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PrepullState) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[0].Descriptor()
+}
+
+func (PrepullState) Type() protoreflect.EnumType {
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[0]
+}
+
+func (x PrepullState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PrepullState.Descriptor instead.
+func (PrepullState) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{0}
+}
+
 // ReleaseChannel is the stream of runner versions a runner follows.
 type ReleaseChannel int32
 
@@ -74,11 +136,11 @@ func (x ReleaseChannel) String() string {
 }
 
 func (ReleaseChannel) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[0].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[1].Descriptor()
 }
 
 func (ReleaseChannel) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[0]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[1]
 }
 
 func (x ReleaseChannel) Number() protoreflect.EnumNumber {
@@ -87,7 +149,7 @@ func (x ReleaseChannel) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReleaseChannel.Descriptor instead.
 func (ReleaseChannel) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{1}
 }
 
 // ConnectionStatus is derived from heartbeats: CONNECTED while the last heartbeat is
@@ -125,11 +187,11 @@ func (x ConnectionStatus) String() string {
 }
 
 func (ConnectionStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[1].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2].Descriptor()
 }
 
 func (ConnectionStatus) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[1]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2]
 }
 
 func (x ConnectionStatus) Number() protoreflect.EnumNumber {
@@ -138,7 +200,7 @@ func (x ConnectionStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ConnectionStatus.Descriptor instead.
 func (ConnectionStatus) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{2}
 }
 
 // RunnerInstallStatus is how far the control plane got installing a runner. Output only.
@@ -187,11 +249,11 @@ func (x RunnerInstallStatus) String() string {
 }
 
 func (RunnerInstallStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[3].Descriptor()
 }
 
 func (RunnerInstallStatus) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[2]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[3]
 }
 
 func (x RunnerInstallStatus) Number() protoreflect.EnumNumber {
@@ -200,7 +262,7 @@ func (x RunnerInstallStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunnerInstallStatus.Descriptor instead.
 func (RunnerInstallStatus) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{3}
 }
 
 // Role is what a key may do.
@@ -239,11 +301,11 @@ func (x Role) String() string {
 }
 
 func (Role) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[3].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4].Descriptor()
 }
 
 func (Role) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[3]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4]
 }
 
 func (x Role) Number() protoreflect.EnumNumber {
@@ -252,7 +314,7 @@ func (x Role) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Role.Descriptor instead.
 func (Role) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{4}
 }
 
 // UpdateState is how an update step stands.
@@ -296,11 +358,11 @@ func (x UpdateState) String() string {
 }
 
 func (UpdateState) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[5].Descriptor()
 }
 
 func (UpdateState) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[4]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[5]
 }
 
 func (x UpdateState) Number() protoreflect.EnumNumber {
@@ -309,7 +371,7 @@ func (x UpdateState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use UpdateState.Descriptor instead.
 func (UpdateState) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{5}
 }
 
 // RolloutState is a channel's automatic rollout.
@@ -350,11 +412,11 @@ func (x RolloutState) String() string {
 }
 
 func (RolloutState) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[5].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[6].Descriptor()
 }
 
 func (RolloutState) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[5]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[6]
 }
 
 func (x RolloutState) Number() protoreflect.EnumNumber {
@@ -363,7 +425,7 @@ func (x RolloutState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RolloutState.Descriptor instead.
 func (RolloutState) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{6}
 }
 
 // ClusterCredentialKind is how the control plane authenticates to a cluster's API server.
@@ -402,11 +464,11 @@ func (x ClusterCredentialKind) String() string {
 }
 
 func (ClusterCredentialKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[6].Descriptor()
+	return file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[7].Descriptor()
 }
 
 func (ClusterCredentialKind) Type() protoreflect.EnumType {
-	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[6]
+	return &file_sandboxd_controlplane_v1_controlplane_proto_enumTypes[7]
 }
 
 func (x ClusterCredentialKind) Number() protoreflect.EnumNumber {
@@ -415,7 +477,7 @@ func (x ClusterCredentialKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClusterCredentialKind.Descriptor instead.
 func (ClusterCredentialKind) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{7}
 }
 
 type CreateBootstrapTokenRequest struct {
@@ -1093,8 +1155,14 @@ type HeartbeatRequest struct {
 	// (CWSANDBOX_INVALID_REQUEST with field violations).
 	SelfUpdateFailedVersion string `protobuf:"bytes,10,opt,name=self_update_failed_version,json=selfUpdateFailedVersion,proto3" json:"self_update_failed_version,omitempty"`
 	SelfUpdateFailure       string `protobuf:"bytes,11,opt,name=self_update_failure,json=selfUpdateFailure,proto3" json:"self_update_failure,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// How the runner's image pre-pull of the templates it may place stands (issue 22);
+	// absent when the runner's backend does not pre-pull. Replaces the last one reported.
+	// Bounded: at most 64 images, each error at most 512 bytes, image references at most
+	// 4096 bytes, targets at most 256 bytes: otherwise the heartbeat is refused
+	// (CWSANDBOX_INVALID_REQUEST with field violations).
+	Prepull       *PrepullStatus `protobuf:"bytes,12,opt,name=prepull,proto3" json:"prepull,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1204,6 +1272,206 @@ func (x *HeartbeatRequest) GetSelfUpdateFailure() string {
 	return ""
 }
 
+func (x *HeartbeatRequest) GetPrepull() *PrepullStatus {
+	if x != nil {
+		return x.Prepull
+	}
+	return nil
+}
+
+// PrepullStatus is how a runner's pre-pull of the templates' images stands: per image, in
+// the order the runner pre-pulls them (the oldest templates first).
+type PrepullStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 64.
+	Images []*ImagePrepull `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	// Images wanted but not listed: beyond the runner's pre-pull bound (--prepull-images;
+	// not pre-pulled) or beyond the 64 listed.
+	LeftOut int32 `protobuf:"varint,2,opt,name=left_out,json=leftOut,proto3" json:"left_out,omitempty"`
+	// In ManagedRunnerStatus only: images of templates of other organizations the caller
+	// is not shown (only the platform organization's admins see them).
+	Hidden int32 `protobuf:"varint,3,opt,name=hidden,proto3" json:"hidden,omitempty"`
+	// When the runner reported it (its heartbeat). Output only.
+	ReportTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=report_time,json=reportTime,proto3" json:"report_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepullStatus) Reset() {
+	*x = PrepullStatus{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepullStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepullStatus) ProtoMessage() {}
+
+func (x *PrepullStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepullStatus.ProtoReflect.Descriptor instead.
+func (*PrepullStatus) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PrepullStatus) GetImages() []*ImagePrepull {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+func (x *PrepullStatus) GetLeftOut() int32 {
+	if x != nil {
+		return x.LeftOut
+	}
+	return 0
+}
+
+func (x *PrepullStatus) GetHidden() int32 {
+	if x != nil {
+		return x.Hidden
+	}
+	return 0
+}
+
+func (x *PrepullStatus) GetReportTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReportTime
+	}
+	return nil
+}
+
+// ImagePrepull is one pre-pulled image.
+type ImagePrepull struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image reference, as the template names it.
+	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// The organization and template of the first template that wants it.
+	OrganizationId string       `protobuf:"bytes,2,opt,name=organization_id,json=organizationId,proto3" json:"organization_id,omitempty"`
+	TemplateId     string       `protobuf:"bytes,3,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	State          PrepullState `protobuf:"varint,4,opt,name=state,proto3,enum=sandboxd.controlplane.v1.PrepullState" json:"state,omitempty"`
+	// Kubernetes runners: the nodes the image is on, of the ready nodes the templates'
+	// Pod settings allow. 0 and 0 for single-host runners.
+	NodesPresent int32 `protobuf:"varint,5,opt,name=nodes_present,json=nodesPresent,proto3" json:"nodes_present,omitempty"`
+	NodesTotal   int32 `protobuf:"varint,6,opt,name=nodes_total,json=nodesTotal,proto3" json:"nodes_total,omitempty"`
+	// Why the last attempt failed (at most 512 bytes); empty after a success.
+	LastError string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// When the last pull (or pre-pull Pod) started; absent before one.
+	LastAttemptTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_attempt_time,json=lastAttemptTime,proto3" json:"last_attempt_time,omitempty"`
+	// When the image is pulled again: the retry after a failure, or the periodic refresh
+	// of a present image; absent while a pull is under way.
+	NextAttemptTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=next_attempt_time,json=nextAttemptTime,proto3" json:"next_attempt_time,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ImagePrepull) Reset() {
+	*x = ImagePrepull{}
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImagePrepull) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImagePrepull) ProtoMessage() {}
+
+func (x *ImagePrepull) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImagePrepull.ProtoReflect.Descriptor instead.
+func (*ImagePrepull) Descriptor() ([]byte, []int) {
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ImagePrepull) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ImagePrepull) GetOrganizationId() string {
+	if x != nil {
+		return x.OrganizationId
+	}
+	return ""
+}
+
+func (x *ImagePrepull) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *ImagePrepull) GetState() PrepullState {
+	if x != nil {
+		return x.State
+	}
+	return PrepullState_PREPULL_STATE_UNSPECIFIED
+}
+
+func (x *ImagePrepull) GetNodesPresent() int32 {
+	if x != nil {
+		return x.NodesPresent
+	}
+	return 0
+}
+
+func (x *ImagePrepull) GetNodesTotal() int32 {
+	if x != nil {
+		return x.NodesTotal
+	}
+	return 0
+}
+
+func (x *ImagePrepull) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *ImagePrepull) GetLastAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastAttemptTime
+	}
+	return nil
+}
+
+func (x *ImagePrepull) GetNextAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextAttemptTime
+	}
+	return nil
+}
+
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The runner's policy document as written (JSON); empty when never set.
@@ -1226,7 +1494,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1506,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[13]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1519,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HeartbeatResponse) GetPolicyJson() string {
@@ -1337,7 +1605,7 @@ type ManagedRunner struct {
 
 func (x *ManagedRunner) Reset() {
 	*x = ManagedRunner{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1617,7 @@ func (x *ManagedRunner) String() string {
 func (*ManagedRunner) ProtoMessage() {}
 
 func (x *ManagedRunner) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[14]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1630,7 @@ func (x *ManagedRunner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunner.ProtoReflect.Descriptor instead.
 func (*ManagedRunner) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ManagedRunner) GetRunnerId() string {
@@ -1469,7 +1737,7 @@ type MaintenancePolicy struct {
 
 func (x *MaintenancePolicy) Reset() {
 	*x = MaintenancePolicy{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1749,7 @@ func (x *MaintenancePolicy) String() string {
 func (*MaintenancePolicy) ProtoMessage() {}
 
 func (x *MaintenancePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[15]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1762,7 @@ func (x *MaintenancePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MaintenancePolicy.ProtoReflect.Descriptor instead.
 func (*MaintenancePolicy) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *MaintenancePolicy) GetWindows() []*MaintenanceWindow {
@@ -1525,7 +1793,7 @@ type MaintenanceWindow struct {
 
 func (x *MaintenanceWindow) Reset() {
 	*x = MaintenanceWindow{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1805,7 @@ func (x *MaintenanceWindow) String() string {
 func (*MaintenanceWindow) ProtoMessage() {}
 
 func (x *MaintenanceWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[16]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1818,7 @@ func (x *MaintenanceWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MaintenanceWindow.ProtoReflect.Descriptor instead.
 func (*MaintenanceWindow) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MaintenanceWindow) GetCron() string {
@@ -1581,7 +1849,7 @@ type MaintenanceExclusion struct {
 
 func (x *MaintenanceExclusion) Reset() {
 	*x = MaintenanceExclusion{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1861,7 @@ func (x *MaintenanceExclusion) String() string {
 func (*MaintenanceExclusion) ProtoMessage() {}
 
 func (x *MaintenanceExclusion) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[17]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1874,7 @@ func (x *MaintenanceExclusion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MaintenanceExclusion.ProtoReflect.Descriptor instead.
 func (*MaintenanceExclusion) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MaintenanceExclusion) GetStartTime() *timestamppb.Timestamp {
@@ -1680,13 +1948,18 @@ type ManagedRunnerStatus struct {
 	// the automatic rollout to that version ends at once, rolled back with this reason.
 	SelfUpdateFailedVersion string `protobuf:"bytes,21,opt,name=self_update_failed_version,json=selfUpdateFailedVersion,proto3" json:"self_update_failed_version,omitempty"`
 	SelfUpdateFailure       string `protobuf:"bytes,22,opt,name=self_update_failure,json=selfUpdateFailure,proto3" json:"self_update_failure,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// How the runner's image pre-pull of the templates it may place stands, as its last
+	// heartbeat reported it (issue 22); absent before one that reported it. Images of
+	// templates of other organizations are shown to the platform organization's admins
+	// only (counted in prepull.hidden for others).
+	Prepull       *PrepullStatus `protobuf:"bytes,23,opt,name=prepull,proto3" json:"prepull,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ManagedRunnerStatus) Reset() {
 	*x = ManagedRunnerStatus{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +1971,7 @@ func (x *ManagedRunnerStatus) String() string {
 func (*ManagedRunnerStatus) ProtoMessage() {}
 
 func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[18]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1984,7 @@ func (x *ManagedRunnerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManagedRunnerStatus.ProtoReflect.Descriptor instead.
 func (*ManagedRunnerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ManagedRunnerStatus) GetConnection() ConnectionStatus {
@@ -1854,6 +2127,13 @@ func (x *ManagedRunnerStatus) GetSelfUpdateFailure() string {
 	return ""
 }
 
+func (x *ManagedRunnerStatus) GetPrepull() *PrepullStatus {
+	if x != nil {
+		return x.Prepull
+	}
+	return nil
+}
+
 // RunnerResources is an amount of runner resources.
 type RunnerResources struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -1867,7 +2147,7 @@ type RunnerResources struct {
 
 func (x *RunnerResources) Reset() {
 	*x = RunnerResources{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +2159,7 @@ func (x *RunnerResources) String() string {
 func (*RunnerResources) ProtoMessage() {}
 
 func (x *RunnerResources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[19]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2172,7 @@ func (x *RunnerResources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerResources.ProtoReflect.Descriptor instead.
 func (*RunnerResources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunnerResources) GetMilliCpu() int64 {
@@ -1925,7 +2205,7 @@ type CreateManagedRunnerRequest struct {
 
 func (x *CreateManagedRunnerRequest) Reset() {
 	*x = CreateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1937,7 +2217,7 @@ func (x *CreateManagedRunnerRequest) String() string {
 func (*CreateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[20]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1950,7 +2230,7 @@ func (x *CreateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*CreateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -1969,7 +2249,7 @@ type GetManagedRunnerRequest struct {
 
 func (x *GetManagedRunnerRequest) Reset() {
 	*x = GetManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2261,7 @@ func (x *GetManagedRunnerRequest) String() string {
 func (*GetManagedRunnerRequest) ProtoMessage() {}
 
 func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[21]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2274,7 @@ func (x *GetManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetManagedRunnerRequest) GetRunnerId() string {
@@ -2015,7 +2295,7 @@ type ListManagedRunnersRequest struct {
 
 func (x *ListManagedRunnersRequest) Reset() {
 	*x = ListManagedRunnersRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2307,7 @@ func (x *ListManagedRunnersRequest) String() string {
 func (*ListManagedRunnersRequest) ProtoMessage() {}
 
 func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[22]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2320,7 @@ func (x *ListManagedRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListManagedRunnersRequest) GetPageSize() int32 {
@@ -2067,7 +2347,7 @@ type ListManagedRunnersResponse struct {
 
 func (x *ListManagedRunnersResponse) Reset() {
 	*x = ListManagedRunnersResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2359,7 @@ func (x *ListManagedRunnersResponse) String() string {
 func (*ListManagedRunnersResponse) ProtoMessage() {}
 
 func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[23]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2372,7 @@ func (x *ListManagedRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListManagedRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListManagedRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListManagedRunnersResponse) GetManagedRunners() []*ManagedRunner {
@@ -2121,7 +2401,7 @@ type UpdateManagedRunnerRequest struct {
 
 func (x *UpdateManagedRunnerRequest) Reset() {
 	*x = UpdateManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2413,7 @@ func (x *UpdateManagedRunnerRequest) String() string {
 func (*UpdateManagedRunnerRequest) ProtoMessage() {}
 
 func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[24]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2426,7 @@ func (x *UpdateManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UpdateManagedRunnerRequest) GetManagedRunner() *ManagedRunner {
@@ -2176,7 +2456,7 @@ type DeleteManagedRunnerRequest struct {
 
 func (x *DeleteManagedRunnerRequest) Reset() {
 	*x = DeleteManagedRunnerRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2188,7 +2468,7 @@ func (x *DeleteManagedRunnerRequest) String() string {
 func (*DeleteManagedRunnerRequest) ProtoMessage() {}
 
 func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[25]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2201,7 +2481,7 @@ func (x *DeleteManagedRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteManagedRunnerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteManagedRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteManagedRunnerRequest) GetRunnerId() string {
@@ -2236,7 +2516,7 @@ type ApplyAvailableUpdateRequest struct {
 
 func (x *ApplyAvailableUpdateRequest) Reset() {
 	*x = ApplyAvailableUpdateRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2528,7 @@ func (x *ApplyAvailableUpdateRequest) String() string {
 func (*ApplyAvailableUpdateRequest) ProtoMessage() {}
 
 func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[26]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2541,7 @@ func (x *ApplyAvailableUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyAvailableUpdateRequest.ProtoReflect.Descriptor instead.
 func (*ApplyAvailableUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ApplyAvailableUpdateRequest) GetRunnerId() string {
@@ -2312,7 +2592,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2604,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[27]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2617,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Release) GetVersion() string {
@@ -2425,7 +2705,7 @@ type ListReleasesRequest struct {
 
 func (x *ListReleasesRequest) Reset() {
 	*x = ListReleasesRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2717,7 @@ func (x *ListReleasesRequest) String() string {
 func (*ListReleasesRequest) ProtoMessage() {}
 
 func (x *ListReleasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[28]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2730,7 @@ func (x *ListReleasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReleasesRequest.ProtoReflect.Descriptor instead.
 func (*ListReleasesRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{30}
 }
 
 type ListReleasesResponse struct {
@@ -2468,7 +2748,7 @@ type ListReleasesResponse struct {
 
 func (x *ListReleasesResponse) Reset() {
 	*x = ListReleasesResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2760,7 @@ func (x *ListReleasesResponse) String() string {
 func (*ListReleasesResponse) ProtoMessage() {}
 
 func (x *ListReleasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[29]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2773,7 @@ func (x *ListReleasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReleasesResponse.ProtoReflect.Descriptor instead.
 func (*ListReleasesResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListReleasesResponse) GetReleases() []*Release {
@@ -2543,7 +2823,7 @@ type PublishReleaseRequest struct {
 
 func (x *PublishReleaseRequest) Reset() {
 	*x = PublishReleaseRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2555,7 +2835,7 @@ func (x *PublishReleaseRequest) String() string {
 func (*PublishReleaseRequest) ProtoMessage() {}
 
 func (x *PublishReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[30]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2568,7 +2848,7 @@ func (x *PublishReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishReleaseRequest.ProtoReflect.Descriptor instead.
 func (*PublishReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PublishReleaseRequest) GetRelease() *Release {
@@ -2601,7 +2881,7 @@ type PromoteReleaseRequest struct {
 
 func (x *PromoteReleaseRequest) Reset() {
 	*x = PromoteReleaseRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2893,7 @@ func (x *PromoteReleaseRequest) String() string {
 func (*PromoteReleaseRequest) ProtoMessage() {}
 
 func (x *PromoteReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[31]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2906,7 @@ func (x *PromoteReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteReleaseRequest.ProtoReflect.Descriptor instead.
 func (*PromoteReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PromoteReleaseRequest) GetVersion() string {
@@ -2651,7 +2931,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +2943,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[32]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +2956,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ApiKey) GetKeyId() string {
@@ -2732,7 +3012,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +3024,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[33]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +3037,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateApiKeyRequest) GetDisplayName() string {
@@ -2785,7 +3065,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +3077,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[34]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +3090,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateApiKeyResponse) GetApiKey() *ApiKey {
@@ -2838,7 +3118,7 @@ type ListApiKeysRequest struct {
 
 func (x *ListApiKeysRequest) Reset() {
 	*x = ListApiKeysRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +3130,7 @@ func (x *ListApiKeysRequest) String() string {
 func (*ListApiKeysRequest) ProtoMessage() {}
 
 func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[35]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +3143,7 @@ func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListApiKeysRequest) GetPageSize() int32 {
@@ -2890,7 +3170,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2902,7 +3182,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[36]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2915,7 +3195,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{36}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListApiKeysResponse) GetApiKeys() []*ApiKey {
@@ -2941,7 +3221,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2953,7 +3233,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[37]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2966,7 +3246,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{37}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RevokeApiKeyRequest) GetKeyId() string {
@@ -2986,7 +3266,7 @@ type GetReleaseRequest struct {
 
 func (x *GetReleaseRequest) Reset() {
 	*x = GetReleaseRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2998,7 +3278,7 @@ func (x *GetReleaseRequest) String() string {
 func (*GetReleaseRequest) ProtoMessage() {}
 
 func (x *GetReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[38]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3011,7 +3291,7 @@ func (x *GetReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReleaseRequest.ProtoReflect.Descriptor instead.
 func (*GetReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{38}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetReleaseRequest) GetVersion() string {
@@ -3042,7 +3322,7 @@ type UpdateResult struct {
 
 func (x *UpdateResult) Reset() {
 	*x = UpdateResult{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3054,7 +3334,7 @@ func (x *UpdateResult) String() string {
 func (*UpdateResult) ProtoMessage() {}
 
 func (x *UpdateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[39]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3067,7 +3347,7 @@ func (x *UpdateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResult.ProtoReflect.Descriptor instead.
 func (*UpdateResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{39}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UpdateResult) GetFromVersion() string {
@@ -3145,7 +3425,7 @@ type ChannelRollout struct {
 
 func (x *ChannelRollout) Reset() {
 	*x = ChannelRollout{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3157,7 +3437,7 @@ func (x *ChannelRollout) String() string {
 func (*ChannelRollout) ProtoMessage() {}
 
 func (x *ChannelRollout) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[40]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3170,7 +3450,7 @@ func (x *ChannelRollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelRollout.ProtoReflect.Descriptor instead.
 func (*ChannelRollout) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{40}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ChannelRollout) GetChannel() ReleaseChannel {
@@ -3233,7 +3513,7 @@ type ResumeRolloutRequest struct {
 
 func (x *ResumeRolloutRequest) Reset() {
 	*x = ResumeRolloutRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3525,7 @@ func (x *ResumeRolloutRequest) String() string {
 func (*ResumeRolloutRequest) ProtoMessage() {}
 
 func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[41]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3538,7 @@ func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ResumeRolloutRequest) GetChannel() ReleaseChannel {
@@ -3289,7 +3569,7 @@ type DownloadArtifactRequest struct {
 
 func (x *DownloadArtifactRequest) Reset() {
 	*x = DownloadArtifactRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3301,7 +3581,7 @@ func (x *DownloadArtifactRequest) String() string {
 func (*DownloadArtifactRequest) ProtoMessage() {}
 
 func (x *DownloadArtifactRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[42]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3314,7 +3594,7 @@ func (x *DownloadArtifactRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadArtifactRequest.ProtoReflect.Descriptor instead.
 func (*DownloadArtifactRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DownloadArtifactRequest) GetVersion() string {
@@ -3350,7 +3630,7 @@ type DownloadArtifactResponse struct {
 
 func (x *DownloadArtifactResponse) Reset() {
 	*x = DownloadArtifactResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3362,7 +3642,7 @@ func (x *DownloadArtifactResponse) String() string {
 func (*DownloadArtifactResponse) ProtoMessage() {}
 
 func (x *DownloadArtifactResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[43]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3375,7 +3655,7 @@ func (x *DownloadArtifactResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadArtifactResponse.ProtoReflect.Descriptor instead.
 func (*DownloadArtifactResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DownloadArtifactResponse) GetChunk() []byte {
@@ -3423,7 +3703,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3435,7 +3715,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[44]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3448,7 +3728,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Cluster) GetClusterId() string {
@@ -3516,7 +3796,7 @@ type AddClusterRequest struct {
 
 func (x *AddClusterRequest) Reset() {
 	*x = AddClusterRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[45]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3528,7 +3808,7 @@ func (x *AddClusterRequest) String() string {
 func (*AddClusterRequest) ProtoMessage() {}
 
 func (x *AddClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[45]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3541,7 +3821,7 @@ func (x *AddClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddClusterRequest.ProtoReflect.Descriptor instead.
 func (*AddClusterRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AddClusterRequest) GetCluster() *Cluster {
@@ -3559,7 +3839,7 @@ type ListClustersRequest struct {
 
 func (x *ListClustersRequest) Reset() {
 	*x = ListClustersRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[46]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3571,7 +3851,7 @@ func (x *ListClustersRequest) String() string {
 func (*ListClustersRequest) ProtoMessage() {}
 
 func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[46]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3584,7 +3864,7 @@ func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
 func (*ListClustersRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{48}
 }
 
 type ListClustersResponse struct {
@@ -3596,7 +3876,7 @@ type ListClustersResponse struct {
 
 func (x *ListClustersResponse) Reset() {
 	*x = ListClustersResponse{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[47]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3888,7 @@ func (x *ListClustersResponse) String() string {
 func (*ListClustersResponse) ProtoMessage() {}
 
 func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[47]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +3901,7 @@ func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
 func (*ListClustersResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListClustersResponse) GetClusters() []*Cluster {
@@ -3640,7 +3920,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[48]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3652,7 +3932,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[48]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3665,7 +3945,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetClusterRequest) GetClusterId() string {
@@ -3684,7 +3964,7 @@ type DeleteClusterRequest struct {
 
 func (x *DeleteClusterRequest) Reset() {
 	*x = DeleteClusterRequest{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[49]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3696,7 +3976,7 @@ func (x *DeleteClusterRequest) String() string {
 func (*DeleteClusterRequest) ProtoMessage() {}
 
 func (x *DeleteClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[49]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3709,7 +3989,7 @@ func (x *DeleteClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteClusterRequest.ProtoReflect.Descriptor instead.
 func (*DeleteClusterRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeleteClusterRequest) GetClusterId() string {
@@ -3734,7 +4014,7 @@ type RunnerInstallError struct {
 
 func (x *RunnerInstallError) Reset() {
 	*x = RunnerInstallError{}
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[50]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3746,7 +4026,7 @@ func (x *RunnerInstallError) String() string {
 func (*RunnerInstallError) ProtoMessage() {}
 
 func (x *RunnerInstallError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[50]
+	mi := &file_sandboxd_controlplane_v1_controlplane_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3759,7 +4039,7 @@ func (x *RunnerInstallError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerInstallError.ProtoReflect.Descriptor instead.
 func (*RunnerInstallError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RunnerInstallError) GetReason() string {
@@ -3826,7 +4106,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\trunner_id\x18\x02 \x01(\tR\brunnerId\x122\n" +
 	"\x15certificate_chain_pem\x18\x03 \x01(\tR\x13certificateChainPem\x12\"\n" +
 	"\rca_bundle_pem\x18\x04 \x01(\tR\vcaBundlePem\x12H\n" +
-	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xdb\x03\n" +
+	"\x12heartbeat_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x9e\x04\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\trunner_id\x18\x01 \x01(\tR\brunnerId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
@@ -3840,7 +4120,27 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x04arch\x18\b \x01(\tR\x04arch\x12;\n" +
 	"\x1aself_update_failed_version\x18\n" +
 	" \x01(\tR\x17selfUpdateFailedVersion\x12.\n" +
-	"\x13self_update_failure\x18\v \x01(\tR\x11selfUpdateFailure\"\xce\x02\n" +
+	"\x13self_update_failure\x18\v \x01(\tR\x11selfUpdateFailure\x12A\n" +
+	"\aprepull\x18\f \x01(\v2'.sandboxd.controlplane.v1.PrepullStatusR\aprepull\"\xbf\x01\n" +
+	"\rPrepullStatus\x12>\n" +
+	"\x06images\x18\x01 \x03(\v2&.sandboxd.controlplane.v1.ImagePrepullR\x06images\x12\x19\n" +
+	"\bleft_out\x18\x02 \x01(\x05R\aleftOut\x12\x16\n" +
+	"\x06hidden\x18\x03 \x01(\x05R\x06hidden\x12;\n" +
+	"\vreport_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"reportTime\"\xa1\x03\n" +
+	"\fImagePrepull\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12'\n" +
+	"\x0forganization_id\x18\x02 \x01(\tR\x0eorganizationId\x12\x1f\n" +
+	"\vtemplate_id\x18\x03 \x01(\tR\n" +
+	"templateId\x12<\n" +
+	"\x05state\x18\x04 \x01(\x0e2&.sandboxd.controlplane.v1.PrepullStateR\x05state\x12#\n" +
+	"\rnodes_present\x18\x05 \x01(\x05R\fnodesPresent\x12\x1f\n" +
+	"\vnodes_total\x18\x06 \x01(\x05R\n" +
+	"nodesTotal\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\a \x01(\tR\tlastError\x12F\n" +
+	"\x11last_attempt_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastAttemptTime\x12F\n" +
+	"\x11next_attempt_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextAttemptTime\"\xce\x02\n" +
 	"\x11HeartbeatResponse\x12\x1f\n" +
 	"\vpolicy_json\x18\x01 \x01(\tR\n" +
 	"policyJson\x12'\n" +
@@ -3880,7 +4180,7 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xcc\b\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8f\t\n" +
 	"\x13ManagedRunnerStatus\x12J\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\x0e2*.sandboxd.controlplane.v1.ConnectionStatusR\n" +
@@ -3905,7 +4205,8 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\vself_update\x18\x13 \x01(\bR\n" +
 	"selfUpdate\x12;\n" +
 	"\x1aself_update_failed_version\x18\x15 \x01(\tR\x17selfUpdateFailedVersion\x12.\n" +
-	"\x13self_update_failure\x18\x16 \x01(\tR\x11selfUpdateFailure\"o\n" +
+	"\x13self_update_failure\x18\x16 \x01(\tR\x11selfUpdateFailure\x12A\n" +
+	"\aprepull\x18\x17 \x01(\v2'.sandboxd.controlplane.v1.PrepullStatusR\aprepull\"o\n" +
 	"\x0fRunnerResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
@@ -4048,7 +4349,13 @@ const file_sandboxd_controlplane_v1_controlplane_proto_rawDesc = "" +
 	"\x12RunnerInstallError\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
-	"\x05hints\x18\x03 \x03(\tR\x05hints*H\n" +
+	"\x05hints\x18\x03 \x03(\tR\x05hints*\x80\x01\n" +
+	"\fPrepullState\x12\x1d\n" +
+	"\x19PREPULL_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fPREPULL_PENDING\x10\x01\x12\x13\n" +
+	"\x0fPREPULL_PULLING\x10\x02\x12\x13\n" +
+	"\x0fPREPULL_PRESENT\x10\x03\x12\x12\n" +
+	"\x0ePREPULL_FAILED\x10\x04*H\n" +
 	"\x0eReleaseChannel\x12\x1f\n" +
 	"\x1bRELEASE_CHANNEL_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -4130,188 +4437,198 @@ func file_sandboxd_controlplane_v1_controlplane_proto_rawDescGZIP() []byte {
 	return file_sandboxd_controlplane_v1_controlplane_proto_rawDescData
 }
 
-var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_sandboxd_controlplane_v1_controlplane_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_sandboxd_controlplane_v1_controlplane_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_sandboxd_controlplane_v1_controlplane_proto_goTypes = []any{
-	(ReleaseChannel)(0),                       // 0: sandboxd.controlplane.v1.ReleaseChannel
-	(ConnectionStatus)(0),                     // 1: sandboxd.controlplane.v1.ConnectionStatus
-	(RunnerInstallStatus)(0),                  // 2: sandboxd.controlplane.v1.RunnerInstallStatus
-	(Role)(0),                                 // 3: sandboxd.controlplane.v1.Role
-	(UpdateState)(0),                          // 4: sandboxd.controlplane.v1.UpdateState
-	(RolloutState)(0),                         // 5: sandboxd.controlplane.v1.RolloutState
-	(ClusterCredentialKind)(0),                // 6: sandboxd.controlplane.v1.ClusterCredentialKind
-	(*CreateBootstrapTokenRequest)(nil),       // 7: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	(*CreateBootstrapTokenResponse)(nil),      // 8: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	(*IssueDataPlaneCertificateRequest)(nil),  // 9: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	(*IssueDataPlaneCertificateResponse)(nil), // 10: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	(*IssueEdgeCertificateRequest)(nil),       // 11: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	(*IssueEdgeCertificateResponse)(nil),      // 12: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	(*VerifyApiKeyRequest)(nil),               // 13: sandboxd.controlplane.v1.VerifyApiKeyRequest
-	(*VerifyApiKeyResponse)(nil),              // 14: sandboxd.controlplane.v1.VerifyApiKeyResponse
-	(*ApiKeyActiveRequest)(nil),               // 15: sandboxd.controlplane.v1.ApiKeyActiveRequest
-	(*ApiKeyActiveResponse)(nil),              // 16: sandboxd.controlplane.v1.ApiKeyActiveResponse
-	(*RegisterRequest)(nil),                   // 17: sandboxd.controlplane.v1.RegisterRequest
-	(*RegisterResponse)(nil),                  // 18: sandboxd.controlplane.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),                  // 19: sandboxd.controlplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 20: sandboxd.controlplane.v1.HeartbeatResponse
-	(*ManagedRunner)(nil),                     // 21: sandboxd.controlplane.v1.ManagedRunner
-	(*MaintenancePolicy)(nil),                 // 22: sandboxd.controlplane.v1.MaintenancePolicy
-	(*MaintenanceWindow)(nil),                 // 23: sandboxd.controlplane.v1.MaintenanceWindow
-	(*MaintenanceExclusion)(nil),              // 24: sandboxd.controlplane.v1.MaintenanceExclusion
-	(*ManagedRunnerStatus)(nil),               // 25: sandboxd.controlplane.v1.ManagedRunnerStatus
-	(*RunnerResources)(nil),                   // 26: sandboxd.controlplane.v1.RunnerResources
-	(*CreateManagedRunnerRequest)(nil),        // 27: sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	(*GetManagedRunnerRequest)(nil),           // 28: sandboxd.controlplane.v1.GetManagedRunnerRequest
-	(*ListManagedRunnersRequest)(nil),         // 29: sandboxd.controlplane.v1.ListManagedRunnersRequest
-	(*ListManagedRunnersResponse)(nil),        // 30: sandboxd.controlplane.v1.ListManagedRunnersResponse
-	(*UpdateManagedRunnerRequest)(nil),        // 31: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	(*DeleteManagedRunnerRequest)(nil),        // 32: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	(*ApplyAvailableUpdateRequest)(nil),       // 33: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	(*Release)(nil),                           // 34: sandboxd.controlplane.v1.Release
-	(*ListReleasesRequest)(nil),               // 35: sandboxd.controlplane.v1.ListReleasesRequest
-	(*ListReleasesResponse)(nil),              // 36: sandboxd.controlplane.v1.ListReleasesResponse
-	(*PublishReleaseRequest)(nil),             // 37: sandboxd.controlplane.v1.PublishReleaseRequest
-	(*PromoteReleaseRequest)(nil),             // 38: sandboxd.controlplane.v1.PromoteReleaseRequest
-	(*ApiKey)(nil),                            // 39: sandboxd.controlplane.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),               // 40: sandboxd.controlplane.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),              // 41: sandboxd.controlplane.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),                // 42: sandboxd.controlplane.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),               // 43: sandboxd.controlplane.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),               // 44: sandboxd.controlplane.v1.RevokeApiKeyRequest
-	(*GetReleaseRequest)(nil),                 // 45: sandboxd.controlplane.v1.GetReleaseRequest
-	(*UpdateResult)(nil),                      // 46: sandboxd.controlplane.v1.UpdateResult
-	(*ChannelRollout)(nil),                    // 47: sandboxd.controlplane.v1.ChannelRollout
-	(*ResumeRolloutRequest)(nil),              // 48: sandboxd.controlplane.v1.ResumeRolloutRequest
-	(*DownloadArtifactRequest)(nil),           // 49: sandboxd.controlplane.v1.DownloadArtifactRequest
-	(*DownloadArtifactResponse)(nil),          // 50: sandboxd.controlplane.v1.DownloadArtifactResponse
-	(*Cluster)(nil),                           // 51: sandboxd.controlplane.v1.Cluster
-	(*AddClusterRequest)(nil),                 // 52: sandboxd.controlplane.v1.AddClusterRequest
-	(*ListClustersRequest)(nil),               // 53: sandboxd.controlplane.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),              // 54: sandboxd.controlplane.v1.ListClustersResponse
-	(*GetClusterRequest)(nil),                 // 55: sandboxd.controlplane.v1.GetClusterRequest
-	(*DeleteClusterRequest)(nil),              // 56: sandboxd.controlplane.v1.DeleteClusterRequest
-	(*RunnerInstallError)(nil),                // 57: sandboxd.controlplane.v1.RunnerInstallError
-	nil,                                       // 58: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	nil,                                       // 59: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	(*durationpb.Duration)(nil),               // 60: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),             // 61: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                   // 62: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),             // 63: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                     // 64: google.protobuf.Empty
+	(PrepullState)(0),                         // 0: sandboxd.controlplane.v1.PrepullState
+	(ReleaseChannel)(0),                       // 1: sandboxd.controlplane.v1.ReleaseChannel
+	(ConnectionStatus)(0),                     // 2: sandboxd.controlplane.v1.ConnectionStatus
+	(RunnerInstallStatus)(0),                  // 3: sandboxd.controlplane.v1.RunnerInstallStatus
+	(Role)(0),                                 // 4: sandboxd.controlplane.v1.Role
+	(UpdateState)(0),                          // 5: sandboxd.controlplane.v1.UpdateState
+	(RolloutState)(0),                         // 6: sandboxd.controlplane.v1.RolloutState
+	(ClusterCredentialKind)(0),                // 7: sandboxd.controlplane.v1.ClusterCredentialKind
+	(*CreateBootstrapTokenRequest)(nil),       // 8: sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	(*CreateBootstrapTokenResponse)(nil),      // 9: sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	(*IssueDataPlaneCertificateRequest)(nil),  // 10: sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	(*IssueDataPlaneCertificateResponse)(nil), // 11: sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	(*IssueEdgeCertificateRequest)(nil),       // 12: sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	(*IssueEdgeCertificateResponse)(nil),      // 13: sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	(*VerifyApiKeyRequest)(nil),               // 14: sandboxd.controlplane.v1.VerifyApiKeyRequest
+	(*VerifyApiKeyResponse)(nil),              // 15: sandboxd.controlplane.v1.VerifyApiKeyResponse
+	(*ApiKeyActiveRequest)(nil),               // 16: sandboxd.controlplane.v1.ApiKeyActiveRequest
+	(*ApiKeyActiveResponse)(nil),              // 17: sandboxd.controlplane.v1.ApiKeyActiveResponse
+	(*RegisterRequest)(nil),                   // 18: sandboxd.controlplane.v1.RegisterRequest
+	(*RegisterResponse)(nil),                  // 19: sandboxd.controlplane.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),                  // 20: sandboxd.controlplane.v1.HeartbeatRequest
+	(*PrepullStatus)(nil),                     // 21: sandboxd.controlplane.v1.PrepullStatus
+	(*ImagePrepull)(nil),                      // 22: sandboxd.controlplane.v1.ImagePrepull
+	(*HeartbeatResponse)(nil),                 // 23: sandboxd.controlplane.v1.HeartbeatResponse
+	(*ManagedRunner)(nil),                     // 24: sandboxd.controlplane.v1.ManagedRunner
+	(*MaintenancePolicy)(nil),                 // 25: sandboxd.controlplane.v1.MaintenancePolicy
+	(*MaintenanceWindow)(nil),                 // 26: sandboxd.controlplane.v1.MaintenanceWindow
+	(*MaintenanceExclusion)(nil),              // 27: sandboxd.controlplane.v1.MaintenanceExclusion
+	(*ManagedRunnerStatus)(nil),               // 28: sandboxd.controlplane.v1.ManagedRunnerStatus
+	(*RunnerResources)(nil),                   // 29: sandboxd.controlplane.v1.RunnerResources
+	(*CreateManagedRunnerRequest)(nil),        // 30: sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	(*GetManagedRunnerRequest)(nil),           // 31: sandboxd.controlplane.v1.GetManagedRunnerRequest
+	(*ListManagedRunnersRequest)(nil),         // 32: sandboxd.controlplane.v1.ListManagedRunnersRequest
+	(*ListManagedRunnersResponse)(nil),        // 33: sandboxd.controlplane.v1.ListManagedRunnersResponse
+	(*UpdateManagedRunnerRequest)(nil),        // 34: sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	(*DeleteManagedRunnerRequest)(nil),        // 35: sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	(*ApplyAvailableUpdateRequest)(nil),       // 36: sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	(*Release)(nil),                           // 37: sandboxd.controlplane.v1.Release
+	(*ListReleasesRequest)(nil),               // 38: sandboxd.controlplane.v1.ListReleasesRequest
+	(*ListReleasesResponse)(nil),              // 39: sandboxd.controlplane.v1.ListReleasesResponse
+	(*PublishReleaseRequest)(nil),             // 40: sandboxd.controlplane.v1.PublishReleaseRequest
+	(*PromoteReleaseRequest)(nil),             // 41: sandboxd.controlplane.v1.PromoteReleaseRequest
+	(*ApiKey)(nil),                            // 42: sandboxd.controlplane.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),               // 43: sandboxd.controlplane.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),              // 44: sandboxd.controlplane.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),                // 45: sandboxd.controlplane.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),               // 46: sandboxd.controlplane.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),               // 47: sandboxd.controlplane.v1.RevokeApiKeyRequest
+	(*GetReleaseRequest)(nil),                 // 48: sandboxd.controlplane.v1.GetReleaseRequest
+	(*UpdateResult)(nil),                      // 49: sandboxd.controlplane.v1.UpdateResult
+	(*ChannelRollout)(nil),                    // 50: sandboxd.controlplane.v1.ChannelRollout
+	(*ResumeRolloutRequest)(nil),              // 51: sandboxd.controlplane.v1.ResumeRolloutRequest
+	(*DownloadArtifactRequest)(nil),           // 52: sandboxd.controlplane.v1.DownloadArtifactRequest
+	(*DownloadArtifactResponse)(nil),          // 53: sandboxd.controlplane.v1.DownloadArtifactResponse
+	(*Cluster)(nil),                           // 54: sandboxd.controlplane.v1.Cluster
+	(*AddClusterRequest)(nil),                 // 55: sandboxd.controlplane.v1.AddClusterRequest
+	(*ListClustersRequest)(nil),               // 56: sandboxd.controlplane.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),              // 57: sandboxd.controlplane.v1.ListClustersResponse
+	(*GetClusterRequest)(nil),                 // 58: sandboxd.controlplane.v1.GetClusterRequest
+	(*DeleteClusterRequest)(nil),              // 59: sandboxd.controlplane.v1.DeleteClusterRequest
+	(*RunnerInstallError)(nil),                // 60: sandboxd.controlplane.v1.RunnerInstallError
+	nil,                                       // 61: sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	nil,                                       // 62: sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	(*durationpb.Duration)(nil),               // 63: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),             // 64: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                   // 65: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),             // 66: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                     // 67: google.protobuf.Empty
 }
 var file_sandboxd_controlplane_v1_controlplane_proto_depIdxs = []int32{
-	60, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
-	61, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	60, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	26, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	26, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	60, // 5: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	0,  // 6: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	62, // 7: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
-	61, // 8: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
-	61, // 9: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
-	25, // 10: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
-	22, // 11: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
-	23, // 12: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
-	24, // 13: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
-	61, // 14: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
-	61, // 15: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
-	1,  // 16: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
-	61, // 17: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
-	26, // 18: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
-	26, // 19: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
-	2,  // 20: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
-	57, // 21: sandboxd.controlplane.v1.ManagedRunnerStatus.install_error:type_name -> sandboxd.controlplane.v1.RunnerInstallError
-	46, // 22: sandboxd.controlplane.v1.ManagedRunnerStatus.last_update_result:type_name -> sandboxd.controlplane.v1.UpdateResult
-	21, // 23: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	21, // 24: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	21, // 25: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
-	63, // 26: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	58, // 27: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
-	0,  // 28: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	61, // 29: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
-	61, // 30: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
-	61, // 31: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
-	59, // 32: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
-	34, // 33: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
-	47, // 34: sandboxd.controlplane.v1.ListReleasesResponse.rollouts:type_name -> sandboxd.controlplane.v1.ChannelRollout
-	34, // 35: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
-	3,  // 36: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
-	61, // 37: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
-	61, // 38: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
-	61, // 39: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
-	3,  // 40: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
-	39, // 41: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
-	39, // 42: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
-	4,  // 43: sandboxd.controlplane.v1.UpdateResult.state:type_name -> sandboxd.controlplane.v1.UpdateState
-	61, // 44: sandboxd.controlplane.v1.UpdateResult.start_time:type_name -> google.protobuf.Timestamp
-	61, // 45: sandboxd.controlplane.v1.UpdateResult.end_time:type_name -> google.protobuf.Timestamp
-	61, // 46: sandboxd.controlplane.v1.UpdateResult.deadline:type_name -> google.protobuf.Timestamp
-	0,  // 47: sandboxd.controlplane.v1.ChannelRollout.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	5,  // 48: sandboxd.controlplane.v1.ChannelRollout.state:type_name -> sandboxd.controlplane.v1.RolloutState
-	61, // 49: sandboxd.controlplane.v1.ChannelRollout.halt_time:type_name -> google.protobuf.Timestamp
-	0,  // 50: sandboxd.controlplane.v1.ResumeRolloutRequest.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
-	6,  // 51: sandboxd.controlplane.v1.Cluster.credential_kind:type_name -> sandboxd.controlplane.v1.ClusterCredentialKind
-	61, // 52: sandboxd.controlplane.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
-	51, // 53: sandboxd.controlplane.v1.AddClusterRequest.cluster:type_name -> sandboxd.controlplane.v1.Cluster
-	51, // 54: sandboxd.controlplane.v1.ListClustersResponse.clusters:type_name -> sandboxd.controlplane.v1.Cluster
-	27, // 55: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
-	28, // 56: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
-	29, // 57: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
-	31, // 58: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
-	32, // 59: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
-	33, // 60: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
-	7,  // 61: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
-	17, // 62: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
-	19, // 63: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
-	11, // 64: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
-	13, // 65: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
-	15, // 66: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
-	9,  // 67: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
-	45, // 68: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:input_type -> sandboxd.controlplane.v1.GetReleaseRequest
-	35, // 69: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
-	37, // 70: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
-	38, // 71: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
-	40, // 72: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
-	42, // 73: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
-	44, // 74: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
-	48, // 75: sandboxd.controlplane.v1.RolloutService.ResumeRollout:input_type -> sandboxd.controlplane.v1.ResumeRolloutRequest
-	49, // 76: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:input_type -> sandboxd.controlplane.v1.DownloadArtifactRequest
-	52, // 77: sandboxd.controlplane.v1.ClusterService.AddCluster:input_type -> sandboxd.controlplane.v1.AddClusterRequest
-	53, // 78: sandboxd.controlplane.v1.ClusterService.ListClusters:input_type -> sandboxd.controlplane.v1.ListClustersRequest
-	55, // 79: sandboxd.controlplane.v1.ClusterService.GetCluster:input_type -> sandboxd.controlplane.v1.GetClusterRequest
-	56, // 80: sandboxd.controlplane.v1.ClusterService.DeleteCluster:input_type -> sandboxd.controlplane.v1.DeleteClusterRequest
-	21, // 81: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	21, // 82: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	30, // 83: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
-	21, // 84: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	64, // 85: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
-	21, // 86: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
-	8,  // 87: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
-	18, // 88: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
-	20, // 89: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
-	12, // 90: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
-	14, // 91: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
-	16, // 92: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
-	10, // 93: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
-	34, // 94: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
-	36, // 95: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
-	34, // 96: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
-	34, // 97: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
-	41, // 98: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
-	43, // 99: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
-	39, // 100: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
-	47, // 101: sandboxd.controlplane.v1.RolloutService.ResumeRollout:output_type -> sandboxd.controlplane.v1.ChannelRollout
-	50, // 102: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:output_type -> sandboxd.controlplane.v1.DownloadArtifactResponse
-	51, // 103: sandboxd.controlplane.v1.ClusterService.AddCluster:output_type -> sandboxd.controlplane.v1.Cluster
-	54, // 104: sandboxd.controlplane.v1.ClusterService.ListClusters:output_type -> sandboxd.controlplane.v1.ListClustersResponse
-	51, // 105: sandboxd.controlplane.v1.ClusterService.GetCluster:output_type -> sandboxd.controlplane.v1.Cluster
-	64, // 106: sandboxd.controlplane.v1.ClusterService.DeleteCluster:output_type -> google.protobuf.Empty
-	81, // [81:107] is the sub-list for method output_type
-	55, // [55:81] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	63, // 0: sandboxd.controlplane.v1.CreateBootstrapTokenRequest.ttl:type_name -> google.protobuf.Duration
+	64, // 1: sandboxd.controlplane.v1.CreateBootstrapTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	63, // 2: sandboxd.controlplane.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	29, // 3: sandboxd.controlplane.v1.HeartbeatRequest.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	29, // 4: sandboxd.controlplane.v1.HeartbeatRequest.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	21, // 5: sandboxd.controlplane.v1.HeartbeatRequest.prepull:type_name -> sandboxd.controlplane.v1.PrepullStatus
+	22, // 6: sandboxd.controlplane.v1.PrepullStatus.images:type_name -> sandboxd.controlplane.v1.ImagePrepull
+	64, // 7: sandboxd.controlplane.v1.PrepullStatus.report_time:type_name -> google.protobuf.Timestamp
+	0,  // 8: sandboxd.controlplane.v1.ImagePrepull.state:type_name -> sandboxd.controlplane.v1.PrepullState
+	64, // 9: sandboxd.controlplane.v1.ImagePrepull.last_attempt_time:type_name -> google.protobuf.Timestamp
+	64, // 10: sandboxd.controlplane.v1.ImagePrepull.next_attempt_time:type_name -> google.protobuf.Timestamp
+	63, // 11: sandboxd.controlplane.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	1,  // 12: sandboxd.controlplane.v1.ManagedRunner.release_channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	65, // 13: sandboxd.controlplane.v1.ManagedRunner.policy:type_name -> google.protobuf.Struct
+	64, // 14: sandboxd.controlplane.v1.ManagedRunner.create_time:type_name -> google.protobuf.Timestamp
+	64, // 15: sandboxd.controlplane.v1.ManagedRunner.update_time:type_name -> google.protobuf.Timestamp
+	28, // 16: sandboxd.controlplane.v1.ManagedRunner.status:type_name -> sandboxd.controlplane.v1.ManagedRunnerStatus
+	25, // 17: sandboxd.controlplane.v1.ManagedRunner.maintenance_policy:type_name -> sandboxd.controlplane.v1.MaintenancePolicy
+	26, // 18: sandboxd.controlplane.v1.MaintenancePolicy.windows:type_name -> sandboxd.controlplane.v1.MaintenanceWindow
+	27, // 19: sandboxd.controlplane.v1.MaintenancePolicy.exclusions:type_name -> sandboxd.controlplane.v1.MaintenanceExclusion
+	64, // 20: sandboxd.controlplane.v1.MaintenanceExclusion.start_time:type_name -> google.protobuf.Timestamp
+	64, // 21: sandboxd.controlplane.v1.MaintenanceExclusion.end_time:type_name -> google.protobuf.Timestamp
+	2,  // 22: sandboxd.controlplane.v1.ManagedRunnerStatus.connection:type_name -> sandboxd.controlplane.v1.ConnectionStatus
+	64, // 23: sandboxd.controlplane.v1.ManagedRunnerStatus.last_heartbeat_time:type_name -> google.protobuf.Timestamp
+	29, // 24: sandboxd.controlplane.v1.ManagedRunnerStatus.capacity:type_name -> sandboxd.controlplane.v1.RunnerResources
+	29, // 25: sandboxd.controlplane.v1.ManagedRunnerStatus.usage:type_name -> sandboxd.controlplane.v1.RunnerResources
+	3,  // 26: sandboxd.controlplane.v1.ManagedRunnerStatus.install_status:type_name -> sandboxd.controlplane.v1.RunnerInstallStatus
+	60, // 27: sandboxd.controlplane.v1.ManagedRunnerStatus.install_error:type_name -> sandboxd.controlplane.v1.RunnerInstallError
+	49, // 28: sandboxd.controlplane.v1.ManagedRunnerStatus.last_update_result:type_name -> sandboxd.controlplane.v1.UpdateResult
+	21, // 29: sandboxd.controlplane.v1.ManagedRunnerStatus.prepull:type_name -> sandboxd.controlplane.v1.PrepullStatus
+	24, // 30: sandboxd.controlplane.v1.CreateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	24, // 31: sandboxd.controlplane.v1.ListManagedRunnersResponse.managed_runners:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	24, // 32: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.managed_runner:type_name -> sandboxd.controlplane.v1.ManagedRunner
+	66, // 33: sandboxd.controlplane.v1.UpdateManagedRunnerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	61, // 34: sandboxd.controlplane.v1.Release.binary_checksums:type_name -> sandboxd.controlplane.v1.Release.BinaryChecksumsEntry
+	1,  // 35: sandboxd.controlplane.v1.Release.channels:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	64, // 36: sandboxd.controlplane.v1.Release.create_time:type_name -> google.protobuf.Timestamp
+	64, // 37: sandboxd.controlplane.v1.Release.rapid_time:type_name -> google.protobuf.Timestamp
+	64, // 38: sandboxd.controlplane.v1.Release.stable_time:type_name -> google.protobuf.Timestamp
+	62, // 39: sandboxd.controlplane.v1.Release.agent_binary_checksums:type_name -> sandboxd.controlplane.v1.Release.AgentBinaryChecksumsEntry
+	37, // 40: sandboxd.controlplane.v1.ListReleasesResponse.releases:type_name -> sandboxd.controlplane.v1.Release
+	50, // 41: sandboxd.controlplane.v1.ListReleasesResponse.rollouts:type_name -> sandboxd.controlplane.v1.ChannelRollout
+	37, // 42: sandboxd.controlplane.v1.PublishReleaseRequest.release:type_name -> sandboxd.controlplane.v1.Release
+	4,  // 43: sandboxd.controlplane.v1.ApiKey.role:type_name -> sandboxd.controlplane.v1.Role
+	64, // 44: sandboxd.controlplane.v1.ApiKey.create_time:type_name -> google.protobuf.Timestamp
+	64, // 45: sandboxd.controlplane.v1.ApiKey.revoke_time:type_name -> google.protobuf.Timestamp
+	64, // 46: sandboxd.controlplane.v1.ApiKey.last_used_time:type_name -> google.protobuf.Timestamp
+	4,  // 47: sandboxd.controlplane.v1.CreateApiKeyRequest.role:type_name -> sandboxd.controlplane.v1.Role
+	42, // 48: sandboxd.controlplane.v1.CreateApiKeyResponse.api_key:type_name -> sandboxd.controlplane.v1.ApiKey
+	42, // 49: sandboxd.controlplane.v1.ListApiKeysResponse.api_keys:type_name -> sandboxd.controlplane.v1.ApiKey
+	5,  // 50: sandboxd.controlplane.v1.UpdateResult.state:type_name -> sandboxd.controlplane.v1.UpdateState
+	64, // 51: sandboxd.controlplane.v1.UpdateResult.start_time:type_name -> google.protobuf.Timestamp
+	64, // 52: sandboxd.controlplane.v1.UpdateResult.end_time:type_name -> google.protobuf.Timestamp
+	64, // 53: sandboxd.controlplane.v1.UpdateResult.deadline:type_name -> google.protobuf.Timestamp
+	1,  // 54: sandboxd.controlplane.v1.ChannelRollout.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	6,  // 55: sandboxd.controlplane.v1.ChannelRollout.state:type_name -> sandboxd.controlplane.v1.RolloutState
+	64, // 56: sandboxd.controlplane.v1.ChannelRollout.halt_time:type_name -> google.protobuf.Timestamp
+	1,  // 57: sandboxd.controlplane.v1.ResumeRolloutRequest.channel:type_name -> sandboxd.controlplane.v1.ReleaseChannel
+	7,  // 58: sandboxd.controlplane.v1.Cluster.credential_kind:type_name -> sandboxd.controlplane.v1.ClusterCredentialKind
+	64, // 59: sandboxd.controlplane.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
+	54, // 60: sandboxd.controlplane.v1.AddClusterRequest.cluster:type_name -> sandboxd.controlplane.v1.Cluster
+	54, // 61: sandboxd.controlplane.v1.ListClustersResponse.clusters:type_name -> sandboxd.controlplane.v1.Cluster
+	30, // 62: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:input_type -> sandboxd.controlplane.v1.CreateManagedRunnerRequest
+	31, // 63: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:input_type -> sandboxd.controlplane.v1.GetManagedRunnerRequest
+	32, // 64: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:input_type -> sandboxd.controlplane.v1.ListManagedRunnersRequest
+	34, // 65: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:input_type -> sandboxd.controlplane.v1.UpdateManagedRunnerRequest
+	35, // 66: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:input_type -> sandboxd.controlplane.v1.DeleteManagedRunnerRequest
+	36, // 67: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:input_type -> sandboxd.controlplane.v1.ApplyAvailableUpdateRequest
+	8,  // 68: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:input_type -> sandboxd.controlplane.v1.CreateBootstrapTokenRequest
+	18, // 69: sandboxd.controlplane.v1.RunnerRegistrationService.Register:input_type -> sandboxd.controlplane.v1.RegisterRequest
+	20, // 70: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:input_type -> sandboxd.controlplane.v1.HeartbeatRequest
+	12, // 71: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:input_type -> sandboxd.controlplane.v1.IssueEdgeCertificateRequest
+	14, // 72: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:input_type -> sandboxd.controlplane.v1.VerifyApiKeyRequest
+	16, // 73: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:input_type -> sandboxd.controlplane.v1.ApiKeyActiveRequest
+	10, // 74: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:input_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateRequest
+	48, // 75: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:input_type -> sandboxd.controlplane.v1.GetReleaseRequest
+	38, // 76: sandboxd.controlplane.v1.ReleaseService.ListReleases:input_type -> sandboxd.controlplane.v1.ListReleasesRequest
+	40, // 77: sandboxd.controlplane.v1.ReleaseService.PublishRelease:input_type -> sandboxd.controlplane.v1.PublishReleaseRequest
+	41, // 78: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:input_type -> sandboxd.controlplane.v1.PromoteReleaseRequest
+	43, // 79: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:input_type -> sandboxd.controlplane.v1.CreateApiKeyRequest
+	45, // 80: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:input_type -> sandboxd.controlplane.v1.ListApiKeysRequest
+	47, // 81: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:input_type -> sandboxd.controlplane.v1.RevokeApiKeyRequest
+	51, // 82: sandboxd.controlplane.v1.RolloutService.ResumeRollout:input_type -> sandboxd.controlplane.v1.ResumeRolloutRequest
+	52, // 83: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:input_type -> sandboxd.controlplane.v1.DownloadArtifactRequest
+	55, // 84: sandboxd.controlplane.v1.ClusterService.AddCluster:input_type -> sandboxd.controlplane.v1.AddClusterRequest
+	56, // 85: sandboxd.controlplane.v1.ClusterService.ListClusters:input_type -> sandboxd.controlplane.v1.ListClustersRequest
+	58, // 86: sandboxd.controlplane.v1.ClusterService.GetCluster:input_type -> sandboxd.controlplane.v1.GetClusterRequest
+	59, // 87: sandboxd.controlplane.v1.ClusterService.DeleteCluster:input_type -> sandboxd.controlplane.v1.DeleteClusterRequest
+	24, // 88: sandboxd.controlplane.v1.RunnerManagementService.CreateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	24, // 89: sandboxd.controlplane.v1.RunnerManagementService.GetManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	33, // 90: sandboxd.controlplane.v1.RunnerManagementService.ListManagedRunners:output_type -> sandboxd.controlplane.v1.ListManagedRunnersResponse
+	24, // 91: sandboxd.controlplane.v1.RunnerManagementService.UpdateManagedRunner:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	67, // 92: sandboxd.controlplane.v1.RunnerManagementService.DeleteManagedRunner:output_type -> google.protobuf.Empty
+	24, // 93: sandboxd.controlplane.v1.RunnerManagementService.ApplyAvailableUpdate:output_type -> sandboxd.controlplane.v1.ManagedRunner
+	9,  // 94: sandboxd.controlplane.v1.RunnerManagementService.CreateBootstrapToken:output_type -> sandboxd.controlplane.v1.CreateBootstrapTokenResponse
+	19, // 95: sandboxd.controlplane.v1.RunnerRegistrationService.Register:output_type -> sandboxd.controlplane.v1.RegisterResponse
+	23, // 96: sandboxd.controlplane.v1.RunnerRegistrationService.Heartbeat:output_type -> sandboxd.controlplane.v1.HeartbeatResponse
+	13, // 97: sandboxd.controlplane.v1.RunnerRegistrationService.IssueEdgeCertificate:output_type -> sandboxd.controlplane.v1.IssueEdgeCertificateResponse
+	15, // 98: sandboxd.controlplane.v1.RunnerRegistrationService.VerifyApiKey:output_type -> sandboxd.controlplane.v1.VerifyApiKeyResponse
+	17, // 99: sandboxd.controlplane.v1.RunnerRegistrationService.ApiKeyActive:output_type -> sandboxd.controlplane.v1.ApiKeyActiveResponse
+	11, // 100: sandboxd.controlplane.v1.RunnerRegistrationService.IssueDataPlaneCertificate:output_type -> sandboxd.controlplane.v1.IssueDataPlaneCertificateResponse
+	37, // 101: sandboxd.controlplane.v1.RunnerRegistrationService.GetRelease:output_type -> sandboxd.controlplane.v1.Release
+	39, // 102: sandboxd.controlplane.v1.ReleaseService.ListReleases:output_type -> sandboxd.controlplane.v1.ListReleasesResponse
+	37, // 103: sandboxd.controlplane.v1.ReleaseService.PublishRelease:output_type -> sandboxd.controlplane.v1.Release
+	37, // 104: sandboxd.controlplane.v1.ReleaseService.PromoteRelease:output_type -> sandboxd.controlplane.v1.Release
+	44, // 105: sandboxd.controlplane.v1.ApiKeyService.CreateApiKey:output_type -> sandboxd.controlplane.v1.CreateApiKeyResponse
+	46, // 106: sandboxd.controlplane.v1.ApiKeyService.ListApiKeys:output_type -> sandboxd.controlplane.v1.ListApiKeysResponse
+	42, // 107: sandboxd.controlplane.v1.ApiKeyService.RevokeApiKey:output_type -> sandboxd.controlplane.v1.ApiKey
+	50, // 108: sandboxd.controlplane.v1.RolloutService.ResumeRollout:output_type -> sandboxd.controlplane.v1.ChannelRollout
+	53, // 109: sandboxd.controlplane.v1.RunnerReleaseService.DownloadArtifact:output_type -> sandboxd.controlplane.v1.DownloadArtifactResponse
+	54, // 110: sandboxd.controlplane.v1.ClusterService.AddCluster:output_type -> sandboxd.controlplane.v1.Cluster
+	57, // 111: sandboxd.controlplane.v1.ClusterService.ListClusters:output_type -> sandboxd.controlplane.v1.ListClustersResponse
+	54, // 112: sandboxd.controlplane.v1.ClusterService.GetCluster:output_type -> sandboxd.controlplane.v1.Cluster
+	67, // 113: sandboxd.controlplane.v1.ClusterService.DeleteCluster:output_type -> google.protobuf.Empty
+	88, // [88:114] is the sub-list for method output_type
+	62, // [62:88] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_controlplane_v1_controlplane_proto_init() }
@@ -4324,8 +4641,8 @@ func file_sandboxd_controlplane_v1_controlplane_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc), len(file_sandboxd_controlplane_v1_controlplane_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   53,
+			NumEnums:      8,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

@@ -228,7 +228,45 @@ export function Audit() {
   );
 }
 
-type ManagedRunner = { runnerId: string; displayName?: string; runnerGroupId?: string; zone?: string; releaseChannel?: string; policy?: unknown; policyRevision?: string; etag?: string; updateTime?: string; status?: unknown };
+type ImagePrepull = { image: string; organizationId?: string; templateId?: string; state?: string; nodesPresent?: number; nodesTotal?: number; lastError?: string; lastAttemptTime?: string; nextAttemptTime?: string };
+type PrepullStatus = { images?: ImagePrepull[]; leftOut?: number; hidden?: number; reportTime?: string };
+type ManagedRunner = { runnerId: string; displayName?: string; runnerGroupId?: string; zone?: string; releaseChannel?: string; policy?: unknown; policyRevision?: string; etag?: string; updateTime?: string; status?: { prepull?: PrepullStatus } };
+
+// Prepull shows a runner's image pre-pull of the templates it may place, as its last
+// heartbeat reported it (ManagedRunnerStatus.prepull); nothing when it reports none.
+function Prepull({ runnerId, p }: { runnerId: string; p?: PrepullStatus }) {
+  if (!p) return null;
+  const imgs = p.images || [];
+  const st = (s?: string) => lower(s, "PREPULL_");
+  return (
+    <>
+      <h4 id={`prepull-${runnerId}`}>Image pre-pull</h4>
+      <p class="muted">
+        {imgs.length} image(s){p.leftOut ? `, ${p.leftOut} more not listed` : ""}{p.hidden ? `, ${p.hidden} of other organizations not shown` : ""}; reported {when(p.reportTime)}
+      </p>
+      {imgs.length > 0 && (
+        <div class="scroll">
+          <table aria-labelledby={`prepull-${runnerId}`} data-testid="runner-prepull">
+            <thead><tr><th scope="col">Image</th><th scope="col">State</th><th scope="col">Template</th><th scope="col">Nodes</th><th scope="col">Last error</th><th scope="col">Last attempt</th><th scope="col">Next attempt</th></tr></thead>
+            <tbody>
+              {imgs.map((i) => (
+                <tr key={i.image}>
+                  <th scope="row"><code>{i.image}</code></th>
+                  <td><span class={`badge ${i.state === "PREPULL_FAILED" ? "st-failed" : i.state === "PREPULL_PRESENT" ? "st-running" : "st-pending"}`}>{st(i.state)}</span></td>
+                  <td>{i.templateId ? `${i.organizationId || ""}/${i.templateId}` : "–"}</td>
+                  <td>{i.nodesTotal ? `${i.nodesPresent || 0} of ${i.nodesTotal}` : "–"}</td>
+                  <td class="error">{i.lastError || ""}</td>
+                  <td>{when(i.lastAttemptTime)}</td>
+                  <td>{when(i.nextAttemptTime)}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </>
+  );
+}
 
 // PolicyEditor shows a runner's policy and edits it: the whole document replaced
 // (UpdateManagedRunner, update mask `policy`) at the etag it was read at, so a change made
@@ -321,6 +359,7 @@ export function Runners() {
           </dl>
           <h4>Policy</h4>
           <PolicyEditor runner={r} onSaved={reload} />
+          <Prepull runnerId={r.runnerId} p={r.status?.prepull} />
           <JSONDetails v={r.status} summary="Status" />
         </section>
       ))}
