@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/logstore"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // MaxMessageBytes bounds every message in both directions (files up to ~100 MiB).
@@ -408,21 +409,27 @@ func (a *Agent) update(f func(*agentv1.StatusResponse)) {
 const maxTerminationLog = 4096
 
 // writeTerminationLog writes the status, on one line, into Options.TerminationLog: an
-// existing regular file, never through a symlink, and only if it fits.
+// existing regular file, never through a symlink, emptied first (nothing the workload
+// wrote there stays), the message clipped so that it fits.
 func (a *Agent) writeTerminationLog() {
 	a.mu.Lock()
-	b, err := protojson.Marshal(a.status)
+	st := proto.Clone(a.status).(*agentv1.StatusResponse)
 	a.mu.Unlock()
-	if err != nil || len(b) > maxTerminationLog {
-		return
-	}
 	f, err := os.OpenFile(a.opts.TerminationLog, os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		a.log.Debug("termination log", "err", err)
 		return
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return
+	}
+	b, err := protojson.Marshal(st)
+	if err == nil && len(b) > maxTerminationLog {
+		st.Message = textclip.Clip(st.Message, maxTerminationLog/4)
+		b, err = protojson.Marshal(st)
+	}
+	if err != nil || len(b) > maxTerminationLog {
 		return
 	}
 	if _, err := f.Write(b); err != nil {

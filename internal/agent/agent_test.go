@@ -621,6 +621,23 @@ func TestTerminationLog(t *testing.T) {
 		t.Errorf("termination log %q: want one line", b)
 	}
 
+	// A status too long for the kubelet's 4 KiB (a start error quoting a long command):
+	// written with its message clipped, and nothing the workload wrote stays.
+	if err := os.WriteFile(term, []byte(`{"state":"MAIN_STATE_COMPLETED"}`), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	h = startAgent(t, &agentconfig.Config{Argv: []string{"/nonexistent/" + strings.Repeat("x", 5000)}},
+		func(o *Options) { o.TerminationLog = term })
+	h.wait(t)
+	b, err = os.ReadFile(term)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Reset()
+	if err := protojson.Unmarshal(b, &st); err != nil || len(b) > 4096 || st.GetState() != agentv1.MainState_MAIN_STATE_FAILED || st.GetReason() != ReasonStartError {
+		t.Errorf("termination log of a long start error (%d bytes) %v, %v: want the FAILED StartError status within 4 KiB", len(b), &st, err)
+	}
+
 	// A symlink in its place: the target is left alone.
 	target := filepath.Join(dir, "target")
 	if err := os.WriteFile(target, []byte("keep"), 0o666); err != nil {

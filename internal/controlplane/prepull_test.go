@@ -106,6 +106,10 @@ func TestPrepullStatusOverRegistration(t *testing.T) {
 		{"template id too long", "prepull.images[0].template_id", &controlplanev1.PrepullStatus{Images: []*controlplanev1.ImagePrepull{
 			{Image: "a", TemplateId: strings.Repeat("t", controlplane.MaxPrepullID+1), State: controlplanev1.PrepullState_PREPULL_PENDING}}}},
 		{"negative left out", "prepull.left_out", &controlplanev1.PrepullStatus{LeftOut: -1}},
+		{"bidi override in an image", "prepull.images[0].image", &controlplanev1.PrepullStatus{Images: []*controlplanev1.ImagePrepull{
+			{Image: "reg/a\u202egpj.exe", State: controlplanev1.PrepullState_PREPULL_PENDING}}}},
+		{"control character in an organization", "prepull.images[0].organization_id", &controlplanev1.PrepullStatus{Images: []*controlplanev1.ImagePrepull{
+			{Image: "a", OrganizationId: "org\x1b[2J", State: controlplanev1.PrepullState_PREPULL_PENDING}}}},
 	} {
 		set(&enroll.Status{Version: "v1.0.0", Ready: true, Prepull: tc.p})
 		err := hb.Beat(ctx)

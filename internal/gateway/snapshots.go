@@ -425,10 +425,12 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 		return s.complete(ctx, x, store.SnapshotCompletion{State: store.SnapshotReady, SizeBytes: info.Size, ContentBytes: job.ContentBytes,
 			Digest: digest, Pause: job.Pause, CompleteTime: job.CompleteTime})
 	case runner.SnapshotFailed:
-		if job.Unknown && time.Since(x.CreateTime) < unknownJobGrace {
+		if (job.Unknown || job.CompleteTime.IsZero()) && time.Since(x.CreateTime) < unknownJobGrace {
 			// The runner does not know the job: for a young row, that is a create whose
 			// runner call has not registered it yet (the row is written first). Failing
-			// it now would leave its archive uploaded, uncounted.
+			// it now would leave its archive uploaded, uncounted. A runner of an earlier
+			// release says so only by a FAILED job with no completion time (every job it
+			// ran has one): the gateway reads both while runners roll to this release.
 			return x
 		}
 		reason := job.Reason

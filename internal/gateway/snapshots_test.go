@@ -32,6 +32,9 @@ type snapRunner struct {
 	acceptingRunner
 	blobs       blob.Store
 	noSnapshots bool
+	// legacyUnknown: a job it does not know is answered as a runner of an earlier
+	// release did, FAILED with no completion time and without Unknown.
+	legacyUnknown bool
 	// refuse is SnapshotVolume's (and DeleteWithSnapshots') error when set.
 	refuse error
 
@@ -127,7 +130,7 @@ func (r *snapRunner) GetSnapshotJob(_ context.Context, snapshotID string) (runne
 	defer r.smu.Unlock()
 	j, ok := r.jobs[snapshotID]
 	if !ok {
-		return runner.SnapshotJob{SnapshotID: snapshotID, State: runner.SnapshotFailed, Reason: apierr.FSSCreateFailed, Message: "no such job on this runner", Unknown: true}, nil
+		return runner.SnapshotJob{SnapshotID: snapshotID, State: runner.SnapshotFailed, Reason: apierr.FSSCreateFailed, Message: "no such job on this runner", Unknown: !r.legacyUnknown}, nil
 	}
 	return j, nil
 }
@@ -883,7 +886,16 @@ func TestSnapshotListRefreshes(t *testing.T) {
 // for a list, a get and the reconciler alike: failing it would leave its archive, once
 // uploaded, counted nowhere. Past the grace the job is lost and the snapshot FAILED.
 func TestSnapshotUnknownJobYoung(t *testing.T) {
+	t.Run("unknown", func(t *testing.T) { testSnapshotUnknownJobYoung(t, false) })
+	// A runner of an earlier release: FAILED with no completion time, no Unknown.
+	t.Run("legacy", func(t *testing.T) { testSnapshotUnknownJobYoung(t, true) })
+}
+
+func testSnapshotUnknownJobYoung(t *testing.T, legacy bool) {
 	s, r, ctx, sb := newSnapSandbox(t)
+	r.smu.Lock()
+	r.legacyUnknown = legacy
+	r.smu.Unlock()
 	snap, err := snapshotOf(t, s, ctx, sb.GetSandboxId(), "", "")
 	if err != nil {
 		t.Fatal(err)

@@ -89,6 +89,15 @@ func loadMigrations(fsys fs.FS, dir string) ([]migration, error) {
 		if m.noTx && len(m.statements()) == 0 {
 			return nil, fmt.Errorf("migration %s: no statement", name)
 		}
+		if m.noTx {
+			// Statements are split at a ";" ending a line: one followed by more (a
+			// comment, another statement) would join two into one implicit transaction.
+			for line := range strings.Lines(m.sql) {
+				if t := strings.TrimSpace(line); !strings.HasPrefix(t, "--") && (strings.Count(t, ";") > 1 || strings.Contains(t, ";") && !strings.HasSuffix(t, ";")) {
+					return nil, fmt.Errorf("migration %s: %q: in a no-transaction migration a line holds at most one \";\", at its end", name, t)
+				}
+			}
+		}
 		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b migration) int { return int(a.version - b.version) })

@@ -29,6 +29,13 @@ func TestNoTransactionMigrations(t *testing.T) {
 	if _, err := loadMigrations(fsys, "m"); err == nil {
 		t.Fatal("an empty no-transaction migration loaded")
 	}
+	// A ";" that does not end its line would join two statements: refused.
+	for _, body := range []string{"SELECT 1; -- trailing comment\n", "SELECT 1; SELECT 2;\n"} {
+		fsys["m/0004_d.sql"] = &fstest.MapFile{Data: []byte(NoTransactionMarker + "\n" + body)}
+		if _, err := loadMigrations(fsys, "m"); err == nil {
+			t.Errorf("no-transaction migration %q loaded", body)
+		}
+	}
 }
 
 // SQLite's migrations run in one transaction, and PostgreSQL's 0023 (its concurrent

@@ -185,9 +185,29 @@ func (m pgMigrationSession) tx(ctx context.Context, fn func(q querier) error) er
 }
 
 // execOutsideTx runs q alone in the simple protocol (no arguments), in no transaction.
+// A deadlock PostgreSQL broke (40P01) is retried, up to three tries: an opener of an
+// earlier release waits for the migration lock in pg_advisory_xact_lock holding a
+// snapshot that a concurrent index build waits for, and the detector may pick the build.
+// The statements of such migrations are idempotent.
 func (m pgMigrationSession) execOutsideTx(ctx context.Context, q string) error {
-	_, err := m.c.Exec(ctx, q)
+	var err error
+	for try := range 3 {
+		if _, err = m.c.Exec(ctx, q); !isDeadlock(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(try+1) * 200 * time.Millisecond):
+		}
+	}
 	return err
+}
+
+// isDeadlock reports whether err is PostgreSQL's deadlock_detected.
+func isDeadlock(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40P01"
 }
 
 func (d *pgDB) isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

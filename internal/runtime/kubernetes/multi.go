@@ -262,9 +262,16 @@ func (b *Backend) podForGroup(spec *runtime.Spec, g *group, rcName string, lbls 
 		)
 		extra, mounts := containerMounts(m, index)
 		vols = append(vols, extra...)
+		command := []string{gate.GatePath, "exec-agent"}
+		if !m.init && !m.primary {
+			// A sidecar's restarts and exit outlive its agent in the Pod's status
+			// (ContainerStatuses); the primary's go through the gate, an init
+			// container's are the kubelet's.
+			command = append(command, gate.FlagTerminationLog)
+		}
 		c := corev1.Container{
 			Name: m.pod, Image: m.c.Image, ImagePullPolicy: b.pullPolicy(spec, m.c),
-			Command:         []string{gate.GatePath, "exec-agent"},
+			Command:         command,
 			WorkingDir:      m.c.WorkingDir,
 			SecurityContext: g.sc[m.name],
 			VolumeMounts: append([]corev1.VolumeMount{
@@ -641,9 +648,11 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			last := s.agentStatus[m.name]
 			b.mu.Unlock()
 			// A container that has ended left its agent's final status in its
-			// termination message: it stands over a watch that missed the end.
-			if cs != nil && !finalState(last) {
-				if fin := statusInMessage(cs.State.Terminated); finalState(fin) {
+			// termination message: it stands over a watch that missed the end. The
+			// message itself is never shown as text.
+			if cs != nil && cs.State.Terminated != nil && statusInMessage(cs.State.Terminated) != nil {
+				st.Message = ""
+				if fin := sidecarFinal(cs.State.Terminated, m.c.RestartLimit); fin != nil && !finalState(last) {
 					last = fin
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -83,7 +84,7 @@ func TestContainerStatusesFinalFromMessage(t *testing.T) {
 		sandboxes: map[string]*sandbox{},
 	}
 	spec := runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "i"},
-		Sidecars: []runtime.Container{{Name: "db", Image: "i"}}}
+		Sidecars: []runtime.Container{{Name: "db", Image: "i", RestartLimit: 3}}}
 	ended := func(msg string) corev1.ContainerState {
 		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 7, Reason: "Error", Message: msg}}
 	}
@@ -115,9 +116,23 @@ func TestContainerStatusesFinalFromMessage(t *testing.T) {
 	s.agentStatus = map[string]*agentv1.StatusResponse{"db": {State: agentv1.MainState_MAIN_STATE_RESTARTING, RestartCount: 1}}
 	for _, msg := range []string{`{"state":"MAIN_STATE_RUNNING","restartCount":50}`, "not json", ""} {
 		pod.Status.ContainerStatuses[1].State = ended(msg)
-		if st := db(); st.Restarts != 1 {
-			t.Errorf("message %q: %+v, want the watch's 1 restart", msg, st)
+		if st := db(); st.Restarts != 1 || strings.Contains(st.Message, "MAIN_STATE") {
+			t.Errorf("message %q: %+v, want the watch's 1 restart and no raw status as text", msg, st)
 		}
+	}
+	// The workload can write the file too: what it says is held to what an agent could
+	// say (a known reason, restarts within the limit, a bounded printable message), and
+	// the kubelet's OOMKilled stands over it.
+	s.agentStatus = nil
+	pod.Status.ContainerStatuses[1].State = ended(`{"state":"MAIN_STATE_COMPLETED","exitCode":0,"restartCount":999,"reason":"Hacked","message":"\u001b[2J` + strings.Repeat("m", 5000) + `"}`)
+	if st := db(); st.State != runtime.ContainerExited || st.Restarts != 3 || st.Reason != "Error" || len(st.Message) > 1024 || strings.Contains(st.Message, "\x1b") {
+		t.Errorf("forged final status: %+v, want restarts 3 (the limit), reason Error, a clipped printable message", st)
+	}
+	oom := ended(`{"state":"MAIN_STATE_COMPLETED","exitCode":0,"reason":"Completed"}`)
+	oom.Terminated.Reason = "OOMKilled"
+	pod.Status.ContainerStatuses[1].State = oom
+	if st := db(); st.Reason != "OOMKilled" {
+		t.Errorf("a sidecar the kubelet saw OOM-killed: %+v, want OOMKilled", st)
 	}
 }
 

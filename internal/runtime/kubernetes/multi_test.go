@@ -103,17 +103,25 @@ func TestPodForGroup(t *testing.T) {
 	}
 	// Each container: its image, the agent as entrypoint, its own config key and run dir.
 	seenRun := map[string]bool{}
-	for _, tc := range []struct{ pod, image, key string }{
-		{"migrate", "app:1", "config-migrate.json"},
-		{"sandbox", "app:1", gate.ConfigFile},
-		{"redis", "redis:7", "config-redis.json"},
-		{"c3-gate", "busybox", "config-gate.json"},
+	// Only sidecars' agents leave their final status in the termination message.
+	for _, tc := range []struct {
+		pod, image, key string
+		termLog         bool
+	}{
+		{"migrate", "app:1", "config-migrate.json", false},
+		{"sandbox", "app:1", gate.ConfigFile, false},
+		{"redis", "redis:7", "config-redis.json", true},
+		{"c3-gate", "busybox", "config-gate.json", true},
 	} {
 		c := byName[tc.pod]
 		if c == nil {
 			t.Fatalf("no container %s", tc.pod)
 		}
-		if c.Image != tc.image || !slices.Equal(c.Command, []string{gate.GatePath, "exec-agent"}) {
+		want := []string{gate.GatePath, "exec-agent"}
+		if tc.termLog {
+			want = append(want, gate.FlagTerminationLog)
+		}
+		if c.Image != tc.image || !slices.Equal(c.Command, want) {
 			t.Errorf("%s: image %s command %v", tc.pod, c.Image, c.Command)
 		}
 		cm := mount(c, gate.ConfigDir)

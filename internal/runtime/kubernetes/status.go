@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -20,8 +21,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 func containerStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
@@ -188,6 +191,36 @@ func statusInMessage(t *corev1.ContainerStateTerminated) *agentv1.StatusResponse
 		return nil
 	}
 	return &st
+}
+
+// maxSidecarMessage bounds the message a sidecar's termination message may give.
+const maxSidecarMessage = 1024
+
+// sidecarFinal is the final status a sidecar's agent left in its terminated container's
+// message (gate.FlagTerminationLog), made safe to report: the container's workload can
+// write that file too, so it is the sandbox's own word about its own container, held to
+// what an agent could say: a known reason (else Error), restarts within the container's
+// limit, a bounded printable message, and the kubelet's OOMKilled over it. nil when the
+// message holds no final status.
+func sidecarFinal(t *corev1.ContainerStateTerminated, restartLimit int) *agentv1.StatusResponse {
+	st := statusInMessage(t)
+	if !finalState(st) {
+		return nil
+	}
+	switch st.GetReason() {
+	case agent.ReasonCompleted, agent.ReasonError, agent.ReasonRestartLimit, agent.ReasonStartError, agent.ReasonStopped:
+	default:
+		st.Reason = agent.ReasonError
+	}
+	st.RestartCount = min(max(st.GetRestartCount(), 0), int32(min(restartLimit, math.MaxInt32)))
+	st.Message = textclip.Clip(st.GetMessage(), maxSidecarMessage)
+	if !textclip.AllPrintable(st.Message) {
+		st.Message = ""
+	}
+	if t.Reason == "OOMKilled" {
+		st.Reason, st.Message = "OOMKilled", "memory limit exceeded"
+	}
+	return st
 }
 
 // finalState reports whether an agent's main command has ended for good.

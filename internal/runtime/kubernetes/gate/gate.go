@@ -132,8 +132,13 @@ func CompleteConfig(c *agentconfig.Config, environ []string, cwd string) {
 	c.Listen = "unix:" + filepath.Join(RunDir, Socket)
 }
 
-// ExecAgent completes the backend's config and replaces this process with the agent.
-func ExecAgent() error {
+// FlagTerminationLog, after exec-agent, makes the agent leave its final status in the
+// container's termination message (TerminationLogPath): given to sidecars only.
+const FlagTerminationLog = "--termination-log"
+
+// ExecAgent completes the backend's config and replaces this process with the agent;
+// termLog: see FlagTerminationLog.
+func ExecAgent(termLog bool) error {
 	c, err := agentconfig.Load(filepath.Join(ConfigDir, ConfigFile))
 	if err != nil {
 		return err
@@ -153,11 +158,12 @@ func ExecAgent() error {
 		return err
 	}
 	defer ln.Close() // only if exec fails
-	// The agent leaves its final status in the container's termination message too: a
-	// sidecar's restarts and exit stay known once its agent is gone (the backend's
-	// ContainerStatuses), also when no Watch of the backend saw them.
-	argv := []string{AgentPath, "--config", p, "--state-dir", RunDir, "--listen-fd", strconv.Itoa(int(ln.Fd())),
-		"--termination-log", TerminationLogPath}
+	argv := []string{AgentPath, "--config", p, "--state-dir", RunDir, "--listen-fd", strconv.Itoa(int(ln.Fd()))}
+	if termLog {
+		// A sidecar's restarts and exit stay known once its agent is gone (the
+		// backend's ContainerStatuses), also when no Watch of the backend saw them.
+		argv = append(argv, "--termination-log", TerminationLogPath)
+	}
 	return syscall.Exec(AgentPath, argv, os.Environ())
 }
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
@@ -31,7 +32,7 @@ func main() {
 	case "install":
 		err = gate.Install("/", gate.BinDir, "sandbox-agent", "sandbox-gate")
 	case "exec-agent":
-		err = gate.ExecAgent()
+		err = gate.ExecAgent(slices.Contains(os.Args[2:], gate.FlagTerminationLog))
 	case "noop":
 		return
 	case "serve":
