@@ -117,6 +117,19 @@ type globalSession struct {
 	token  string
 	plans  map[string]globalPlan // by volume ID
 	leased []string              // volume IDs whose lease token holds
+	// fields are the spec fields naming the GLOBAL volumes (sandbox.spec.volumes[i].volume_id):
+	// placement sends the sandbox only to runners that mount them
+	// (placement.Request.GlobalVolumeFields).
+	fields []string
+}
+
+// placementFields are the fields placement keeps to runners that mount GLOBAL volumes
+// (nil for a create that mounts none).
+func (g *globalSession) placementFields() []string {
+	if g == nil {
+		return nil
+	}
+	return g.fields
 }
 
 type globalPlansKey struct{}
@@ -276,6 +289,7 @@ func (s *Server) prepareGlobals(ctx context.Context, org string, sp *sandboxv1.S
 		}
 		plan.manifest = m
 		g.plans[id] = plan
+		g.fields = append(g.fields, field) // one per spec volume: bounded with the spec
 	}
 	if len(g.plans) == 0 {
 		return nil, nil

@@ -25,9 +25,10 @@ const viewTimeout = 2 * time.Second
 
 // place returns the runners that accept spec and have room for it, best first (see
 // package placement for the errors). secretRefs are the fields of spec's references to
-// KUBERNETES secret stores (byReference): only runners that read them are candidates.
-func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, secretRefs []string) ([]placement.Candidate, error) {
-	return s.placeRestoring(ctx, spec, engine, nil, secretRefs)
+// KUBERNETES secret stores (byReference): only runners that read them are candidates;
+// globals the fields of its GLOBAL volumes: only runners that mount them are.
+func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, secretRefs, globals []string) ([]placement.Candidate, error) {
+	return s.placeRestoring(ctx, spec, engine, nil, secretRefs, globals)
 }
 
 // byReference wraps resolve to note the fields (store_name) of the references it
@@ -128,7 +129,7 @@ func egressSecretsStay(rec *record, src runner.Sandbox) string {
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256
 // of their archives (one per restored volume), and a runner that has them cached comes
 // first among those that accept the sandbox (placement.PreferCached).
-func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs []string) (_ []placement.Candidate, err error) {
+func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs, globals []string) (_ []placement.Candidate, err error) {
 	ctx, sp := tracing.Child(ctx, "gateway.place")
 	defer func() { tracing.End(sp, err) }()
 	runners := s.placementRunners(ctx)
@@ -143,6 +144,8 @@ func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec
 		Source:       addr,
 		// One per secret_stores entry (or credentials) at most: bounded with the spec.
 		SecretRefFields: secretRefs,
+		// The fields of its GLOBAL volumes (one per spec volume at most).
+		GlobalVolumeFields: globals,
 	})
 	if err != nil {
 		return nil, err

@@ -139,6 +139,11 @@ type Request struct {
 	// resolves them from Kubernetes Secrets, so only runners that can (no
 	// Support.NoSecretRefs: Kubernetes runners) are candidates.
 	SecretRefFields []string
+	// GlobalVolumeFields are the fields of the spec's GLOBAL registered volumes (e.g.
+	// sandbox.spec.volumes[0].volume_id): their copies are restored from and committed to
+	// the blob store, so only runners that can (no Support.NoGlobalVolumes: a blob store
+	// and a backend that fills and commits them) are candidates.
+	GlobalVolumeFields []string
 }
 
 // ConstraintSecretRefs: a sandbox that references a KUBERNETES secret store runs only on
@@ -155,6 +160,24 @@ func secretRefViolations(r Runner, fields []string) []apierr.Violation {
 	for i, f := range fields {
 		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
 			Description: "references a KUBERNETES secret store, which only a Kubernetes runner reads (" + ConstraintSecretRefs + "); this runner's backend is not Kubernetes"}
+	}
+	return vs
+}
+
+// ConstraintGlobalVolumes: a sandbox that mounts a GLOBAL volume runs only on a runner
+// that mounts them (one with a blob store whose backend fills and commits their copies).
+const ConstraintGlobalVolumes = "platform.global_volumes"
+
+// globalVolumeViolations are runner r's refusals of the spec's GLOBAL volumes (none when
+// it mounts them or there are none).
+func globalVolumeViolations(r Runner, fields []string) []apierr.Violation {
+	if !r.NoGlobalVolumes {
+		return nil
+	}
+	vs := make([]apierr.Violation, len(fields))
+	for i, f := range fields {
+		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
+			Description: "is a GLOBAL volume, which this runner cannot mount (" + ConstraintGlobalVolumes + "): it has no blob store, or its backend cannot fill and commit the volume's copy"}
 	}
 	return vs
 }
@@ -201,7 +224,10 @@ type Candidate struct {
 //     RetryInfo;
 //   - the spec references a KUBERNETES secret store (Request.SecretRefFields) and no
 //     runner considered reads them: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER
-//     with a violation per runner and field naming ConstraintSecretRefs.
+//     with a violation per runner and field naming ConstraintSecretRefs;
+//   - the spec mounts GLOBAL volumes (Request.GlobalVolumeFields) and no runner
+//     considered mounts them: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER with a
+//     violation per runner and field naming ConstraintGlobalVolumes.
 //
 // Each call counts in cwsandbox_placement_decisions_total (ok or the error's reason) and
 // every runner left out in cwsandbox_placement_rejections_total by constraint
@@ -286,6 +312,12 @@ func place(req Request, rej *[]string) ([]Candidate, error) {
 			shareOnly = false
 			rejected = append(rejected, vs...)
 			*rej = append(*rej, ConstraintSecretRefs)
+			continue
+		}
+		if vs := globalVolumeViolations(r, req.GlobalVolumeFields); len(vs) > 0 {
+			shareOnly = false
+			rejected = append(rejected, vs...)
+			*rej = append(*rej, ConstraintGlobalVolumes)
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.

@@ -204,6 +204,11 @@ func (r *Runner) checkGlobals(spec *runtime.Spec) error {
 		if r.cfg.Blobs == nil {
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL, and this runner has no blob store to sync it with", v.Name)
 		}
+		if b, ok := r.backend.(runtime.SupportReporter); ok && b.Support().NoGlobalVolumes {
+			// Read-only too: refused here rather than failing the sandbox when its copy
+			// cannot be filled (Support.NoGlobalVolumes: placement sends it elsewhere).
+			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL, and this runner's backend cannot hold GLOBAL volumes (mount it on another runner)", v.Name)
+		}
 		if v.Global.CommitGeneration == 0 {
 			continue
 		}

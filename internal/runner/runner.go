@@ -1607,6 +1607,8 @@ func (r *Runner) Support() runtime.Support {
 	s.NoSnapshots = s.NoSnapshots || noCapture != "" || noRestore != ""
 	_, refs := r.backend.(runtime.SecretRefChecker)
 	s.NoSecretRefs = !refs
+	// A GLOBAL volume's copy is restored from, and committed to, the blob store.
+	s.NoGlobalVolumes = s.NoGlobalVolumes || r.cfg.Blobs == nil
 	return s
 }
 

@@ -563,6 +563,7 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		EngineUnavailable:   c.EngineUnavailable,
 		Snapshots:           !c.NoSnapshots,
 		SecretRefs:          !c.NoSecretRefs,
+		GlobalVolumes:       !c.NoGlobalVolumes,
 		CachedSnapshots:     c.CachedSnapshots,
 		Paused:              int32(c.Paused),
 		CheckpointClasses:   c.CheckpointClasses,
@@ -685,6 +686,8 @@ func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
 		NoSnapshots: !p.GetSnapshots(),
 		// Likewise KUBERNETES secret store references.
 		NoSecretRefs: !p.GetSecretRefs(),
+		// Likewise GLOBAL volumes.
+		NoGlobalVolumes: !p.GetGlobalVolumes(),
 	}
 }
 

@@ -94,3 +94,23 @@ func TestVolumeSizeBoundFromTheRunnersPolicy(t *testing.T) {
 		t.Fatalf("no bound in the policy, yet %d", fake.ensured.MaxSizeBytes)
 	}
 }
+
+// TestCapacityGlobalVolumesOverTheWire: whether a runner mounts GLOBAL volumes reaches the
+// gateway; an older runner that says nothing is taken not to.
+func TestCapacityGlobalVolumesOverTheWire(t *testing.T) {
+	if capacityFromProto(capacityToProto(runner.Capacity{})).NoGlobalVolumes {
+		t.Fatal("a runner that mounts GLOBAL volumes lost it on the wire")
+	}
+	if !capacityToProto(runner.Capacity{}).GetGlobalVolumes() {
+		t.Fatal("a runner that mounts GLOBAL volumes does not say so on the wire")
+	}
+	if !capacityFromProto(capacityToProto(runner.Capacity{Support: runtime.Support{NoGlobalVolumes: true}})).NoGlobalVolumes {
+		t.Fatal("a runner that mounts none said it does on the wire")
+	}
+	if !capacityFromProto(&runnerv1.CapacityResponse{MilliCpu: 4000, SecretRefs: true, Snapshots: true}).NoGlobalVolumes {
+		t.Fatal("an older runner that says nothing of GLOBAL volumes is taken to mount them")
+	}
+	if !capacityFromProto(nil).NoGlobalVolumes {
+		t.Fatal("a runner that says nothing mounts GLOBAL volumes")
+	}
+}

@@ -43,6 +43,13 @@ type Support struct {
 	// but Kubernetes). Set by the runner; on the wire an older runner that does not say it
 	// can is taken to lack it.
 	NoSecretRefs bool
+	// NoGlobalVolumes: the runner cannot mount GLOBAL registered volumes (their content
+	// in the blob store, docs/volumes.md): it has no blob store, or its backend cannot
+	// fill and commit a volume's copy (the Kubernetes backend: set by the backend). The
+	// runner refuses them at create; placement sends a sandbox mounting one only to
+	// runners without it. On the wire an older runner that does not say it can is taken
+	// to lack it.
+	NoGlobalVolumes bool
 }
 
 // Optional interfaces of a Backend. The runner asserts them when it runs; each backend

@@ -22,15 +22,21 @@ import (
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/gateway"
+	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // TestGlobalVolumeReadOnly: what a GLOBAL volume (its content in the blob store,
-// docs/volumes.md) does on a Kubernetes runner today: a read-only mount fails the sandbox
-// naming the volume (its copy is filled through a writable mount, which it lacks), and a
-// read-write mount is refused at create naming the reason (the backend cannot capture a
-// volume once its Pod has stopped). Both are "not yet" in docs/volumes.md.
+// docs/volumes.md) does on a Kubernetes runner today: nothing. Its backend cannot fill a
+// read-only copy (it fills restored volumes through a writable mount) nor capture a
+// writer's copy once its Pod stopped, so the runner says it mounts no GLOBAL volume
+// (Support.NoGlobalVolumes): the gateway's placement leaves it out (read-only and
+// read-write mounts alike: CWSANDBOX_NO_SUITABLE_RUNNER naming
+// placement.ConstraintGlobalVolumes), and the runner refuses such a create itself
+// (CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED) instead of failing the sandbox later. "Not yet"
+// in docs/volumes.md.
 func TestGlobalVolumeReadOnly(t *testing.T) {
 	needCluster(t)
 	d := t.TempDir()
@@ -107,35 +113,42 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 		}}}))
 	}
 	// Not yet: the Kubernetes backend fills a restored volume through the agent of a
-	// container that mounts it writable (docs/volumes.md), so a volume every container
-	// mounts read-only fails the sandbox, naming the volume and why.
-	res, err := create(true)
-	if err != nil {
-		t.Fatalf("read-only mount: %v", err)
-	}
-	id := res.Msg.GetSandboxId()
-	t.Cleanup(func() {
-		_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
-	})
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		got, err := api.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
-		if err != nil {
-			t.Fatal(err)
+	// container that mounts it writable, and cannot capture a volume once its Pod stopped
+	// (docs/volumes.md). Its runner says so (Support.NoGlobalVolumes, global_volumes on
+	// the runner wire), so placement leaves it out: with no other runner, both mounts are
+	// refused at create, before any Pod is made.
+	for _, readOnly := range []bool{true, false} {
+		res, err := create(readOnly)
+		if err == nil {
+			id := res.Msg.GetSandboxId()
+			_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
+			t.Fatalf("read-only %v: sandbox %s created on a Kubernetes runner, want it refused at placement", readOnly, id)
 		}
-		st := got.Msg.GetStatus()
-		if st.GetState() == sandboxv1.State_STATE_FAILED {
-			if r := st.GetStateReason(); !strings.Contains(r, `volume "data"`) || !strings.Contains(r, "read-only") {
-				t.Errorf("the read-only mount's failure: %q, want it to name the volume and why", r)
-			}
-			break
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner ||
+			!strings.Contains(err.Error(), placement.ConstraintGlobalVolumes) {
+			t.Errorf("read-only %v: %v, want FAILED_PRECONDITION %s naming %s", readOnly, err, apierr.NoSuitableRunner, placement.ConstraintGlobalVolumes)
 		}
-		if st.GetState() == sandboxv1.State_STATE_RUNNING || time.Now().After(deadline) {
-			t.Fatalf("sandbox mounting a GLOBAL volume read-only only: %s (%s), want FAILED naming the volume (until a read-only copy can be filled on Kubernetes)", st.GetState(), st.GetStateReason())
+		want := "runner[k8s-runner].sandbox.spec.volumes[0].volume_id"
+		if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != want {
+			t.Errorf("read-only %v: violations %v, want one on %s", readOnly, vs, want)
 		}
 	}
 
-	_, err = create(false)
-	if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), `volume "data"`) {
-		t.Errorf("read-write mount on a Kubernetes runner: %v, want %s naming the volume", err, apierr.VolumeTypeNotSupported)
+	// The runner itself refuses a GLOBAL mount at create too (a placement made on a stale
+	// view), read-only included: CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming the volume,
+	// and nothing is made.
+	for _, commit := range []int64{0, 2} { // a reader's copy; a writer's
+		_, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
+			Container: runtime.Container{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", "sleep 3600"},
+				VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/data", ReadOnly: commit == 0}}},
+			Volumes: []runtime.Volume{{Name: "data", SizeBytes: runner.DefaultGlobalVolumeBytes,
+				Global: &runtime.GlobalVolume{BlobPrefix: prefix, CommitGeneration: commit, MaxSizeBytes: runner.DefaultGlobalVolumeBytes}}},
+		}})
+		if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), `volume "data"`) {
+			t.Errorf("runner create, commit generation %d: %v, want %s naming the volume", commit, err, apierr.VolumeTypeNotSupported)
+		}
+	}
+	if sbs := s.Runner.List(); len(sbs) != 0 {
+		t.Errorf("the runner made %d sandboxes for refused GLOBAL mounts", len(sbs))
 	}
 }

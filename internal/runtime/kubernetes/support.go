@@ -11,7 +11,11 @@ import "github.com/sandboxd/sandboxd/internal/runtime"
 // does not yet set up, so it runs none and Create refuses them. File-system snapshots
 // need a snapshot cache directory (snapshot.go).
 func (b *Backend) Support() runtime.Support {
-	return runtime.Support{NoDNSEgress: true, NoContainerEngine: true, NoSnapshots: b.cfg.SnapshotCacheDir == ""}
+	return runtime.Support{NoDNSEgress: true, NoContainerEngine: true, NoSnapshots: b.cfg.SnapshotCacheDir == "",
+		// GLOBAL volumes: a restored volume is filled through the agent of a container that
+		// mounts it writable (a read-only copy has none), and a volume is not captured once
+		// its Pod stopped (a writer's copy cannot be committed).
+		NoGlobalVolumes: true}
 }
 
 // The optional backend interfaces the Kubernetes backend implements (EgressReserver is

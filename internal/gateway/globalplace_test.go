@@ -1,0 +1,91 @@
+package gateway
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/dir"
+	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
+)
+
+// TestGlobalVolumePlacement: in a fleet of a runner with a blob store and one without
+// (which says so in its capacity: Support.NoGlobalVolumes), a sandbox mounting a GLOBAL
+// volume is placed on the one that can mount it, every time; pinned to the other it is
+// refused at placement (CWSANDBOX_NO_SUITABLE_RUNNER, a violation on the volume's field
+// naming placement.ConstraintGlobalVolumes) rather than failing on that runner. A sandbox
+// mounting no GLOBAL volume still goes to either.
+func TestGlobalVolumePlacement(t *testing.T) {
+	blobs, err := dir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	realRunner := func(id string, st blob.Store) runner.Handle {
+		be := runtimetest.NewFake()
+		t.Cleanup(be.Close)
+		rr, err := runner.New(context.Background(), runner.Config{Backend: be, DataDir: t.TempDir(), Blobs: st, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rr.Close)
+		return runner.NewLocal(id, rr)
+	}
+	s := newGlobalGateway(t, blobs, realRunner("with-blobs", blobs), realRunner("no-blobs", nil))
+	user := tmplUser(testOrg)
+	if _, err := s.CreateVolume(tmplAdmin(testOrg), connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: pvcVolume("g", "*", "shared")})); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitVolume(t, s, user, "g"); v.GetStatus().GetState() != sandboxv1.VolumeState_VOLUME_STATE_READY {
+		t.Fatalf("volume = %v", v)
+	}
+	spec := func(global bool, runnerIDs ...string) *sandboxv1.SandboxSpec {
+		sp := &sandboxv1.SandboxSpec{RunnerIds: runnerIDs, Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox"}}}
+		if global {
+			sp.Volumes = []*sandboxv1.SandboxVolume{{Name: "v", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "g"}}}
+			sp.Containers[0].VolumeMounts = []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/data", ReadOnly: true}}
+		}
+		return sp
+	}
+	create := func(sp *sandboxv1.SandboxSpec) (*sandboxv1.Sandbox, error) {
+		res, err := s.CreateSandbox(user, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+
+	// Ties between the runners are random: ten readers, each on the runner with the blob store.
+	for i := range 10 {
+		sb, err := create(spec(true))
+		if err != nil {
+			t.Fatalf("reader %d: %v", i, err)
+		}
+		if got := sb.GetStatus().GetRunnerId(); got != "with-blobs" {
+			t.Fatalf("reader %d placed on %q, want with-blobs (the runner without a blob store cannot mount GLOBAL volumes)", i, got)
+		}
+	}
+
+	_, err = create(spec(true, "no-blobs"))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner ||
+		!strings.Contains(err.Error(), placement.ConstraintGlobalVolumes) {
+		t.Fatalf("pinned to the runner without a blob store: %v, want FAILED_PRECONDITION %s naming %s", err, apierr.NoSuitableRunner, placement.ConstraintGlobalVolumes)
+	}
+	want := "runner[no-blobs].sandbox.spec.volumes[0].volume_id"
+	if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != want || !strings.Contains(vs[0].Description, placement.ConstraintGlobalVolumes) {
+		t.Errorf("violations %v, want one on %s naming %s", vs, want, placement.ConstraintGlobalVolumes)
+	}
+
+	// Without a GLOBAL volume the runner without a blob store takes it.
+	sb, err := create(spec(false, "no-blobs"))
+	if err != nil || sb.GetStatus().GetRunnerId() != "no-blobs" {
+		t.Fatalf("plain sandbox pinned to no-blobs: %v on %q", err, sb.GetStatus().GetRunnerId())
+	}
+}
