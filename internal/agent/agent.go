@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -425,9 +426,21 @@ func (a *Agent) writeTerminationLog() {
 		return
 	}
 	b, err := protojson.Marshal(st)
-	if err == nil && len(b) > maxTerminationLog {
-		st.Message = textclip.Clip(st.Message, maxTerminationLog/4)
-		b, err = protojson.Marshal(st)
+	if err != nil || len(b) > maxTerminationLog {
+		// Valid UTF-8 without control characters (protojson refuses the one and writes
+		// each of the others as six bytes), then shorter until it fits.
+		msg := strings.Map(func(r rune) rune {
+			if unicode.IsControl(r) {
+				return ' '
+			}
+			return r
+		}, strings.ToValidUTF8(st.Message, "?"))
+		for n := maxTerminationLog / 2; ; n /= 2 {
+			st.Message = textclip.Clip(msg, n)
+			if b, err = protojson.Marshal(st); err == nil && len(b) <= maxTerminationLog || n == 0 {
+				break
+			}
+		}
 	}
 	if err != nil || len(b) > maxTerminationLog {
 		return

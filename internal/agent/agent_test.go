@@ -626,7 +626,8 @@ func TestTerminationLog(t *testing.T) {
 	if err := os.WriteFile(term, []byte(`{"state":"MAIN_STATE_COMPLETED"}`), 0o666); err != nil {
 		t.Fatal(err)
 	}
-	h = startAgent(t, &agentconfig.Config{Argv: []string{"/nonexistent/" + strings.Repeat("x", 5000)}},
+	// Control bytes (six each in JSON) and invalid UTF-8 (which protojson refuses) in it.
+	h = startAgent(t, &agentconfig.Config{Argv: []string{"/nonexistent/" + strings.Repeat("\x01\xff", 2500)}},
 		func(o *Options) { o.TerminationLog = term })
 	h.wait(t)
 	b, err = os.ReadFile(term)

@@ -51,15 +51,9 @@ func checkPrepull(vs *violations, p *controlplanev1.PrepullStatus, at time.Time)
 			break
 		}
 		f := func(name string) string { return fmt.Sprintf("prepull.images[%d].%s", i, name) }
-		// References and IDs never hold control or format characters (a bidi override
-		// would make one read as another in sbx and the console); an error's are
-		// replaced below.
 		checkText(vs, f("image"), im.GetImage(), MaxPrepullImageRef, true)
-		checkPlain(vs, f("image"), im.GetImage())
 		checkText(vs, f("organization_id"), im.GetOrganizationId(), MaxPrepullID, false)
-		checkPlain(vs, f("organization_id"), im.GetOrganizationId())
 		checkText(vs, f("template_id"), im.GetTemplateId(), MaxPrepullID, false)
-		checkPlain(vs, f("template_id"), im.GetTemplateId())
 		checkText(vs, f("last_error"), im.GetLastError(), MaxPrepullError, false)
 		if _, ok := controlplanev1.PrepullState_name[int32(im.GetState())]; !ok || im.GetState() == controlplanev1.PrepullState_PREPULL_STATE_UNSPECIFIED {
 			vs.add(f("state"), "must be PREPULL_PENDING, PREPULL_PULLING, PREPULL_PRESENT or PREPULL_FAILED (got %d)", int32(im.GetState()))
@@ -73,7 +67,12 @@ func checkPrepull(vs *violations, p *controlplanev1.PrepullStatus, at time.Time)
 	}
 	out := proto.CloneOf(p)
 	out.Hidden, out.ReportTime = 0, timestamppb.New(at)
+	// Control and format characters (a bidi override would make one reference read as
+	// another in sbx and the console) become spaces, never a refusal: an image a
+	// template names reaches every runner's report, and one organization's template
+	// must not stop a shared runner's heartbeats.
 	for _, im := range out.Images {
+		im.Image, im.OrganizationId, im.TemplateId = oneLine(im.Image), oneLine(im.OrganizationId), oneLine(im.TemplateId)
 		im.LastError = oneLine(im.LastError)
 	}
 	b, err := protojson.Marshal(out)
@@ -82,13 +81,6 @@ func checkPrepull(vs *violations, p *controlplanev1.PrepullStatus, at time.Time)
 		return nil
 	}
 	return b
-}
-
-// checkPlain refuses control and Unicode format characters in s (see oneLine).
-func checkPlain(vs *violations, field, s string) {
-	if utf8.ValidString(s) && oneLine(s) != s {
-		vs.add(field, "must not hold control or format characters")
-	}
 }
 
 func checkText(vs *violations, field, s string, maxLen int, required bool) {

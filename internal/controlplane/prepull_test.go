@@ -106,10 +106,6 @@ func TestPrepullStatusOverRegistration(t *testing.T) {
 		{"template id too long", "prepull.images[0].template_id", &controlplanev1.PrepullStatus{Images: []*controlplanev1.ImagePrepull{
 			{Image: "a", TemplateId: strings.Repeat("t", controlplane.MaxPrepullID+1), State: controlplanev1.PrepullState_PREPULL_PENDING}}}},
 		{"negative left out", "prepull.left_out", &controlplanev1.PrepullStatus{LeftOut: -1}},
-		{"bidi override in an image", "prepull.images[0].image", &controlplanev1.PrepullStatus{Images: []*controlplanev1.ImagePrepull{
-			{Image: "reg/a\u202egpj.exe", State: controlplanev1.PrepullState_PREPULL_PENDING}}}},
-		{"control character in an organization", "prepull.images[0].organization_id", &controlplanev1.PrepullStatus{Images: []*controlplanev1.ImagePrepull{
-			{Image: "a", OrganizationId: "org\x1b[2J", State: controlplanev1.PrepullState_PREPULL_PENDING}}}},
 	} {
 		set(&enroll.Status{Version: "v1.0.0", Ready: true, Prepull: tc.p})
 		err := hb.Beat(ctx)
@@ -120,6 +116,17 @@ func TestPrepullStatusOverRegistration(t *testing.T) {
 	}
 	if p := get(); len(p.GetImages()) != 3 || p.GetImages()[0].GetState() != controlplanev1.PrepullState_PREPULL_PRESENT {
 		t.Fatalf("a refused heartbeat was recorded: %v", p)
+	}
+
+	// Control and format characters in a reference or an ID (a template's image may
+	// hold them) become spaces: the heartbeat is accepted, never refused for them.
+	set(&enroll.Status{Version: "v1.0.0", Ready: true, Prepull: &controlplanev1.PrepullStatus{Images: []*controlplanev1.ImagePrepull{
+		{Image: "reg/a\u202egpj.exe", OrganizationId: "org\x1b", TemplateId: "t\u200b", State: controlplanev1.PrepullState_PREPULL_PENDING}}}})
+	if err := hb.Beat(ctx); err != nil {
+		t.Fatalf("a heartbeat with a bidi override in an image: %v, want accepted", err)
+	}
+	if im := get().GetImages(); len(im) != 1 || im[0].GetImage() != "reg/a gpj.exe" || im[0].GetTemplateId() != "t " {
+		t.Fatalf("stored %v, want the characters replaced by spaces", im)
 	}
 
 	// A heartbeat without one clears it.

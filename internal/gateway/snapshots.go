@@ -430,7 +430,9 @@ func (s *Server) applyJob(ctx context.Context, x store.Snapshot, job runner.Snap
 			// runner call has not registered it yet (the row is written first). Failing
 			// it now would leave its archive uploaded, uncounted. A runner of an earlier
 			// release says so only by a FAILED job with no completion time (every job it
-			// ran has one): the gateway reads both while runners roll to this release.
+			// ran has one): the gateway reads both while runners roll to this release. (A
+			// job state this side does not know converts the same way, jobFromProto: it
+			// too waits out the grace, then fails.)
 			return x
 		}
 		reason := job.Reason

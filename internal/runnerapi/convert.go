@@ -563,7 +563,7 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		EngineUnavailable:   c.EngineUnavailable,
 		Snapshots:           !c.NoSnapshots,
 		SecretRefs:          !c.NoSecretRefs,
-		GlobalVolumes:       !c.NoGlobalVolumes,
+		NoGlobalVolumes:     c.NoGlobalVolumes,
 		CachedSnapshots:     c.CachedSnapshots,
 		Paused:              int32(c.Paused),
 		CheckpointClasses:   c.CheckpointClasses,
@@ -687,7 +687,7 @@ func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
 		// Likewise KUBERNETES secret store references.
 		NoSecretRefs: !p.GetSecretRefs(),
 		// Likewise GLOBAL volumes.
-		NoGlobalVolumes: !p.GetGlobalVolumes(),
+		NoGlobalVolumes: p.GetNoGlobalVolumes(),
 	}
 }
 

@@ -51,9 +51,9 @@ type db interface {
 type migrationSession interface {
 	// tx runs fn in a transaction, committing when fn returns nil.
 	tx(ctx context.Context, fn func(q querier) error) error
-	// execOutsideTx runs one statement outside any transaction (a no-transaction
-	// migration's); a backend without such migrations refuses it.
-	execOutsideTx(ctx context.Context, q string) error
+	// execOutsideTx runs a no-transaction migration's statements in order, each
+	// outside any transaction; a backend without such migrations refuses it.
+	execOutsideTx(ctx context.Context, stmts []string) error
 }
 
 // now is the store's clock: UTC, truncated to what both backends keep.

@@ -150,10 +150,8 @@ func migrate(ctx context.Context, d db, fsys fs.FS, dir string) error {
 		}
 		for pending := ms[current:]; len(pending) > 0; {
 			if m := pending[0]; m.noTx {
-				for i, st := range m.statements() {
-					if err := s.execOutsideTx(ctx, st); err != nil {
-						return fmt.Errorf("migration %s (statement %d, outside a transaction): %w", m.name, i+1, err)
-					}
+				if err := s.execOutsideTx(ctx, m.statements()); err != nil {
+					return fmt.Errorf("migration %s (outside a transaction): %w", m.name, err)
 				}
 				if err := s.tx(ctx, func(q querier) error { return record(q, m) }); err != nil {
 					return err

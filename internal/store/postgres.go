@@ -184,15 +184,25 @@ func (m pgMigrationSession) tx(ctx context.Context, fn func(q querier) error) er
 	return pgx.BeginFunc(ctx, m.c, func(tx pgx.Tx) error { return fn(pgQuerier{tx}) })
 }
 
-// execOutsideTx runs q alone in the simple protocol (no arguments), in no transaction.
-// A deadlock PostgreSQL broke (40P01) is retried, up to three tries: an opener of an
-// earlier release waits for the migration lock in pg_advisory_xact_lock holding a
-// snapshot that a concurrent index build waits for, and the detector may pick the build.
-// The statements of such migrations are idempotent.
-func (m pgMigrationSession) execOutsideTx(ctx context.Context, q string) error {
+// execOutsideTx runs each statement alone in the simple protocol (no arguments), in no
+// transaction. A deadlock PostgreSQL broke (40P01) runs the whole migration again from
+// its first statement, up to three tries: an opener of an earlier release waits for the
+// migration lock in pg_advisory_xact_lock holding a snapshot that a concurrent index
+// build waits for, and the detector may pick the build, which then leaves an INVALID
+// index behind (the migration's own first statements drop it; retrying only the build,
+// IF NOT EXISTS, would keep it). Such migrations are written to be run again.
+func (m pgMigrationSession) execOutsideTx(ctx context.Context, stmts []string) error {
+	run := func() error {
+		for i, q := range stmts {
+			if _, err := m.c.Exec(ctx, q); err != nil {
+				return fmt.Errorf("statement %d: %w", i+1, err)
+			}
+		}
+		return nil
+	}
 	var err error
 	for try := range 3 {
-		if _, err = m.c.Exec(ctx, q); !isDeadlock(err) {
+		if err = run(); !isDeadlock(err) {
 			return err
 		}
 		select {

@@ -279,7 +279,7 @@ type sqliteMigrationSession struct{ q querier }
 
 func (m sqliteMigrationSession) tx(_ context.Context, fn func(q querier) error) error { return fn(m.q) }
 
-func (m sqliteMigrationSession) execOutsideTx(context.Context, string) error {
+func (m sqliteMigrationSession) execOutsideTx(context.Context, []string) error {
 	return errors.New("SQLite migrations run in a transaction: " + NoTransactionMarker + " is PostgreSQL's only")
 }
 

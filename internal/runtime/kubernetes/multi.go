@@ -52,6 +52,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // containerInstall is the init container that installs the agent and the gate in Pods
@@ -649,9 +650,14 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			b.mu.Unlock()
 			// A container that has ended left its agent's final status in its
 			// termination message: it stands over a watch that missed the end. The
-			// message itself is never shown as text.
-			if cs != nil && cs.State.Terminated != nil && statusInMessage(cs.State.Terminated) != nil {
-				st.Message = ""
+			// message (the container's workload can write it) is never shown raw: a
+			// status is not text, other text is clipped and printable only.
+			if cs != nil && cs.State.Terminated != nil {
+				if statusInMessage(cs.State.Terminated) != nil {
+					st.Message = ""
+				} else if st.Message = textclip.Clip(st.Message, maxSidecarMessage); !textclip.AllPrintable(st.Message) {
+					st.Message = ""
+				}
 				if fin := sidecarFinal(cs.State.Terminated, m.c.RestartLimit); fin != nil && !finalState(last) {
 					last = fin
 				}

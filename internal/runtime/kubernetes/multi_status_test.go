@@ -114,10 +114,10 @@ func TestContainerStatusesFinalFromMessage(t *testing.T) {
 	// A message that is not a final status (the container wrote its own): the Pod's
 	// exit and the watch's count stand.
 	s.agentStatus = map[string]*agentv1.StatusResponse{"db": {State: agentv1.MainState_MAIN_STATE_RESTARTING, RestartCount: 1}}
-	for _, msg := range []string{`{"state":"MAIN_STATE_RUNNING","restartCount":50}`, "not json", ""} {
+	for _, msg := range []string{`{"state":"MAIN_STATE_RUNNING","restartCount":50}`, "not json", "", "\x1b[2Jescape", strings.Repeat("w", 4000)} {
 		pod.Status.ContainerStatuses[1].State = ended(msg)
-		if st := db(); st.Restarts != 1 || strings.Contains(st.Message, "MAIN_STATE") {
-			t.Errorf("message %q: %+v, want the watch's 1 restart and no raw status as text", msg, st)
+		if st := db(); st.Restarts != 1 || strings.Contains(st.Message, "MAIN_STATE") || strings.Contains(st.Message, "\x1b") || len(st.Message) > 1024 {
+			t.Errorf("message %q: %+v, want the watch's 1 restart and no raw status, escape or long text", msg, st)
 		}
 	}
 	// The workload can write the file too: what it says is held to what an agent could

@@ -5320,12 +5320,13 @@ type CapacityResponse struct {
 	// Kubernetes Secrets); an older runner, which does not say, is taken not to: placement
 	// sends a sandbox with such references only to runners that say so.
 	SecretRefs bool `protobuf:"varint,30,opt,name=secret_refs,json=secretRefs,proto3" json:"secret_refs,omitempty"`
-	// It mounts GLOBAL registered volumes (it has a blob store and its backend can fill and
-	// commit their copies); an older runner, which does not say, is taken not to:
-	// placement sends a sandbox mounting one only to runners that say so.
-	GlobalVolumes bool `protobuf:"varint,31,opt,name=global_volumes,json=globalVolumes,proto3" json:"global_volumes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// It mounts no GLOBAL registered volumes (it has no blob store, or its backend cannot
+	// fill and commit their copies): placement sends a sandbox mounting one elsewhere. A
+	// lack, not a capability, on the wire: an older runner, which does not say, is taken
+	// to mount them, as it did before this field (its own create refuses what it cannot).
+	NoGlobalVolumes bool `protobuf:"varint,31,opt,name=no_global_volumes,json=noGlobalVolumes,proto3" json:"no_global_volumes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -5568,9 +5569,9 @@ func (x *CapacityResponse) GetSecretRefs() bool {
 	return false
 }
 
-func (x *CapacityResponse) GetGlobalVolumes() bool {
+func (x *CapacityResponse) GetNoGlobalVolumes() bool {
 	if x != nil {
-		return x.GlobalVolumes
+		return x.NoGlobalVolumes
 	}
 	return false
 }
@@ -6039,7 +6040,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\xd3\n" +
+	"\x0fCapacityRequest\"\xd8\n" +
 	"\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
@@ -6074,8 +6075,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x11build_unavailable\x18\x1c \x01(\tR\x10buildUnavailable\x12)\n" +
 	"\x10volume_namespace\x18\x1d \x01(\tR\x0fvolumeNamespace\x12\x1f\n" +
 	"\vsecret_refs\x18\x1e \x01(\bR\n" +
-	"secretRefs\x12%\n" +
-	"\x0eglobal_volumes\x18\x1f \x01(\bR\rglobalVolumes\x1aF\n" +
+	"secretRefs\x12*\n" +
+	"\x11no_global_volumes\x18\x1f \x01(\bR\x0fnoGlobalVolumes\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
