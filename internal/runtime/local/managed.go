@@ -201,7 +201,15 @@ func (b *Backend) growManagedLocked(dir, mnt string, size int64) (string, error)
 	}
 	// Offline, only when nothing but the runner's own mount holds the filesystem: no
 	// other mount of the device in any mount namespace (sandboxes bind it into theirs).
-	if n, err := mountsOfDeviceAnywhere(devNum); err != nil || n > 1 {
+	n, err := mountsOfDeviceAnywhere(devNum)
+	// A mount namespace made meanwhile (a runc create, an `ip netns exec`) holds a copy
+	// of every host mount until it has pivoted or ended: wait a little for such a copy
+	// to go before calling the volume in use.
+	for deadline := time.Now().Add(managedBusyWait); err == nil && n > 1 && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		n, err = mountsOfDeviceAnywhere(devNum)
+	}
+	if err != nil || n > 1 {
 		putBack()
 		if err != nil {
 			return mnt, err
@@ -466,3 +474,7 @@ func bindFD(f *os.File, target string) error {
 	}
 	return nil
 }
+
+// managedBusyWait is how long an offline grow waits for other mounts of the volume's
+// device (copies in mount namespaces being made) to go before it reports it in use.
+const managedBusyWait = 3 * time.Second
