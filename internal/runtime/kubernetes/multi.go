@@ -653,12 +653,14 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			// message (the container's workload can write it) is never shown raw: a
 			// status is not text, other text is clipped and printable only.
 			if cs != nil && cs.State.Terminated != nil {
-				if statusInMessage(cs.State.Terminated) != nil {
+				t := cs.State.Terminated
+				said := statusInMessage(t)
+				if said != nil {
 					st.Message = ""
 				} else if st.Message = textclip.Clip(st.Message, maxSidecarMessage); !textclip.AllPrintable(st.Message) {
 					st.Message = ""
 				}
-				if fin := sidecarFinal(cs.State.Terminated, m.c.RestartLimit); fin != nil && !finalState(last) {
+				if fin := sidecarFinal(said, t, m.c.RestartLimit); fin != nil && !finalState(last) {
 					last = fin
 				}
 			}

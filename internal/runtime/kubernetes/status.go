@@ -200,10 +200,9 @@ const maxSidecarMessage = 1024
 // message (gate.FlagTerminationLog), made safe to report: the container's workload can
 // write that file too, so it is the sandbox's own word about its own container, held to
 // what an agent could say: a known reason (else Error), restarts within the container's
-// limit, a bounded printable message, and the kubelet's OOMKilled over it. nil when the
-// message holds no final status.
-func sidecarFinal(t *corev1.ContainerStateTerminated, restartLimit int) *agentv1.StatusResponse {
-	st := statusInMessage(t)
+// limit, a bounded printable message, and the kubelet's OOMKilled over it. st is what
+// t's message says (statusInMessage); nil when it holds no final status.
+func sidecarFinal(st *agentv1.StatusResponse, t *corev1.ContainerStateTerminated, restartLimit int) *agentv1.StatusResponse {
 	if !finalState(st) {
 		return nil
 	}
