@@ -285,8 +285,8 @@ func (s *Server) ForkSandbox(ctx context.Context, req *connect.Request[statev1.F
 			fmt.Sprintf("sandbox %s is %s: only a RUNNING or PAUSED sandbox is forked", rec.id, src.State),
 			map[string]string{"sandbox_id": rec.id, "state": src.State.String()})
 	}
-	// Egress secrets' values, resolved again for the forks (on the source's runner only:
-	// checkpointTargets).
+	// Egress secrets' values, resolved again for the forks (on any runner: one that
+	// imports the source's checkpoint gets its egress CA and placeholders with it).
 	egressValues, err := s.forkEgressSecretValues(ctx, p.Org, rec, src)
 	if err != nil {
 		return nil, err

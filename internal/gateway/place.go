@@ -116,16 +116,6 @@ func (s *Server) forkEgressSecretValues(ctx context.Context, org string, rec *re
 	return sp.EgressSecretValues, nil
 }
 
-// egressSecretsStay is why rec, which has egress secrets (as recorded, or as src, its
-// runner's view, has them), is never made on another runner than its own ("" when it has
-// none): their CA key and placeholders are in its runner's memory only (docs/secrets.md).
-func egressSecretsStay(rec *record, src runner.Sandbox) string {
-	if len(recordedNetwork(rec).EgressSecrets()) == 0 && len(src.Spec.Network.EgressSecrets()) == 0 {
-		return ""
-	}
-	return "it has egress secrets, whose CA key and placeholders live only in its runner's memory: it is forked on its own runner only, and does not move"
-}
-
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256
 // of their archives (one per restored volume), and a runner that has them cached comes
 // first among those that accept the sandbox (placement.PreferCached).

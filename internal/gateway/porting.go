@@ -145,10 +145,6 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 			refuse(refusedNever, "not allowed by runner_ids")
 			continue
 		}
-		if why := egressSecretsStay(rec, src); why != "" {
-			refuse(refusedNever, "%s", why)
-			continue
-		}
 		ph, ok := h.(runner.PortHandle)
 		if !ok {
 			refuse(refusedNever, "cannot import checkpoints (its runner does not move them through the blob store)")
@@ -273,6 +269,13 @@ func (s *Server) moveSandbox(ctx context.Context, rec *record, from runner.Handl
 // moveTo is moveSandbox's move to t, its room claimed.
 func (s *Server) moveTo(ctx context.Context, rec *record, from runner.PortHandle, src runner.Sandbox, t portTarget) (runner.Sandbox, runner.Handle, error) {
 	bg := context.WithoutCancel(ctx)
+	// Its egress secrets' values for the target, resolved again from the store by
+	// reference (the record's), as for a fork: the export carries only the CA and
+	// placeholders (CheckpointRef.Egress, over the runner wire).
+	egressValues, err := s.forkEgressSecretValues(ctx, rec.org, rec, src)
+	if err != nil {
+		return runner.Sandbox{}, nil, err
+	}
 	ref, exported, err := from.ExportCheckpoint(ctx, rec.id)
 	if err != nil {
 		err = runner.APIError(rec.id, err, "")
@@ -287,7 +290,7 @@ func (s *Server) moveTo(ctx context.Context, rec *record, from runner.PortHandle
 	if exported.ID == "" {
 		exported = src
 	}
-	target := runner.ForkTarget{ID: rec.id, Meta: maps.Clone(exported.Spec.Meta), ShareTokenHash: exported.Spec.ShareTokenHash}
+	target := runner.ForkTarget{ID: rec.id, Meta: maps.Clone(exported.Spec.Meta), ShareTokenHash: exported.Spec.ShareTokenHash, EgressSecretValues: egressValues}
 	results, err := t.h.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: exported, Targets: []runner.ForkTarget{target}, Move: true})
 	if err == nil {
 		switch {

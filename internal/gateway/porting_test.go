@@ -44,6 +44,8 @@ type portRunner struct {
 	onImport func()
 	// capacityErr fails Capacity (the gateway's view: not connected).
 	capacityErr error
+	// egress is what ExportCheckpoint's ref carries as the sandbox's egress state.
+	egress *runtime.EgressState
 
 	exports  map[string]bool // live exported checkpoints by key
 	exported []string        // sandboxes exported
@@ -129,7 +131,7 @@ func (r *portRunner) ExportCheckpoint(_ context.Context, id string) (runner.Chec
 		return runner.CheckpointRef{}, runner.Sandbox{}, runner.ErrNotRunning
 	}
 	r.exported = append(r.exported, id)
-	ref := runner.CheckpointRef{Key: fmt.Sprintf("checkpoints/%s/e%d/manifest.json", id, len(r.exported)), Platform: r.platform, Bytes: 1 << 20}
+	ref := runner.CheckpointRef{Key: fmt.Sprintf("checkpoints/%s/e%d/manifest.json", id, len(r.exported)), Platform: r.platform, Bytes: 1 << 20, Egress: r.egress}
 	r.exports[ref.Key] = true
 	return ref, sb, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 )
@@ -112,23 +113,48 @@ func TestForkEgressSecrets(t *testing.T) {
 	if len(targets) != 1 || targets[0].EgressSecretValues["prod/api#token"] != "value-at-fork" {
 		t.Fatalf("fork targets %+v", targets)
 	}
-	// runner_ids elsewhere: refused, naming why.
-	_, err = e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, RunnerIds: []string{"r2"}}))
-	if apierr.Reason(err) != apierr.CheckpointNotSupported || !strings.Contains(err.Error(), "egress secrets") {
-		t.Fatalf("fork on another runner = %v", err)
+	// runner_ids elsewhere: the fork is imported on r2 from r1's export, which carries
+	// the egress CA and placeholders (the ref's Egress, over the runner wire) to r2 as
+	// they are, with the values resolved again for the fork.
+	state := &runtime.EgressState{CACert: []byte("ca"), CAKey: []byte("key"),
+		Injections: []runtime.EgressInjection{{Host: "api.example.com", Header: "Authorization", Placeholder: "sbx-secret-0123", Secret: "prod/api#token"}}}
+	r1.mu.Lock()
+	r1.egress = state
+	r1.mu.Unlock()
+	putSecret(t, e.s, "acme", "prod", "api", "token", "value-at-fork-2")
+	res, err = e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, RunnerIds: []string{"r2"}}))
+	if err != nil || len(res.Msg.GetForks()) != 1 || res.Msg.GetForks()[0].GetError() != nil || res.Msg.GetForks()[0].GetRunnerId() != "r2" {
+		t.Fatalf("fork on another runner = %v, %v", res, err)
 	}
-	// A move: refused the same way; the sandbox stays paused on r1.
+	imported := func(n int) runner.ImportRequest {
+		t.Helper()
+		r2.mu.Lock()
+		defer r2.mu.Unlock()
+		if len(r2.imports) != n {
+			t.Fatalf("%d imports on r2, want %d", len(r2.imports), n)
+		}
+		return r2.imports[n-1]
+	}
+	if req := imported(1); req.Ref.Egress != state || req.Move || len(req.Targets) != 1 || req.Targets[0].EgressSecretValues["prod/api#token"] != "value-at-fork-2" {
+		t.Fatalf("import on r2: egress %v, move %v, targets %+v", req.Ref.Egress, req.Move, req.Targets)
+	}
+	// A move: the same, to the same ID; it then runs on r2.
 	e.pause(t, id, true)
-	_, err = e.resume(t, id, "r2")
-	if apierr.Reason(err) != apierr.CheckpointNotSupported || !strings.Contains(err.Error(), "egress secrets") {
+	putSecret(t, e.s, "acme", "prod", "api", "token", "value-at-move")
+	if _, err = e.resume(t, id, "r2"); err != nil {
 		t.Fatalf("move = %v", err)
 	}
-	r2.mu.Lock()
-	imports := len(r2.imports)
-	r2.mu.Unlock()
-	if imports != 0 || e.storedRunner(t, id) != "r1" {
-		t.Fatalf("imports on r2: %d, runner %s", imports, e.storedRunner(t, id))
+	if req := imported(2); req.Ref.Egress != state || !req.Move || len(req.Targets) != 1 || req.Targets[0].ID != id || req.Targets[0].EgressSecretValues["prod/api#token"] != "value-at-move" {
+		t.Fatalf("move import on r2: egress %v, move %v, targets %+v", req.Ref.Egress, req.Move, req.Targets)
 	}
+	if e.storedRunner(t, id) != "r2" {
+		t.Fatalf("moved sandbox on %s", e.storedRunner(t, id))
+	}
+	r2.mu.Lock()
+	r2.egress = state
+	r2.mu.Unlock()
+	setEgressSecrets(t, e, r2, id, []runtime.EgressRule{apiRule}, []runtime.EgressRule{apiRule})
+	r1 = r2 // the source's runner from now on
 	// The secret gone: the fork is refused with its reason, nothing asked of the runner.
 	if _, err := (secretService{e.s}).DeleteSecret(secretCtx("acme", auth.RoleAdmin), connect.NewRequest(&settingsv1.DeleteSecretRequest{StoreName: "prod", Path: "api", Field: "token"})); err != nil {
 		t.Fatal(err)
@@ -177,8 +203,8 @@ func setEgressSecrets(t *testing.T, e *pauseEnv, r *portRunner, id string, recor
 // gateway's record of the sandbox (its create's sandboxd_secret references), never the
 // ones its runner reports: a (compromised) runner that reports an egress rule naming
 // another of the organization's secrets is never sent that secret's value (the fork is
-// refused, the runner not asked); a runner that hides the recorded rules does not get
-// the fork moved to another runner either.
+// refused, the runner not asked); a runner that hides the recorded rules gets the
+// record's values only, and so does another runner that imports its checkpoint.
 func TestForkEgressSecretsFromTheRecord(t *testing.T) {
 	platform := "gvisor runsc-1 linux/amd64"
 	r1, r2 := newPortRunner("r1", platform), newPortRunner("r2", platform)
@@ -223,11 +249,24 @@ func TestForkEgressSecretsFromTheRecord(t *testing.T) {
 	if err != nil || len(res.Msg.GetForks()) != 1 || res.Msg.GetForks()[0].GetError() != nil {
 		t.Fatalf("fork = %v, %v", res, err)
 	}
-	// The runner hides the rules: the values are still the record's; the fork stays on r1.
+	// The runner hides the rules: the values are still the record's, on r1 and on r2
+	// (whose runner refuses values for secrets its checkpoint's spec does not have).
 	setEgressSecrets(t, e, r1, id, []runtime.EgressRule{apiRule}, nil)
-	if _, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, RunnerIds: []string{"r2"}})); apierr.Reason(err) != apierr.CheckpointNotSupported {
+	if _, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id, RunnerIds: []string{"r2"}})); err != nil {
 		t.Fatalf("fork on another runner, rules hidden = %v", err)
 	}
+	r2.mu.Lock()
+	for _, req := range r2.imports {
+		for _, tg := range req.Targets {
+			if len(tg.EgressSecretValues) != 1 || tg.EgressSecretValues["prod/api#token"] != "api-value" {
+				t.Errorf("import target values %v", tg.EgressSecretValues)
+			}
+		}
+	}
+	if len(r2.imports) != 1 {
+		t.Errorf("%d imports asked of r2", len(r2.imports))
+	}
+	r2.mu.Unlock()
 	if _, err := e.pc.ForkSandbox(ctx, withKey(e.acme, &statev1.ForkSandboxRequest{SandboxId: id})); err != nil {
 		t.Fatalf("fork, rules hidden = %v", err)
 	}

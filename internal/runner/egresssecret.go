@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -111,6 +113,17 @@ func ValidateEgressSecrets(spec *runtime.Spec, values bool, add func(field, form
 	if n > runtime.MaxSecretEnvVars {
 		add("spec.network.egress", "%d egress secrets, at most %d", n, runtime.MaxSecretEnvVars)
 	}
+	if values {
+		keys := map[string]bool{}
+		for _, r := range spec.Network.EgressSecrets() {
+			keys[r.Secret.Key()] = true
+		}
+		for k := range spec.EgressSecretValues {
+			if !keys[k] {
+				add("spec.egress_secret_values", "a value for %s, which no egress rule names", textclip.Clip(k, 64))
+			}
+		}
+	}
 }
 
 func isHeaderToken(s string) bool {
@@ -132,4 +145,52 @@ func checkEgressSecrets(spec *runtime.Spec) error {
 	var vs violations
 	ValidateEgressSecrets(spec, true, vs.add)
 	return vs.err()
+}
+
+// checkEgressState checks the egress-secret state an import was handed (ref.egress: the
+// exporting runner's, over the wire) against spec, the checkpoint's: present exactly
+// when spec has egress secrets, bounded, a valid CA with its key (egress.Restore), one
+// injection per rule. It returns when the CA expires (zero: no state).
+func checkEgressState(spec *runtime.Spec, st *runtime.EgressState) (time.Time, error) {
+	var vs violations
+	rules := spec.Network.EgressSecrets()
+	switch {
+	case st == nil && len(rules) == 0:
+		return time.Time{}, nil
+	case st == nil:
+		vs.add("ref.egress", "the sandbox has %d egress secrets, and the checkpoint came without their CA and placeholders (its runner or the gateway does not carry them)", len(rules))
+		return time.Time{}, vs.err()
+	case len(rules) == 0:
+		vs.add("ref.egress", "the sandbox has no egress secrets")
+		return time.Time{}, vs.err()
+	case len(st.Injections) != len(rules):
+		vs.add("ref.egress.injections", "%d injections, the sandbox has %d egress secrets", len(st.Injections), len(rules))
+		return time.Time{}, vs.err()
+	}
+	injs := make([]egress.Injection, len(st.Injections))
+	for i, in := range st.Injections {
+		injs[i] = egress.Injection{Host: in.Host, Header: in.Header, Placeholder: in.Placeholder, Secret: in.Secret}
+	}
+	ss, err := egress.Restore(spec.ID, "", st.CACert, st.CAKey, injs, time.Now())
+	if err != nil {
+		vs.add("ref.egress", "%v", err)
+		return time.Time{}, vs.err()
+	}
+	for i, r := range spec.Network.Egress {
+		sec := r.Secret
+		if sec == nil {
+			continue
+		}
+		found := false
+		for _, in := range ss.Injections {
+			found = found || in.Secret == sec.Key() && in.Host == r.DNSName && strings.EqualFold(in.Header, sec.HeaderName())
+		}
+		if !found {
+			vs.add("ref.egress.injections", "none for egress[%d]'s secret %s of %s", i, sec.Key(), textclip.Clip(r.DNSName, 64))
+		}
+	}
+	if err := vs.err(); err != nil {
+		return time.Time{}, err
+	}
+	return ss.CACert().NotAfter, nil
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Errors of pausing (APIError maps them: ErrPaused and ErrAlreadyPaused are
@@ -146,6 +148,11 @@ type CheckpointRef struct {
 	Key      string // its manifest's key: checkpoints/<sandbox>/<export>/manifest.json
 	Platform string // runtime.CheckpointExport.Platform
 	Bytes    int64  // the parts' stored (compressed) bytes
+	// Egress is the exported sandbox's egress-secret state (its CA, key included, and
+	// placeholders; no values): nil when it has no egress secrets. It travels with the
+	// ref over the runner wire from the export to the import only, never through the
+	// blob store, and is never stored or logged (docs/secrets.md, "Forks and moves").
+	Egress *runtime.EgressState `json:"-"`
 }
 
 // ImportRequest is one ImportFork.

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
@@ -224,7 +225,7 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 		cleanup()
 		return CheckpointRef{}, Sandbox{}, fmt.Errorf("export checkpoint of %s: manifest: %w", id, err)
 	}
-	ref := CheckpointRef{Key: prefix + manifestName, Platform: platform, Bytes: stored}
+	ref := CheckpointRef{Key: prefix + manifestName, Platform: platform, Bytes: stored, Egress: cp.Egress}
 	if src.State == StatePaused && src.Pause != nil && src.Pause.Released {
 		r.hold(e, ref.Key)
 	}
@@ -502,10 +503,16 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 	if err := sameSandbox(m, &req.Source); err != nil {
 		return nil, err
 	}
+	// The egress secrets' CA and placeholders, as the export handed them over the wire.
+	caExpiry, err := checkEgressState(&m.Spec, req.Ref.Egress)
+	if err != nil {
+		return nil, err
+	}
 
 	now := time.Now()
 	specs := make([]*runtime.Spec, len(req.Targets))
 	entries := make([]*entry, len(req.Targets))
+	var outlive []apierr.Violation
 	for i, t := range req.Targets {
 		spec := cloneSpec(m.Spec)
 		spec.ID = t.ID
@@ -561,9 +568,25 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 			}
 		}
 		sb.Spec = cloneSpec(spec)
-		spec.EgressSecretValues = maps.Clone(t.EgressSecretValues) // for the backend only (it refuses them without the source's secrets)
+		// The egress secrets' values, resolved again by the gateway: checked as a
+		// create's, handed to the backend only.
+		spec.EgressSecretValues = maps.Clone(t.EgressSecretValues)
+		if len(spec.EgressSecretValues) > 0 || len(spec.Network.EgressSecrets()) > 0 {
+			if err := checkEgressSecrets(&spec); err != nil {
+				return nil, err
+			}
+		}
+		// The CA the sandbox keeps must outlive it (as Fork checks on the source's runner).
+		if !caExpiry.IsZero() && caExpiry.Before(sb.Deadline) {
+			outlive = append(outlive, apierr.Violation{Field: fmt.Sprintf("targets[%d].lifetime", i),
+				Description: fmt.Sprintf("the sandbox's lifetime ends at %s, after its egress CA, which it keeps, expires at %s",
+					sb.Deadline.UTC().Format(time.RFC3339), caExpiry.UTC().Format(time.RFC3339))})
+		}
 		specs[i] = &spec
 		entries[i] = newEntry(sb)
+	}
+	if len(outlive) > 0 {
+		return nil, egressCAExpiresError(m.SandboxID, caExpiry, outlive)
 	}
 	if err := r.addForks(entries); err != nil {
 		return nil, err
@@ -601,7 +624,7 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 		}
 		return r.cfg.Blobs.Get(ctx, prefix+part)
 	}
-	cp := runtime.CheckpointExport{Platform: m.Platform, Class: m.Class, Bytes: m.Bytes}
+	cp := runtime.CheckpointExport{Platform: m.Platform, Class: m.Class, Bytes: m.Bytes, Egress: req.Ref.Egress}
 	for _, p := range m.Parts {
 		cp.Parts = append(cp.Parts, p.Name)
 	}

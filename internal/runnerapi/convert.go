@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -638,11 +639,29 @@ func platformsFromProto(m map[string]string) map[string]string {
 }
 
 func refToProto(r runner.CheckpointRef) *runnerv1.CheckpointRef {
-	return &runnerv1.CheckpointRef{Key: r.Key, Platform: r.Platform, Bytes: r.Bytes}
+	p := &runnerv1.CheckpointRef{Key: r.Key, Platform: r.Platform, Bytes: r.Bytes}
+	if st := r.Egress; st != nil {
+		p.Egress = &runnerv1.EgressState{CaCert: st.CACert, CaKey: st.CAKey}
+		for _, in := range st.Injections {
+			p.Egress.Injections = append(p.Egress.Injections, &runnerv1.EgressInjection{Host: in.Host, Header: in.Header, Placeholder: in.Placeholder, Secret: in.Secret})
+		}
+	}
+	return p
 }
 
+// refFromProto is p as the runner takes it. Its egress state is checked by the
+// importing runner (egress.Restore: sizes, the CA, its key); here more injections than
+// any state has are cut to one more than the most (still refused).
 func refFromProto(p *runnerv1.CheckpointRef) runner.CheckpointRef {
-	return runner.CheckpointRef{Key: p.GetKey(), Platform: p.GetPlatform(), Bytes: p.GetBytes()}
+	r := runner.CheckpointRef{Key: p.GetKey(), Platform: p.GetPlatform(), Bytes: p.GetBytes()}
+	if e := p.GetEgress(); e != nil {
+		r.Egress = &runtime.EgressState{CACert: e.GetCaCert(), CAKey: e.GetCaKey()}
+		injs := e.GetInjections()
+		for _, in := range injs[:min(len(injs), egress.MaxStateInjections+1)] {
+			r.Egress.Injections = append(r.Egress.Injections, runtime.EgressInjection{Host: in.GetHost(), Header: in.GetHeader(), Placeholder: in.GetPlaceholder(), Secret: in.GetSecret()})
+		}
+	}
+	return r
 }
 
 func forkTargetsToProto(ts []runner.ForkTarget) []*runnerv1.ForkTarget {

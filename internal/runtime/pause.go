@@ -3,7 +3,9 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"time"
 )
 
@@ -141,4 +143,40 @@ type CheckpointExport struct {
 	// Bytes is the parts' content before compression (ArchiveStats.Bytes summed).
 	Bytes int64
 	Took  time.Duration // how long the source was paused for it (0: it was checkpointed)
+	// Egress is the sandbox's egress-secret state (nil: it has no egress secrets): set by
+	// ExportCheckpoint, given to ForkFromCheckpoint. Never part of the parts or the blob
+	// store: the runner carries it over the runner wire only (docs/secrets.md).
+	Egress *EgressState
 }
+
+// EgressState is what another runner needs to serve a sandbox's egress secrets after a
+// move or a fork there (docs/secrets.md, "Forks and moves"): the sandbox's CA, which its
+// restored processes trust, and per injection its host, header, placeholder and secret
+// name. Never a secret's value: the receiving runner is given those again, resolved by
+// the gateway from the store by the secret's name. The CA key is as sensitive as a
+// secret: it is never written to a file or the blob store, logged or returned by the API.
+type EgressState struct {
+	CACert     []byte // DER
+	CAKey      []byte `json:"-"` // PKCS#8 DER
+	Injections []EgressInjection
+}
+
+// EgressInjection is one injection of an EgressState.
+type EgressInjection struct {
+	Host, Header, Placeholder string
+	Secret                    string // runtime.EgressSecret.Key()
+}
+
+// String never shows the key (a state printed or logged by mistake).
+func (s *EgressState) String() string {
+	if s == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("egress state (%d injections, CA key redacted)", len(s.Injections))
+}
+
+// LogValue never shows the key.
+func (s *EgressState) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// GoString never shows the key.
+func (s *EgressState) GoString() string { return s.String() }

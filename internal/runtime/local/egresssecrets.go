@@ -54,7 +54,7 @@ func (b *Backend) egressSecretsUnsupported(spec *runtime.Spec, fork *forkParams)
 	}
 	switch {
 	case fork != nil && fork.egress == nil:
-		return "a fork made from another runner's checkpoint (or after this runner restarted) cannot take egress secrets: the sandbox's egress CA key and placeholders live only in its runner's memory"
+		return "a fork or move without its source's egress CA and placeholders (its checkpoint came without them, or this runner restarted since the source's create) cannot take egress secrets: recreate the sandbox"
 	case spec.Engine != nil:
 		return "a container-engine sandbox cannot take egress secrets"
 	}
@@ -233,4 +233,52 @@ func (b *Backend) registerEgressSecrets(s *sandbox, cid string) error {
 		return fmt.Errorf("sandbox %s: egress secrets: %w", s.id, err)
 	}
 	return nil
+}
+
+// egressStateOf is ss as the runner wire carries it to another runner (no values).
+func egressStateOf(ss *egress.SandboxSecrets) (*runtime.EgressState, error) {
+	cert, key, injs, err := ss.Export()
+	if err != nil {
+		return nil, err
+	}
+	st := &runtime.EgressState{CACert: cert, CAKey: key}
+	for _, in := range injs {
+		st.Injections = append(st.Injections, runtime.EgressInjection{Host: in.Host, Header: in.Header, Placeholder: in.Placeholder, Secret: in.Secret})
+	}
+	return st, nil
+}
+
+// egressFromState is the egress secrets (no values: each fork's spec brings them) that
+// sandboxes made of spec from another runner's checkpoint keep, from st as the runner
+// wire brought it: nil when spec has no egress secrets (st must be nil then); checked
+// (egress.Restore) and matched to spec's rules one to one.
+func egressFromState(spec *runtime.Spec, st *runtime.EgressState) (*egress.SandboxSecrets, error) {
+	rules := spec.Network.EgressSecrets()
+	switch {
+	case len(rules) == 0 && st == nil:
+		return nil, nil
+	case len(rules) == 0:
+		return nil, errors.New("the checkpoint came with egress secret state, and its sandbox has no egress secrets")
+	case st == nil:
+		return nil, errors.New("the checkpoint came without its egress CA and placeholders (a runner or gateway that does not carry them): a sandbox with egress secrets is not made without them")
+	case len(st.Injections) != len(rules):
+		return nil, fmt.Errorf("the checkpoint's egress state has %d injections, its sandbox %d egress secrets", len(st.Injections), len(rules))
+	}
+	injs := make([]egress.Injection, len(st.Injections))
+	for i, in := range st.Injections {
+		injs[i] = egress.Injection{Host: in.Host, Header: in.Header, Placeholder: in.Placeholder, Secret: in.Secret}
+	}
+	ss, err := egress.Restore(spec.ID, spec.Meta[runtime.MetaOrg], st.CACert, st.CAKey, injs, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rules {
+		sec := r.Secret
+		if !slices.ContainsFunc(ss.Injections, func(in egress.Injection) bool {
+			return in.Secret == sec.Key() && in.Host == r.DNSName && strings.EqualFold(in.Header, sec.HeaderName())
+		}) {
+			return nil, fmt.Errorf("the checkpoint's egress state has no injection for secret %s of %s", sec.Key(), r.DNSName)
+		}
+	}
+	return ss, nil
 }

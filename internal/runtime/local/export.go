@@ -202,6 +202,13 @@ func (b *Backend) ExportCheckpoint(ctx context.Context, id string, put func(ctx 
 	}
 	defer cleanup()
 	ex := runtime.CheckpointExport{Platform: platform, Class: s.rt.class}
+	if s.egress != nil {
+		// Its CA and placeholders, for the runner wire (never a part): the restored
+		// processes trust that CA and hold those placeholders.
+		if ex.Egress, err = egressStateOf(s.egress); err != nil {
+			return runtime.CheckpointExport{}, fmt.Errorf("export checkpoint of %s: %w: %w", id, errdefs.ErrNotImplemented, err)
+		}
+	}
 	if cont != nil {
 		// The source continues before anything is uploaded: the parts are copies.
 		cont()
@@ -394,6 +401,12 @@ func (b *Backend) ForkFromCheckpoint(ctx context.Context, cp runtime.CheckpointE
 	if !slices.ContainsFunc(errs, func(e error) bool { return e == nil }) {
 		return infos, errs
 	}
+	// The egress secrets' CA and placeholders come with cp (the runner wire), checked
+	// before any part is read.
+	secrets, err := egressFromState(ref, cp.Egress)
+	if err != nil {
+		return failAll(fmt.Errorf("%w: fork from checkpoint: %w", runtime.ErrInvalidSpec, err))
+	}
 	fp, cleanup, err := b.stageImport(ctx, cp, open, specs, errs)
 	if err != nil {
 		return failAll(fmt.Errorf("fork from checkpoint: %w", err))
@@ -401,6 +414,7 @@ func (b *Backend) ForkFromCheckpoint(ctx context.Context, cp runtime.CheckpointE
 	defer cleanup()
 	failpoint.Hit("local.import.staged")
 	fp.digest = digest
+	fp.egress = secrets
 	if ref.Multi() {
 		if err := readGroupExport(filepath.Dir(fp.image), ref, fp); err != nil { // gvisor_group_export.go
 			return failAll(fmt.Errorf("fork from checkpoint: %w", err))

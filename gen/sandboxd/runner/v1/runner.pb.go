@@ -1213,10 +1213,16 @@ func (x *SetWarmPoolsResponse) GetAccepted() int32 {
 
 // CheckpointRef is an exported checkpoint in the blob store (runner.CheckpointRef).
 type CheckpointRef struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`           // its manifest's key
-	Platform      string                 `protobuf:"bytes,2,opt,name=platform,proto3" json:"platform,omitempty"` // what restoring it needs (runtime.CheckpointPorter.CheckpointPlatform)
-	Bytes         int64                  `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`      // stored bytes of its parts
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Key      string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`           // its manifest's key
+	Platform string                 `protobuf:"bytes,2,opt,name=platform,proto3" json:"platform,omitempty"` // what restoring it needs (runtime.CheckpointPorter.CheckpointPlatform)
+	Bytes    int64                  `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`      // stored bytes of its parts
+	// The exported sandbox's egress-secret state (runtime.EgressState; unset: it has no
+	// egress secrets): its CA, key included, and placeholders, never a secret's value. It
+	// goes from the export's answer to the import's request over this wire only, never
+	// through the blob store, and is never stored or logged (docs/secrets.md, "Forks and
+	// moves"). The importing runner bounds and checks it.
+	Egress        *EgressState `protobuf:"bytes,4,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1272,6 +1278,144 @@ func (x *CheckpointRef) GetBytes() int64 {
 	return 0
 }
 
+func (x *CheckpointRef) GetEgress() *EgressState {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+// EgressState is a sandbox's egress CA and injections (runtime.EgressState).
+type EgressState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CaCert        []byte                 `protobuf:"bytes,1,opt,name=ca_cert,json=caCert,proto3" json:"ca_cert,omitempty"` // DER
+	CaKey         []byte                 `protobuf:"bytes,2,opt,name=ca_key,json=caKey,proto3" json:"ca_key,omitempty"`    // PKCS#8 DER
+	Injections    []*EgressInjection     `protobuf:"bytes,3,rep,name=injections,proto3" json:"injections,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressState) Reset() {
+	*x = EgressState{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressState) ProtoMessage() {}
+
+func (x *EgressState) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressState.ProtoReflect.Descriptor instead.
+func (*EgressState) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *EgressState) GetCaCert() []byte {
+	if x != nil {
+		return x.CaCert
+	}
+	return nil
+}
+
+func (x *EgressState) GetCaKey() []byte {
+	if x != nil {
+		return x.CaKey
+	}
+	return nil
+}
+
+func (x *EgressState) GetInjections() []*EgressInjection {
+	if x != nil {
+		return x.Injections
+	}
+	return nil
+}
+
+// EgressInjection is one egress secret's injection: where its placeholder is replaced
+// (host, header) and by which secret (store/path#field), never the value.
+type EgressInjection struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Header        string                 `protobuf:"bytes,2,opt,name=header,proto3" json:"header,omitempty"`
+	Placeholder   string                 `protobuf:"bytes,3,opt,name=placeholder,proto3" json:"placeholder,omitempty"`
+	Secret        string                 `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressInjection) Reset() {
+	*x = EgressInjection{}
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressInjection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressInjection) ProtoMessage() {}
+
+func (x *EgressInjection) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressInjection.ProtoReflect.Descriptor instead.
+func (*EgressInjection) Descriptor() ([]byte, []int) {
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EgressInjection) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressInjection) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *EgressInjection) GetPlaceholder() string {
+	if x != nil {
+		return x.Placeholder
+	}
+	return ""
+}
+
+func (x *EgressInjection) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
 type ExportCheckpointRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1281,7 +1425,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1437,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[16]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1450,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExportCheckpointRequest) GetId() string {
@@ -1326,7 +1470,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1482,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[17]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1495,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExportCheckpointResponse) GetRef() *CheckpointRef {
@@ -1380,7 +1524,7 @@ type ImportForkRequest struct {
 
 func (x *ImportForkRequest) Reset() {
 	*x = ImportForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1536,7 @@ func (x *ImportForkRequest) String() string {
 func (*ImportForkRequest) ProtoMessage() {}
 
 func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[18]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1549,7 @@ func (x *ImportForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportForkRequest.ProtoReflect.Descriptor instead.
 func (*ImportForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ImportForkRequest) GetRef() *CheckpointRef {
@@ -1445,7 +1589,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1601,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[19]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1614,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteCheckpointRequest) GetKey() string {
@@ -1488,7 +1632,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1644,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[20]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1657,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
 }
 
 type MovedRequest struct {
@@ -1526,7 +1670,7 @@ type MovedRequest struct {
 
 func (x *MovedRequest) Reset() {
 	*x = MovedRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1682,7 @@ func (x *MovedRequest) String() string {
 func (*MovedRequest) ProtoMessage() {}
 
 func (x *MovedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[21]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1695,7 @@ func (x *MovedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedRequest.ProtoReflect.Descriptor instead.
 func (*MovedRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MovedRequest) GetId() string {
@@ -1576,7 +1720,7 @@ type MovedResponse struct {
 
 func (x *MovedResponse) Reset() {
 	*x = MovedResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1732,7 @@ func (x *MovedResponse) String() string {
 func (*MovedResponse) ProtoMessage() {}
 
 func (x *MovedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[22]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1745,7 @@ func (x *MovedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedResponse.ProtoReflect.Descriptor instead.
 func (*MovedResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
 }
 
 type PauseRequest struct {
@@ -1615,7 +1759,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1771,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[23]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1784,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1673,7 +1817,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1829,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[24]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1842,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1717,7 +1861,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +1873,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[25]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +1886,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1761,7 +1905,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1917,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[26]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1930,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1812,7 +1956,7 @@ type ForkTarget struct {
 
 func (x *ForkTarget) Reset() {
 	*x = ForkTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1968,7 @@ func (x *ForkTarget) String() string {
 func (*ForkTarget) ProtoMessage() {}
 
 func (x *ForkTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[27]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +1981,7 @@ func (x *ForkTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkTarget.ProtoReflect.Descriptor instead.
 func (*ForkTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForkTarget) GetId() string {
@@ -1885,7 +2029,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2041,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[28]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2054,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1938,7 +2082,7 @@ type ForkResult struct {
 
 func (x *ForkResult) Reset() {
 	*x = ForkResult{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2094,7 @@ func (x *ForkResult) String() string {
 func (*ForkResult) ProtoMessage() {}
 
 func (x *ForkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[29]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2107,7 @@ func (x *ForkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResult.ProtoReflect.Descriptor instead.
 func (*ForkResult) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{29}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForkResult) GetSandbox() *Sandbox {
@@ -1992,7 +2136,7 @@ type ForkError struct {
 
 func (x *ForkError) Reset() {
 	*x = ForkError{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2148,7 @@ func (x *ForkError) String() string {
 func (*ForkError) ProtoMessage() {}
 
 func (x *ForkError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[30]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2161,7 @@ func (x *ForkError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkError.ProtoReflect.Descriptor instead.
 func (*ForkError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{30}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ForkError) GetCode() string {
@@ -2050,7 +2194,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2206,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[31]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2219,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{31}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForkResponse) GetResults() []*ForkResult {
@@ -2099,7 +2243,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2255,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[32]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2268,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{32}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PauseStatus) GetReleased() bool {
@@ -2224,7 +2368,7 @@ type Spec struct {
 
 func (x *Spec) Reset() {
 	*x = Spec{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2380,7 @@ func (x *Spec) String() string {
 func (*Spec) ProtoMessage() {}
 
 func (x *Spec) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[33]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2393,7 @@ func (x *Spec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spec.ProtoReflect.Descriptor instead.
 func (*Spec) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{33}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Spec) GetId() string {
@@ -2476,7 +2620,7 @@ type Engine struct {
 
 func (x *Engine) Reset() {
 	*x = Engine{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2632,7 @@ func (x *Engine) String() string {
 func (*Engine) ProtoMessage() {}
 
 func (x *Engine) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[34]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2645,7 @@ func (x *Engine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Engine.ProtoReflect.Descriptor instead.
 func (*Engine) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{34}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Engine) GetCompose() []byte {
@@ -2566,7 +2710,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2578,7 +2722,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[35]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2591,7 +2735,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{35}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Container) GetName() string {
@@ -2726,7 +2870,7 @@ type SecretRef struct {
 
 func (x *SecretRef) Reset() {
 	*x = SecretRef{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2882,7 @@ func (x *SecretRef) String() string {
 func (*SecretRef) ProtoMessage() {}
 
 func (x *SecretRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[36]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2895,7 @@ func (x *SecretRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretRef.ProtoReflect.Descriptor instead.
 func (*SecretRef) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{36}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SecretRef) GetEnvVar() string {
@@ -2796,7 +2940,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +2952,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[37]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +2965,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{37}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Probe) GetExec() []string {
@@ -2870,7 +3014,7 @@ type Dependency struct {
 
 func (x *Dependency) Reset() {
 	*x = Dependency{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +3026,7 @@ func (x *Dependency) String() string {
 func (*Dependency) ProtoMessage() {}
 
 func (x *Dependency) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[38]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +3039,7 @@ func (x *Dependency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
 func (*Dependency) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{38}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Dependency) GetContainer() string {
@@ -2929,7 +3073,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2941,7 +3085,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[39]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2954,7 +3098,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{39}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -3022,7 +3166,7 @@ type PodSettings struct {
 
 func (x *PodSettings) Reset() {
 	*x = PodSettings{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3178,7 @@ func (x *PodSettings) String() string {
 func (*PodSettings) ProtoMessage() {}
 
 func (x *PodSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[40]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3191,7 @@ func (x *PodSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSettings.ProtoReflect.Descriptor instead.
 func (*PodSettings) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{40}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PodSettings) GetNodeSelector() map[string]string {
@@ -3105,7 +3249,7 @@ type Toleration struct {
 
 func (x *Toleration) Reset() {
 	*x = Toleration{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3261,7 @@ func (x *Toleration) String() string {
 func (*Toleration) ProtoMessage() {}
 
 func (x *Toleration) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[41]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3274,7 @@ func (x *Toleration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Toleration.ProtoReflect.Descriptor instead.
 func (*Toleration) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{41}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Toleration) GetKey() string {
@@ -3182,7 +3326,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3338,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[42]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3351,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{42}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Network) GetDenyEgress() bool {
@@ -3256,7 +3400,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3412,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[43]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3425,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{43}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -3347,7 +3491,7 @@ type EgressSecret struct {
 
 func (x *EgressSecret) Reset() {
 	*x = EgressSecret{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3359,7 +3503,7 @@ func (x *EgressSecret) String() string {
 func (*EgressSecret) ProtoMessage() {}
 
 func (x *EgressSecret) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[44]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3372,7 +3516,7 @@ func (x *EgressSecret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressSecret.ProtoReflect.Descriptor instead.
 func (*EgressSecret) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{44}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *EgressSecret) GetStore() string {
@@ -3421,7 +3565,7 @@ type PortRange struct {
 
 func (x *PortRange) Reset() {
 	*x = PortRange{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3433,7 +3577,7 @@ func (x *PortRange) String() string {
 func (*PortRange) ProtoMessage() {}
 
 func (x *PortRange) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[45]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3446,7 +3590,7 @@ func (x *PortRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
 func (*PortRange) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{45}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PortRange) GetProtocol() string {
@@ -3489,7 +3633,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3645,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[46]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3658,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{46}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Volume) GetName() string {
@@ -3575,7 +3719,7 @@ type GlobalVolume struct {
 
 func (x *GlobalVolume) Reset() {
 	*x = GlobalVolume{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3731,7 @@ func (x *GlobalVolume) String() string {
 func (*GlobalVolume) ProtoMessage() {}
 
 func (x *GlobalVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[47]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3744,7 @@ func (x *GlobalVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GlobalVolume.ProtoReflect.Descriptor instead.
 func (*GlobalVolume) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{47}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GlobalVolume) GetBlobPrefix() string {
@@ -3642,7 +3786,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3654,7 +3798,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[48]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3667,7 +3811,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{48}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SnapshotSource) GetSnapshotId() string {
@@ -3726,7 +3870,7 @@ type SnapshotTarget struct {
 
 func (x *SnapshotTarget) Reset() {
 	*x = SnapshotTarget{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +3882,7 @@ func (x *SnapshotTarget) String() string {
 func (*SnapshotTarget) ProtoMessage() {}
 
 func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[49]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +3895,7 @@ func (x *SnapshotTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotTarget.ProtoReflect.Descriptor instead.
 func (*SnapshotTarget) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{49}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SnapshotTarget) GetVolume() string {
@@ -3799,7 +3943,7 @@ type SnapshotVolumeRequest struct {
 
 func (x *SnapshotVolumeRequest) Reset() {
 	*x = SnapshotVolumeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +3955,7 @@ func (x *SnapshotVolumeRequest) String() string {
 func (*SnapshotVolumeRequest) ProtoMessage() {}
 
 func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[50]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +3968,7 @@ func (x *SnapshotVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotVolumeRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{50}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SnapshotVolumeRequest) GetSandboxId() string {
@@ -3850,7 +3994,7 @@ type GetSnapshotJobRequest struct {
 
 func (x *GetSnapshotJobRequest) Reset() {
 	*x = GetSnapshotJobRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3862,7 +4006,7 @@ func (x *GetSnapshotJobRequest) String() string {
 func (*GetSnapshotJobRequest) ProtoMessage() {}
 
 func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[51]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3875,7 +4019,7 @@ func (x *GetSnapshotJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotJobRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotJobRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{51}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetSnapshotJobRequest) GetSnapshotId() string {
@@ -3909,7 +4053,7 @@ type SnapshotJob struct {
 
 func (x *SnapshotJob) Reset() {
 	*x = SnapshotJob{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3921,7 +4065,7 @@ func (x *SnapshotJob) String() string {
 func (*SnapshotJob) ProtoMessage() {}
 
 func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[52]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3934,7 +4078,7 @@ func (x *SnapshotJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotJob.ProtoReflect.Descriptor instead.
 func (*SnapshotJob) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{52}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SnapshotJob) GetSnapshotId() string {
@@ -4033,7 +4177,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4045,7 +4189,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[53]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4058,7 +4202,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{53}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *VolumeMount) GetVolume() string {
@@ -4106,7 +4250,7 @@ type Security struct {
 
 func (x *Security) Reset() {
 	*x = Security{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4118,7 +4262,7 @@ func (x *Security) String() string {
 func (*Security) ProtoMessage() {}
 
 func (x *Security) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[54]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4131,7 +4275,7 @@ func (x *Security) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Security.ProtoReflect.Descriptor instead.
 func (*Security) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{54}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Security) GetRunAsUser() uint32 {
@@ -4205,7 +4349,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4217,7 +4361,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[55]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4230,7 +4374,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{55}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Service) GetPort() int32 {
@@ -4285,7 +4429,7 @@ type Credentials struct {
 
 func (x *Credentials) Reset() {
 	*x = Credentials{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4441,7 @@ func (x *Credentials) String() string {
 func (*Credentials) ProtoMessage() {}
 
 func (x *Credentials) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[56]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4454,7 @@ func (x *Credentials) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credentials.ProtoReflect.Descriptor instead.
 func (*Credentials) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{56}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Credentials) GetUsername() string {
@@ -4338,7 +4482,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4350,7 +4494,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[57]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4363,7 +4507,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{57}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *File) GetPath() string {
@@ -4403,7 +4547,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4415,7 +4559,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[58]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4428,7 +4572,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{58}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Resources) GetMilliCpu() int64 {
@@ -4498,7 +4642,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4510,7 +4654,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[59]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4523,7 +4667,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{59}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *Sandbox) GetId() string {
@@ -4676,7 +4820,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4688,7 +4832,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[60]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4701,7 +4845,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{60}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ResourceUsage) GetCpuMillicores() int64 {
@@ -4742,7 +4886,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4754,7 +4898,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[61]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4767,7 +4911,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{61}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -4793,7 +4937,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4805,7 +4949,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[62]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4818,7 +4962,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{62}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -4841,7 +4985,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4853,7 +4997,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[63]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4866,7 +5010,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{63}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetRequest) GetId() string {
@@ -4893,7 +5037,7 @@ type UpdateLifetimeRequest struct {
 
 func (x *UpdateLifetimeRequest) Reset() {
 	*x = UpdateLifetimeRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4905,7 +5049,7 @@ func (x *UpdateLifetimeRequest) String() string {
 func (*UpdateLifetimeRequest) ProtoMessage() {}
 
 func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[64]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4918,7 +5062,7 @@ func (x *UpdateLifetimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{64}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *UpdateLifetimeRequest) GetId() string {
@@ -4944,7 +5088,7 @@ type UpdateLifetimeResponse struct {
 
 func (x *UpdateLifetimeResponse) Reset() {
 	*x = UpdateLifetimeResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4956,7 +5100,7 @@ func (x *UpdateLifetimeResponse) String() string {
 func (*UpdateLifetimeResponse) ProtoMessage() {}
 
 func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[65]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4969,7 +5113,7 @@ func (x *UpdateLifetimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLifetimeResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLifetimeResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{65}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *UpdateLifetimeResponse) GetSandbox() *Sandbox {
@@ -4988,7 +5132,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5000,7 +5144,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[66]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5013,7 +5157,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{66}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -5031,7 +5175,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5043,7 +5187,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[67]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5056,7 +5200,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{67}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{69}
 }
 
 type ListResponse struct {
@@ -5068,7 +5212,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5080,7 +5224,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[68]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5093,7 +5237,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{68}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -5116,7 +5260,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5128,7 +5272,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[69]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5141,7 +5285,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{69}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -5176,7 +5320,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5188,7 +5332,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[70]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5201,7 +5345,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{70}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *DeleteResponse) GetSandbox() *Sandbox {
@@ -5226,7 +5370,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[71]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5238,7 +5382,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[71]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5251,7 +5395,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{71}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{73}
 }
 
 type CapacityResponse struct {
@@ -5331,7 +5475,7 @@ type CapacityResponse struct {
 
 func (x *CapacityResponse) Reset() {
 	*x = CapacityResponse{}
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[72]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5343,7 +5487,7 @@ func (x *CapacityResponse) String() string {
 func (*CapacityResponse) ProtoMessage() {}
 
 func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[72]
+	mi := &file_sandboxd_runner_v1_runner_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5356,7 +5500,7 @@ func (x *CapacityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityResponse.ProtoReflect.Descriptor instead.
 func (*CapacityResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{72}
+	return file_sandboxd_runner_v1_runner_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CapacityResponse) GetMilliCpu() int64 {
@@ -5663,11 +5807,23 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x13SetWarmPoolsRequest\x128\n" +
 	"\atargets\x18\x01 \x03(\v2\x1e.sandboxd.runner.v1.WarmTargetR\atargets\"2\n" +
 	"\x14SetWarmPoolsResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\x05R\baccepted\"S\n" +
+	"\baccepted\x18\x01 \x01(\x05R\baccepted\"\x8c\x01\n" +
 	"\rCheckpointRef\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bplatform\x18\x02 \x01(\tR\bplatform\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\")\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\x127\n" +
+	"\x06egress\x18\x04 \x01(\v2\x1f.sandboxd.runner.v1.EgressStateR\x06egress\"\x82\x01\n" +
+	"\vEgressState\x12\x17\n" +
+	"\aca_cert\x18\x01 \x01(\fR\x06caCert\x12\x15\n" +
+	"\x06ca_key\x18\x02 \x01(\fR\x05caKey\x12C\n" +
+	"\n" +
+	"injections\x18\x03 \x03(\v2#.sandboxd.runner.v1.EgressInjectionR\n" +
+	"injections\"w\n" +
+	"\x0fEgressInjection\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
+	"\x06header\x18\x02 \x01(\tR\x06header\x12 \n" +
+	"\vplaceholder\x18\x03 \x01(\tR\vplaceholder\x12\x16\n" +
+	"\x06secret\x18\x04 \x01(\tR\x06secret\")\n" +
 	"\x17ExportCheckpointRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x86\x01\n" +
 	"\x18ExportCheckpointResponse\x123\n" +
@@ -6131,7 +6287,7 @@ func file_sandboxd_runner_v1_runner_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_runner_v1_runner_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
+var file_sandboxd_runner_v1_runner_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(SnapshotJobState)(0),            // 0: sandboxd.runner.v1.SnapshotJobState
 	(State)(0),                       // 1: sandboxd.runner.v1.State
@@ -6152,233 +6308,237 @@ var file_sandboxd_runner_v1_runner_proto_goTypes = []any{
 	(*SetWarmPoolsRequest)(nil),      // 16: sandboxd.runner.v1.SetWarmPoolsRequest
 	(*SetWarmPoolsResponse)(nil),     // 17: sandboxd.runner.v1.SetWarmPoolsResponse
 	(*CheckpointRef)(nil),            // 18: sandboxd.runner.v1.CheckpointRef
-	(*ExportCheckpointRequest)(nil),  // 19: sandboxd.runner.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil), // 20: sandboxd.runner.v1.ExportCheckpointResponse
-	(*ImportForkRequest)(nil),        // 21: sandboxd.runner.v1.ImportForkRequest
-	(*DeleteCheckpointRequest)(nil),  // 22: sandboxd.runner.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 23: sandboxd.runner.v1.DeleteCheckpointResponse
-	(*MovedRequest)(nil),             // 24: sandboxd.runner.v1.MovedRequest
-	(*MovedResponse)(nil),            // 25: sandboxd.runner.v1.MovedResponse
-	(*PauseRequest)(nil),             // 26: sandboxd.runner.v1.PauseRequest
-	(*PauseResponse)(nil),            // 27: sandboxd.runner.v1.PauseResponse
-	(*ResumeRequest)(nil),            // 28: sandboxd.runner.v1.ResumeRequest
-	(*ResumeResponse)(nil),           // 29: sandboxd.runner.v1.ResumeResponse
-	(*ForkTarget)(nil),               // 30: sandboxd.runner.v1.ForkTarget
-	(*ForkRequest)(nil),              // 31: sandboxd.runner.v1.ForkRequest
-	(*ForkResult)(nil),               // 32: sandboxd.runner.v1.ForkResult
-	(*ForkError)(nil),                // 33: sandboxd.runner.v1.ForkError
-	(*ForkResponse)(nil),             // 34: sandboxd.runner.v1.ForkResponse
-	(*PauseStatus)(nil),              // 35: sandboxd.runner.v1.PauseStatus
-	(*Spec)(nil),                     // 36: sandboxd.runner.v1.Spec
-	(*Engine)(nil),                   // 37: sandboxd.runner.v1.Engine
-	(*Container)(nil),                // 38: sandboxd.runner.v1.Container
-	(*SecretRef)(nil),                // 39: sandboxd.runner.v1.SecretRef
-	(*Probe)(nil),                    // 40: sandboxd.runner.v1.Probe
-	(*Dependency)(nil),               // 41: sandboxd.runner.v1.Dependency
-	(*ContainerStatus)(nil),          // 42: sandboxd.runner.v1.ContainerStatus
-	(*PodSettings)(nil),              // 43: sandboxd.runner.v1.PodSettings
-	(*Toleration)(nil),               // 44: sandboxd.runner.v1.Toleration
-	(*Network)(nil),                  // 45: sandboxd.runner.v1.Network
-	(*NetworkRule)(nil),              // 46: sandboxd.runner.v1.NetworkRule
-	(*EgressSecret)(nil),             // 47: sandboxd.runner.v1.EgressSecret
-	(*PortRange)(nil),                // 48: sandboxd.runner.v1.PortRange
-	(*Volume)(nil),                   // 49: sandboxd.runner.v1.Volume
-	(*GlobalVolume)(nil),             // 50: sandboxd.runner.v1.GlobalVolume
-	(*SnapshotSource)(nil),           // 51: sandboxd.runner.v1.SnapshotSource
-	(*SnapshotTarget)(nil),           // 52: sandboxd.runner.v1.SnapshotTarget
-	(*SnapshotVolumeRequest)(nil),    // 53: sandboxd.runner.v1.SnapshotVolumeRequest
-	(*GetSnapshotJobRequest)(nil),    // 54: sandboxd.runner.v1.GetSnapshotJobRequest
-	(*SnapshotJob)(nil),              // 55: sandboxd.runner.v1.SnapshotJob
-	(*VolumeMount)(nil),              // 56: sandboxd.runner.v1.VolumeMount
-	(*Security)(nil),                 // 57: sandboxd.runner.v1.Security
-	(*Service)(nil),                  // 58: sandboxd.runner.v1.Service
-	(*Credentials)(nil),              // 59: sandboxd.runner.v1.Credentials
-	(*File)(nil),                     // 60: sandboxd.runner.v1.File
-	(*Resources)(nil),                // 61: sandboxd.runner.v1.Resources
-	(*Sandbox)(nil),                  // 62: sandboxd.runner.v1.Sandbox
-	(*ResourceUsage)(nil),            // 63: sandboxd.runner.v1.ResourceUsage
-	(*CreateRequest)(nil),            // 64: sandboxd.runner.v1.CreateRequest
-	(*CreateResponse)(nil),           // 65: sandboxd.runner.v1.CreateResponse
-	(*GetRequest)(nil),               // 66: sandboxd.runner.v1.GetRequest
-	(*UpdateLifetimeRequest)(nil),    // 67: sandboxd.runner.v1.UpdateLifetimeRequest
-	(*UpdateLifetimeResponse)(nil),   // 68: sandboxd.runner.v1.UpdateLifetimeResponse
-	(*GetResponse)(nil),              // 69: sandboxd.runner.v1.GetResponse
-	(*ListRequest)(nil),              // 70: sandboxd.runner.v1.ListRequest
-	(*ListResponse)(nil),             // 71: sandboxd.runner.v1.ListResponse
-	(*DeleteRequest)(nil),            // 72: sandboxd.runner.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 73: sandboxd.runner.v1.DeleteResponse
-	(*CapacityRequest)(nil),          // 74: sandboxd.runner.v1.CapacityRequest
-	(*CapacityResponse)(nil),         // 75: sandboxd.runner.v1.CapacityResponse
-	nil,                              // 76: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	nil,                              // 77: sandboxd.runner.v1.ForkTarget.MetaEntry
-	nil,                              // 78: sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
-	nil,                              // 79: sandboxd.runner.v1.Spec.EnvEntry
-	nil,                              // 80: sandboxd.runner.v1.Spec.MetaEntry
-	nil,                              // 81: sandboxd.runner.v1.Spec.SecretEnvEntry
-	nil,                              // 82: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	nil,                              // 83: sandboxd.runner.v1.Engine.PullCredentialsEntry
-	nil,                              // 84: sandboxd.runner.v1.Container.EnvEntry
-	nil,                              // 85: sandboxd.runner.v1.Container.SecretEnvEntry
-	nil,                              // 86: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	nil,                              // 87: sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	nil,                              // 88: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	(v1.StartPhase)(0),               // 89: sandboxd.sandbox.v1.StartPhase
-	(*timestamppb.Timestamp)(nil),    // 90: google.protobuf.Timestamp
-	(*v1.ImagePull)(nil),             // 91: sandboxd.sandbox.v1.ImagePull
-	(*durationpb.Duration)(nil),      // 92: google.protobuf.Duration
+	(*EgressState)(nil),              // 19: sandboxd.runner.v1.EgressState
+	(*EgressInjection)(nil),          // 20: sandboxd.runner.v1.EgressInjection
+	(*ExportCheckpointRequest)(nil),  // 21: sandboxd.runner.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil), // 22: sandboxd.runner.v1.ExportCheckpointResponse
+	(*ImportForkRequest)(nil),        // 23: sandboxd.runner.v1.ImportForkRequest
+	(*DeleteCheckpointRequest)(nil),  // 24: sandboxd.runner.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 25: sandboxd.runner.v1.DeleteCheckpointResponse
+	(*MovedRequest)(nil),             // 26: sandboxd.runner.v1.MovedRequest
+	(*MovedResponse)(nil),            // 27: sandboxd.runner.v1.MovedResponse
+	(*PauseRequest)(nil),             // 28: sandboxd.runner.v1.PauseRequest
+	(*PauseResponse)(nil),            // 29: sandboxd.runner.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 30: sandboxd.runner.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 31: sandboxd.runner.v1.ResumeResponse
+	(*ForkTarget)(nil),               // 32: sandboxd.runner.v1.ForkTarget
+	(*ForkRequest)(nil),              // 33: sandboxd.runner.v1.ForkRequest
+	(*ForkResult)(nil),               // 34: sandboxd.runner.v1.ForkResult
+	(*ForkError)(nil),                // 35: sandboxd.runner.v1.ForkError
+	(*ForkResponse)(nil),             // 36: sandboxd.runner.v1.ForkResponse
+	(*PauseStatus)(nil),              // 37: sandboxd.runner.v1.PauseStatus
+	(*Spec)(nil),                     // 38: sandboxd.runner.v1.Spec
+	(*Engine)(nil),                   // 39: sandboxd.runner.v1.Engine
+	(*Container)(nil),                // 40: sandboxd.runner.v1.Container
+	(*SecretRef)(nil),                // 41: sandboxd.runner.v1.SecretRef
+	(*Probe)(nil),                    // 42: sandboxd.runner.v1.Probe
+	(*Dependency)(nil),               // 43: sandboxd.runner.v1.Dependency
+	(*ContainerStatus)(nil),          // 44: sandboxd.runner.v1.ContainerStatus
+	(*PodSettings)(nil),              // 45: sandboxd.runner.v1.PodSettings
+	(*Toleration)(nil),               // 46: sandboxd.runner.v1.Toleration
+	(*Network)(nil),                  // 47: sandboxd.runner.v1.Network
+	(*NetworkRule)(nil),              // 48: sandboxd.runner.v1.NetworkRule
+	(*EgressSecret)(nil),             // 49: sandboxd.runner.v1.EgressSecret
+	(*PortRange)(nil),                // 50: sandboxd.runner.v1.PortRange
+	(*Volume)(nil),                   // 51: sandboxd.runner.v1.Volume
+	(*GlobalVolume)(nil),             // 52: sandboxd.runner.v1.GlobalVolume
+	(*SnapshotSource)(nil),           // 53: sandboxd.runner.v1.SnapshotSource
+	(*SnapshotTarget)(nil),           // 54: sandboxd.runner.v1.SnapshotTarget
+	(*SnapshotVolumeRequest)(nil),    // 55: sandboxd.runner.v1.SnapshotVolumeRequest
+	(*GetSnapshotJobRequest)(nil),    // 56: sandboxd.runner.v1.GetSnapshotJobRequest
+	(*SnapshotJob)(nil),              // 57: sandboxd.runner.v1.SnapshotJob
+	(*VolumeMount)(nil),              // 58: sandboxd.runner.v1.VolumeMount
+	(*Security)(nil),                 // 59: sandboxd.runner.v1.Security
+	(*Service)(nil),                  // 60: sandboxd.runner.v1.Service
+	(*Credentials)(nil),              // 61: sandboxd.runner.v1.Credentials
+	(*File)(nil),                     // 62: sandboxd.runner.v1.File
+	(*Resources)(nil),                // 63: sandboxd.runner.v1.Resources
+	(*Sandbox)(nil),                  // 64: sandboxd.runner.v1.Sandbox
+	(*ResourceUsage)(nil),            // 65: sandboxd.runner.v1.ResourceUsage
+	(*CreateRequest)(nil),            // 66: sandboxd.runner.v1.CreateRequest
+	(*CreateResponse)(nil),           // 67: sandboxd.runner.v1.CreateResponse
+	(*GetRequest)(nil),               // 68: sandboxd.runner.v1.GetRequest
+	(*UpdateLifetimeRequest)(nil),    // 69: sandboxd.runner.v1.UpdateLifetimeRequest
+	(*UpdateLifetimeResponse)(nil),   // 70: sandboxd.runner.v1.UpdateLifetimeResponse
+	(*GetResponse)(nil),              // 71: sandboxd.runner.v1.GetResponse
+	(*ListRequest)(nil),              // 72: sandboxd.runner.v1.ListRequest
+	(*ListResponse)(nil),             // 73: sandboxd.runner.v1.ListResponse
+	(*DeleteRequest)(nil),            // 74: sandboxd.runner.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 75: sandboxd.runner.v1.DeleteResponse
+	(*CapacityRequest)(nil),          // 76: sandboxd.runner.v1.CapacityRequest
+	(*CapacityResponse)(nil),         // 77: sandboxd.runner.v1.CapacityResponse
+	nil,                              // 78: sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	nil,                              // 79: sandboxd.runner.v1.ForkTarget.MetaEntry
+	nil,                              // 80: sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
+	nil,                              // 81: sandboxd.runner.v1.Spec.EnvEntry
+	nil,                              // 82: sandboxd.runner.v1.Spec.MetaEntry
+	nil,                              // 83: sandboxd.runner.v1.Spec.SecretEnvEntry
+	nil,                              // 84: sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	nil,                              // 85: sandboxd.runner.v1.Engine.PullCredentialsEntry
+	nil,                              // 86: sandboxd.runner.v1.Container.EnvEntry
+	nil,                              // 87: sandboxd.runner.v1.Container.SecretEnvEntry
+	nil,                              // 88: sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	nil,                              // 89: sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	nil,                              // 90: sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	(v1.StartPhase)(0),               // 91: sandboxd.sandbox.v1.StartPhase
+	(*timestamppb.Timestamp)(nil),    // 92: google.protobuf.Timestamp
+	(*v1.ImagePull)(nil),             // 93: sandboxd.sandbox.v1.ImagePull
+	(*durationpb.Duration)(nil),      // 94: google.protobuf.Duration
 }
 var file_sandboxd_runner_v1_runner_proto_depIdxs = []int32{
 	1,   // 0: sandboxd.runner.v1.WatchProgressResponse.state:type_name -> sandboxd.runner.v1.State
-	89,  // 1: sandboxd.runner.v1.WatchProgressResponse.phase:type_name -> sandboxd.sandbox.v1.StartPhase
-	90,  // 2: sandboxd.runner.v1.WatchProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
-	91,  // 3: sandboxd.runner.v1.WatchProgressResponse.pulls:type_name -> sandboxd.sandbox.v1.ImagePull
+	91,  // 1: sandboxd.runner.v1.WatchProgressResponse.phase:type_name -> sandboxd.sandbox.v1.StartPhase
+	92,  // 2: sandboxd.runner.v1.WatchProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
+	93,  // 3: sandboxd.runner.v1.WatchProgressResponse.pulls:type_name -> sandboxd.sandbox.v1.ImagePull
 	5,   // 4: sandboxd.runner.v1.EnsureVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
 	5,   // 5: sandboxd.runner.v1.DeleteVolumeRequest.volume:type_name -> sandboxd.runner.v1.RegisteredVolume
-	76,  // 6: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
-	59,  // 7: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
-	59,  // 8: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
-	61,  // 9: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
-	92,  // 10: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
+	78,  // 6: sandboxd.runner.v1.BuildRequest.build_args:type_name -> sandboxd.runner.v1.BuildRequest.BuildArgsEntry
+	61,  // 7: sandboxd.runner.v1.BuildRequest.base_credentials:type_name -> sandboxd.runner.v1.Credentials
+	61,  // 8: sandboxd.runner.v1.BuildRequest.push_credentials:type_name -> sandboxd.runner.v1.Credentials
+	63,  // 9: sandboxd.runner.v1.BuildRequest.resources:type_name -> sandboxd.runner.v1.Resources
+	94,  // 10: sandboxd.runner.v1.BuildRequest.timeout:type_name -> google.protobuf.Duration
 	12,  // 11: sandboxd.runner.v1.BuildResponse.step:type_name -> sandboxd.runner.v1.BuildStep
 	13,  // 12: sandboxd.runner.v1.BuildResponse.line:type_name -> sandboxd.runner.v1.BuildLine
 	14,  // 13: sandboxd.runner.v1.BuildResponse.result:type_name -> sandboxd.runner.v1.BuildResult
 	2,   // 14: sandboxd.runner.v1.BuildLine.stream:type_name -> sandboxd.runner.v1.BuildLine.Stream
 	12,  // 15: sandboxd.runner.v1.BuildResult.steps:type_name -> sandboxd.runner.v1.BuildStep
 	12,  // 16: sandboxd.runner.v1.BuildResult.failed_step:type_name -> sandboxd.runner.v1.BuildStep
-	36,  // 17: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
+	38,  // 17: sandboxd.runner.v1.WarmTarget.spec:type_name -> sandboxd.runner.v1.Spec
 	15,  // 18: sandboxd.runner.v1.SetWarmPoolsRequest.targets:type_name -> sandboxd.runner.v1.WarmTarget
-	18,  // 19: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	62,  // 20: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	18,  // 21: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
-	62,  // 22: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
-	30,  // 23: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	62,  // 24: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	62,  // 25: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	77,  // 26: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
-	92,  // 27: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
-	78,  // 28: sandboxd.runner.v1.ForkTarget.egress_secret_values:type_name -> sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
-	30,  // 29: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
-	62,  // 30: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	33,  // 31: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
-	32,  // 32: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
-	90,  // 33: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	59,  // 34: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	79,  // 35: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
-	60,  // 36: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
-	61,  // 37: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
-	80,  // 38: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
-	58,  // 39: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
-	45,  // 40: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
-	57,  // 41: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
-	49,  // 42: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
-	56,  // 43: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	43,  // 44: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
-	40,  // 45: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	41,  // 46: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	38,  // 47: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
-	38,  // 48: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
-	37,  // 49: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
-	81,  // 50: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
-	39,  // 51: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	82,  // 52: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
-	83,  // 53: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
-	59,  // 54: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
-	84,  // 55: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
-	60,  // 56: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
-	61,  // 57: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
-	56,  // 58: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
-	57,  // 59: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
-	40,  // 60: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
-	41,  // 61: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
-	85,  // 62: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
-	39,  // 63: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
-	92,  // 64: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
-	92,  // 65: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
-	92,  // 66: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
-	86,  // 67: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
-	44,  // 68: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
-	87,  // 69: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
-	46,  // 70: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
-	46,  // 71: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
-	48,  // 72: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
-	47,  // 73: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
-	51,  // 74: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
-	50,  // 75: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
-	52,  // 76: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
-	0,   // 77: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
-	92,  // 78: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
-	90,  // 79: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
-	36,  // 80: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
-	1,   // 81: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
-	90,  // 82: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	90,  // 83: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	90,  // 84: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
-	92,  // 85: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
-	90,  // 86: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
-	42,  // 87: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
-	35,  // 88: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
-	63,  // 89: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
-	36,  // 90: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
-	92,  // 91: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
-	62,  // 92: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	92,  // 93: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
-	92,  // 94: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
-	62,  // 95: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	62,  // 96: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	62,  // 97: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
-	92,  // 98: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
-	52,  // 99: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
-	62,  // 100: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
-	55,  // 101: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
-	90,  // 102: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
-	61,  // 103: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
-	88,  // 104: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
-	59,  // 105: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
-	64,  // 106: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
-	66,  // 107: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
-	70,  // 108: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
-	72,  // 109: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
-	74,  // 110: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
-	53,  // 111: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
-	54,  // 112: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
-	67,  // 113: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
-	26,  // 114: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
-	28,  // 115: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
-	31,  // 116: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
-	19,  // 117: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
-	21,  // 118: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
-	22,  // 119: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
-	24,  // 120: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
-	16,  // 121: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
-	10,  // 122: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
-	6,   // 123: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
-	8,   // 124: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
-	3,   // 125: sandboxd.runner.v1.RunnerService.WatchProgress:input_type -> sandboxd.runner.v1.WatchProgressRequest
-	65,  // 126: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
-	69,  // 127: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
-	71,  // 128: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
-	73,  // 129: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
-	75,  // 130: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
-	55,  // 131: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
-	55,  // 132: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
-	68,  // 133: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
-	27,  // 134: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
-	29,  // 135: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
-	34,  // 136: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
-	20,  // 137: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
-	34,  // 138: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
-	23,  // 139: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
-	25,  // 140: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
-	17,  // 141: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
-	11,  // 142: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
-	7,   // 143: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
-	9,   // 144: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
-	4,   // 145: sandboxd.runner.v1.RunnerService.WatchProgress:output_type -> sandboxd.runner.v1.WatchProgressResponse
-	126, // [126:146] is the sub-list for method output_type
-	106, // [106:126] is the sub-list for method input_type
-	106, // [106:106] is the sub-list for extension type_name
-	106, // [106:106] is the sub-list for extension extendee
-	0,   // [0:106] is the sub-list for field type_name
+	19,  // 19: sandboxd.runner.v1.CheckpointRef.egress:type_name -> sandboxd.runner.v1.EgressState
+	20,  // 20: sandboxd.runner.v1.EgressState.injections:type_name -> sandboxd.runner.v1.EgressInjection
+	18,  // 21: sandboxd.runner.v1.ExportCheckpointResponse.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	64,  // 22: sandboxd.runner.v1.ExportCheckpointResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	18,  // 23: sandboxd.runner.v1.ImportForkRequest.ref:type_name -> sandboxd.runner.v1.CheckpointRef
+	64,  // 24: sandboxd.runner.v1.ImportForkRequest.source:type_name -> sandboxd.runner.v1.Sandbox
+	32,  // 25: sandboxd.runner.v1.ImportForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	64,  // 26: sandboxd.runner.v1.PauseResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	64,  // 27: sandboxd.runner.v1.ResumeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	79,  // 28: sandboxd.runner.v1.ForkTarget.meta:type_name -> sandboxd.runner.v1.ForkTarget.MetaEntry
+	94,  // 29: sandboxd.runner.v1.ForkTarget.lifetime:type_name -> google.protobuf.Duration
+	80,  // 30: sandboxd.runner.v1.ForkTarget.egress_secret_values:type_name -> sandboxd.runner.v1.ForkTarget.EgressSecretValuesEntry
+	32,  // 31: sandboxd.runner.v1.ForkRequest.targets:type_name -> sandboxd.runner.v1.ForkTarget
+	64,  // 32: sandboxd.runner.v1.ForkResult.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	35,  // 33: sandboxd.runner.v1.ForkResult.error:type_name -> sandboxd.runner.v1.ForkError
+	34,  // 34: sandboxd.runner.v1.ForkResponse.results:type_name -> sandboxd.runner.v1.ForkResult
+	92,  // 35: sandboxd.runner.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	61,  // 36: sandboxd.runner.v1.Spec.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	81,  // 37: sandboxd.runner.v1.Spec.env:type_name -> sandboxd.runner.v1.Spec.EnvEntry
+	62,  // 38: sandboxd.runner.v1.Spec.files:type_name -> sandboxd.runner.v1.File
+	63,  // 39: sandboxd.runner.v1.Spec.resources:type_name -> sandboxd.runner.v1.Resources
+	82,  // 40: sandboxd.runner.v1.Spec.meta:type_name -> sandboxd.runner.v1.Spec.MetaEntry
+	60,  // 41: sandboxd.runner.v1.Spec.services:type_name -> sandboxd.runner.v1.Service
+	47,  // 42: sandboxd.runner.v1.Spec.network:type_name -> sandboxd.runner.v1.Network
+	59,  // 43: sandboxd.runner.v1.Spec.security:type_name -> sandboxd.runner.v1.Security
+	51,  // 44: sandboxd.runner.v1.Spec.volumes:type_name -> sandboxd.runner.v1.Volume
+	58,  // 45: sandboxd.runner.v1.Spec.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	45,  // 46: sandboxd.runner.v1.Spec.pod:type_name -> sandboxd.runner.v1.PodSettings
+	42,  // 47: sandboxd.runner.v1.Spec.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	43,  // 48: sandboxd.runner.v1.Spec.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	40,  // 49: sandboxd.runner.v1.Spec.sidecars:type_name -> sandboxd.runner.v1.Container
+	40,  // 50: sandboxd.runner.v1.Spec.init_containers:type_name -> sandboxd.runner.v1.Container
+	39,  // 51: sandboxd.runner.v1.Spec.engine:type_name -> sandboxd.runner.v1.Engine
+	83,  // 52: sandboxd.runner.v1.Spec.secret_env:type_name -> sandboxd.runner.v1.Spec.SecretEnvEntry
+	41,  // 53: sandboxd.runner.v1.Spec.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	84,  // 54: sandboxd.runner.v1.Spec.egress_secret_values:type_name -> sandboxd.runner.v1.Spec.EgressSecretValuesEntry
+	85,  // 55: sandboxd.runner.v1.Engine.pull_credentials:type_name -> sandboxd.runner.v1.Engine.PullCredentialsEntry
+	61,  // 56: sandboxd.runner.v1.Container.pull_credentials:type_name -> sandboxd.runner.v1.Credentials
+	86,  // 57: sandboxd.runner.v1.Container.env:type_name -> sandboxd.runner.v1.Container.EnvEntry
+	62,  // 58: sandboxd.runner.v1.Container.files:type_name -> sandboxd.runner.v1.File
+	63,  // 59: sandboxd.runner.v1.Container.resources:type_name -> sandboxd.runner.v1.Resources
+	58,  // 60: sandboxd.runner.v1.Container.volume_mounts:type_name -> sandboxd.runner.v1.VolumeMount
+	59,  // 61: sandboxd.runner.v1.Container.security:type_name -> sandboxd.runner.v1.Security
+	42,  // 62: sandboxd.runner.v1.Container.startup_probe:type_name -> sandboxd.runner.v1.Probe
+	43,  // 63: sandboxd.runner.v1.Container.depends_on:type_name -> sandboxd.runner.v1.Dependency
+	87,  // 64: sandboxd.runner.v1.Container.secret_env:type_name -> sandboxd.runner.v1.Container.SecretEnvEntry
+	41,  // 65: sandboxd.runner.v1.Container.secret_refs:type_name -> sandboxd.runner.v1.SecretRef
+	94,  // 66: sandboxd.runner.v1.Probe.initial_delay:type_name -> google.protobuf.Duration
+	94,  // 67: sandboxd.runner.v1.Probe.period:type_name -> google.protobuf.Duration
+	94,  // 68: sandboxd.runner.v1.Probe.timeout:type_name -> google.protobuf.Duration
+	88,  // 69: sandboxd.runner.v1.PodSettings.node_selector:type_name -> sandboxd.runner.v1.PodSettings.NodeSelectorEntry
+	46,  // 70: sandboxd.runner.v1.PodSettings.tolerations:type_name -> sandboxd.runner.v1.Toleration
+	89,  // 71: sandboxd.runner.v1.PodSettings.annotations:type_name -> sandboxd.runner.v1.PodSettings.AnnotationsEntry
+	48,  // 72: sandboxd.runner.v1.Network.egress:type_name -> sandboxd.runner.v1.NetworkRule
+	48,  // 73: sandboxd.runner.v1.Network.ingress:type_name -> sandboxd.runner.v1.NetworkRule
+	50,  // 74: sandboxd.runner.v1.NetworkRule.ports:type_name -> sandboxd.runner.v1.PortRange
+	49,  // 75: sandboxd.runner.v1.NetworkRule.secret:type_name -> sandboxd.runner.v1.EgressSecret
+	53,  // 76: sandboxd.runner.v1.Volume.restore:type_name -> sandboxd.runner.v1.SnapshotSource
+	52,  // 77: sandboxd.runner.v1.Volume.global:type_name -> sandboxd.runner.v1.GlobalVolume
+	54,  // 78: sandboxd.runner.v1.SnapshotVolumeRequest.target:type_name -> sandboxd.runner.v1.SnapshotTarget
+	0,   // 79: sandboxd.runner.v1.SnapshotJob.state:type_name -> sandboxd.runner.v1.SnapshotJobState
+	94,  // 80: sandboxd.runner.v1.SnapshotJob.pause:type_name -> google.protobuf.Duration
+	92,  // 81: sandboxd.runner.v1.SnapshotJob.complete_time:type_name -> google.protobuf.Timestamp
+	38,  // 82: sandboxd.runner.v1.Sandbox.spec:type_name -> sandboxd.runner.v1.Spec
+	1,   // 83: sandboxd.runner.v1.Sandbox.state:type_name -> sandboxd.runner.v1.State
+	92,  // 84: sandboxd.runner.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	92,  // 85: sandboxd.runner.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	92,  // 86: sandboxd.runner.v1.Sandbox.ended_at:type_name -> google.protobuf.Timestamp
+	94,  // 87: sandboxd.runner.v1.Sandbox.lifetime:type_name -> google.protobuf.Duration
+	92,  // 88: sandboxd.runner.v1.Sandbox.deadline:type_name -> google.protobuf.Timestamp
+	44,  // 89: sandboxd.runner.v1.Sandbox.containers:type_name -> sandboxd.runner.v1.ContainerStatus
+	37,  // 90: sandboxd.runner.v1.Sandbox.pause:type_name -> sandboxd.runner.v1.PauseStatus
+	65,  // 91: sandboxd.runner.v1.Sandbox.usage:type_name -> sandboxd.runner.v1.ResourceUsage
+	38,  // 92: sandboxd.runner.v1.CreateRequest.spec:type_name -> sandboxd.runner.v1.Spec
+	94,  // 93: sandboxd.runner.v1.CreateRequest.lifetime:type_name -> google.protobuf.Duration
+	64,  // 94: sandboxd.runner.v1.CreateResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	94,  // 95: sandboxd.runner.v1.GetRequest.await_start:type_name -> google.protobuf.Duration
+	94,  // 96: sandboxd.runner.v1.UpdateLifetimeRequest.lifetime:type_name -> google.protobuf.Duration
+	64,  // 97: sandboxd.runner.v1.UpdateLifetimeResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	64,  // 98: sandboxd.runner.v1.GetResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	64,  // 99: sandboxd.runner.v1.ListResponse.sandboxes:type_name -> sandboxd.runner.v1.Sandbox
+	94,  // 100: sandboxd.runner.v1.DeleteRequest.grace:type_name -> google.protobuf.Duration
+	54,  // 101: sandboxd.runner.v1.DeleteRequest.snapshots:type_name -> sandboxd.runner.v1.SnapshotTarget
+	64,  // 102: sandboxd.runner.v1.DeleteResponse.sandbox:type_name -> sandboxd.runner.v1.Sandbox
+	57,  // 103: sandboxd.runner.v1.DeleteResponse.snapshots:type_name -> sandboxd.runner.v1.SnapshotJob
+	92,  // 104: sandboxd.runner.v1.CapacityResponse.connected_at:type_name -> google.protobuf.Timestamp
+	63,  // 105: sandboxd.runner.v1.CapacityResponse.default_resources:type_name -> sandboxd.runner.v1.Resources
+	90,  // 106: sandboxd.runner.v1.CapacityResponse.checkpoint_platforms:type_name -> sandboxd.runner.v1.CapacityResponse.CheckpointPlatformsEntry
+	61,  // 107: sandboxd.runner.v1.Engine.PullCredentialsEntry.value:type_name -> sandboxd.runner.v1.Credentials
+	66,  // 108: sandboxd.runner.v1.RunnerService.Create:input_type -> sandboxd.runner.v1.CreateRequest
+	68,  // 109: sandboxd.runner.v1.RunnerService.Get:input_type -> sandboxd.runner.v1.GetRequest
+	72,  // 110: sandboxd.runner.v1.RunnerService.List:input_type -> sandboxd.runner.v1.ListRequest
+	74,  // 111: sandboxd.runner.v1.RunnerService.Delete:input_type -> sandboxd.runner.v1.DeleteRequest
+	76,  // 112: sandboxd.runner.v1.RunnerService.Capacity:input_type -> sandboxd.runner.v1.CapacityRequest
+	55,  // 113: sandboxd.runner.v1.RunnerService.SnapshotVolume:input_type -> sandboxd.runner.v1.SnapshotVolumeRequest
+	56,  // 114: sandboxd.runner.v1.RunnerService.GetSnapshotJob:input_type -> sandboxd.runner.v1.GetSnapshotJobRequest
+	69,  // 115: sandboxd.runner.v1.RunnerService.UpdateLifetime:input_type -> sandboxd.runner.v1.UpdateLifetimeRequest
+	28,  // 116: sandboxd.runner.v1.RunnerService.Pause:input_type -> sandboxd.runner.v1.PauseRequest
+	30,  // 117: sandboxd.runner.v1.RunnerService.Resume:input_type -> sandboxd.runner.v1.ResumeRequest
+	33,  // 118: sandboxd.runner.v1.RunnerService.Fork:input_type -> sandboxd.runner.v1.ForkRequest
+	21,  // 119: sandboxd.runner.v1.RunnerService.ExportCheckpoint:input_type -> sandboxd.runner.v1.ExportCheckpointRequest
+	23,  // 120: sandboxd.runner.v1.RunnerService.ImportFork:input_type -> sandboxd.runner.v1.ImportForkRequest
+	24,  // 121: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:input_type -> sandboxd.runner.v1.DeleteCheckpointRequest
+	26,  // 122: sandboxd.runner.v1.RunnerService.Moved:input_type -> sandboxd.runner.v1.MovedRequest
+	16,  // 123: sandboxd.runner.v1.RunnerService.SetWarmPools:input_type -> sandboxd.runner.v1.SetWarmPoolsRequest
+	10,  // 124: sandboxd.runner.v1.RunnerService.Build:input_type -> sandboxd.runner.v1.BuildRequest
+	6,   // 125: sandboxd.runner.v1.RunnerService.EnsureVolume:input_type -> sandboxd.runner.v1.EnsureVolumeRequest
+	8,   // 126: sandboxd.runner.v1.RunnerService.DeleteVolume:input_type -> sandboxd.runner.v1.DeleteVolumeRequest
+	3,   // 127: sandboxd.runner.v1.RunnerService.WatchProgress:input_type -> sandboxd.runner.v1.WatchProgressRequest
+	67,  // 128: sandboxd.runner.v1.RunnerService.Create:output_type -> sandboxd.runner.v1.CreateResponse
+	71,  // 129: sandboxd.runner.v1.RunnerService.Get:output_type -> sandboxd.runner.v1.GetResponse
+	73,  // 130: sandboxd.runner.v1.RunnerService.List:output_type -> sandboxd.runner.v1.ListResponse
+	75,  // 131: sandboxd.runner.v1.RunnerService.Delete:output_type -> sandboxd.runner.v1.DeleteResponse
+	77,  // 132: sandboxd.runner.v1.RunnerService.Capacity:output_type -> sandboxd.runner.v1.CapacityResponse
+	57,  // 133: sandboxd.runner.v1.RunnerService.SnapshotVolume:output_type -> sandboxd.runner.v1.SnapshotJob
+	57,  // 134: sandboxd.runner.v1.RunnerService.GetSnapshotJob:output_type -> sandboxd.runner.v1.SnapshotJob
+	70,  // 135: sandboxd.runner.v1.RunnerService.UpdateLifetime:output_type -> sandboxd.runner.v1.UpdateLifetimeResponse
+	29,  // 136: sandboxd.runner.v1.RunnerService.Pause:output_type -> sandboxd.runner.v1.PauseResponse
+	31,  // 137: sandboxd.runner.v1.RunnerService.Resume:output_type -> sandboxd.runner.v1.ResumeResponse
+	36,  // 138: sandboxd.runner.v1.RunnerService.Fork:output_type -> sandboxd.runner.v1.ForkResponse
+	22,  // 139: sandboxd.runner.v1.RunnerService.ExportCheckpoint:output_type -> sandboxd.runner.v1.ExportCheckpointResponse
+	36,  // 140: sandboxd.runner.v1.RunnerService.ImportFork:output_type -> sandboxd.runner.v1.ForkResponse
+	25,  // 141: sandboxd.runner.v1.RunnerService.DeleteCheckpoint:output_type -> sandboxd.runner.v1.DeleteCheckpointResponse
+	27,  // 142: sandboxd.runner.v1.RunnerService.Moved:output_type -> sandboxd.runner.v1.MovedResponse
+	17,  // 143: sandboxd.runner.v1.RunnerService.SetWarmPools:output_type -> sandboxd.runner.v1.SetWarmPoolsResponse
+	11,  // 144: sandboxd.runner.v1.RunnerService.Build:output_type -> sandboxd.runner.v1.BuildResponse
+	7,   // 145: sandboxd.runner.v1.RunnerService.EnsureVolume:output_type -> sandboxd.runner.v1.EnsureVolumeResponse
+	9,   // 146: sandboxd.runner.v1.RunnerService.DeleteVolume:output_type -> sandboxd.runner.v1.DeleteVolumeResponse
+	4,   // 147: sandboxd.runner.v1.RunnerService.WatchProgress:output_type -> sandboxd.runner.v1.WatchProgressResponse
+	128, // [128:148] is the sub-list for method output_type
+	108, // [108:128] is the sub-list for method input_type
+	108, // [108:108] is the sub-list for extension type_name
+	108, // [108:108] is the sub-list for extension extendee
+	0,   // [0:108] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_runner_v1_runner_proto_init() }
@@ -6391,18 +6551,18 @@ func file_sandboxd_runner_v1_runner_proto_init() {
 		(*BuildResponse_Line)(nil),
 		(*BuildResponse_Result)(nil),
 	}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[23].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[39].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[25].OneofWrappers = []any{}
 	file_sandboxd_runner_v1_runner_proto_msgTypes[41].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[54].OneofWrappers = []any{}
-	file_sandboxd_runner_v1_runner_proto_msgTypes[59].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[43].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[56].OneofWrappers = []any{}
+	file_sandboxd_runner_v1_runner_proto_msgTypes[61].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_runner_v1_runner_proto_rawDesc), len(file_sandboxd_runner_v1_runner_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   86,
+			NumMessages:   88,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
