@@ -33,6 +33,9 @@ type portFake struct {
 	read map[string]string // part → content read by the last ForkFromCheckpoint
 	// onImport, when set, runs first in ForkFromCheckpoint (a test stops it there).
 	onImport func(specs []*runtime.Spec)
+	// egress is what ExportCheckpoint reports as the sandbox's egress state;
+	// gotEgress what the last ForkFromCheckpoint was given.
+	egress, gotEgress *runtime.EgressState
 }
 
 var _ runtime.CheckpointPorter = (*portFake)(nil)
@@ -47,7 +50,9 @@ func (f *portFake) ExportCheckpoint(ctx context.Context, id string, put func(con
 	if sb := f.Sandbox(id, 0); sb == nil {
 		return runtime.CheckpointExport{}, runtime.ErrNotFound
 	}
-	cp := runtime.CheckpointExport{Platform: f.platform, Class: "fake"}
+	f.pmu.Lock()
+	cp := runtime.CheckpointExport{Platform: f.platform, Class: "fake", Egress: f.egress}
+	f.pmu.Unlock()
 	for _, part := range []string{"image", "run"} {
 		content := part + " of " + id
 		if err := put(ctx, part, strings.NewReader(content)); err != nil {
@@ -87,7 +92,7 @@ func (f *portFake) ForkFromCheckpoint(ctx context.Context, cp runtime.Checkpoint
 		read[p] = string(b)
 	}
 	f.pmu.Lock()
-	f.read = read
+	f.read, f.gotEgress = read, cp.Egress
 	f.pmu.Unlock()
 	return f.Fork(ctx, "", specs)
 }

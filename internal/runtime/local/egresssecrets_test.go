@@ -2,9 +2,11 @@ package local
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -168,7 +170,7 @@ func TestPrepareForkEgressSecrets(t *testing.T) {
 		t.Errorf("fork of a source with lost secrets = %v", err)
 	}
 	// Without its source's secrets (another runner's checkpoint): refused before anything.
-	if why := (&Backend{cfg: Config{Network: egressSetterNet{}}}).egressSecretsUnsupported(&forkSpec, &forkParams{}); !strings.Contains(why, "another runner") {
+	if why := (&Backend{cfg: Config{Network: egressSetterNet{}}}).egressSecretsUnsupported(&forkSpec, &forkParams{}); !strings.Contains(why, "without its source's egress CA") {
 		t.Errorf("fork without the source's secrets: %q", why)
 	}
 	if why := (&Backend{cfg: Config{Network: egressSetterNet{}}}).egressSecretsUnsupported(&forkSpec, &forkParams{egress: src.egress}); why != "" {
@@ -181,3 +183,80 @@ func TestPrepareForkEgressSecrets(t *testing.T) {
 type egressSetterNet struct{ Network }
 
 func (egressSetterNet) SetEgressSecrets(string, *egress.SandboxSecrets) error { return nil }
+
+// TestEgressStateAcrossBackends (docs/secrets.md, "Forks and moves"): the egress state
+// one backend exports (egressStateOf: CA, key, placeholders, no value) is taken by
+// another (egressFromState) for a fork or move of the same spec: the sandbox made there
+// has the same ca.pem and placeholder, the value its own spec brings; a state that does
+// not fit the spec (none, for a spec without secrets, another host, more injections) and
+// a source whose secrets are lost are refused.
+func TestEgressStateAcrossBackends(t *testing.T) {
+	rootsFile := filepath.Join(t.TempDir(), "roots.pem")
+	if err := os.WriteFile(rootsFile, []byte("# no roots\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{cfg: Config{EgressRootsFile: rootsFile}}
+	mk := func(id, host, value string) runtime.Spec {
+		return runtime.Spec{ID: id, Meta: map[string]string{runtime.MetaOrg: "org-a"},
+			Container: runtime.Container{Name: "main"},
+			Network: &runtime.Network{Egress: []runtime.EgressRule{{DNSName: host,
+				Secret: &runtime.EgressSecret{Store: "prod", Path: "api", Field: "token", EnvVar: "API_TOKEN"}}}},
+			EgressSecretValues: map[string]string{"prod/api#token": value}}
+	}
+	srcSpec := mk("src", "api.example.com", "old-value")
+	src := &sandbox{id: "src", dir: t.TempDir()}
+	if err := b.prepareEgressSecrets(src, &srcSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := egressStateOf(src.egress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range st.Injections {
+		if strings.Contains(fmt.Sprint(in), "old-value") {
+			t.Fatal("the exported state holds the value")
+		}
+	}
+	// The other runner: a move (same ID) with the value resolved again.
+	moved := mk("src", "api.example.com", "new-value")
+	from, err := egressFromState(&moved, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &sandbox{id: "src", dir: t.TempDir()}
+	if err := b.prepareEgressSecrets(m, &moved, from); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(filepath.Join(src.egressCADir, "ca.pem"))
+	c, _ := os.ReadFile(filepath.Join(m.egressCADir, "ca.pem"))
+	if len(a) == 0 || string(a) != string(c) {
+		t.Fatal("the moved sandbox's ca.pem is not its source's")
+	}
+	if got := m.egress.Injections[0]; got.Placeholder != srcSpec.Container.SecretEnv["API_TOKEN"] || got.Value != "new-value" {
+		t.Fatalf("moved injection %+v", got)
+	}
+	plain := runtime.Spec{ID: "p", Container: runtime.Container{Name: "main"}}
+	if ss, err := egressFromState(&plain, nil); ss != nil || err != nil {
+		t.Fatalf("no secrets, no state = %v, %v", ss, err)
+	}
+	two := *st
+	two.Injections = append(slices.Clone(st.Injections), st.Injections[0])
+	other := mk("x", "other.example.com", "v")
+	for name, tc := range map[string]struct {
+		spec *runtime.Spec
+		st   *runtime.EgressState
+		want string
+	}{
+		"state for a spec without secrets": {&plain, st, "has no egress secrets"},
+		"no state":                         {&moved, nil, "came without"},
+		"another host":                     {&other, st, "has no injection"},
+		"more injections":                  {&moved, &two, "2 injections"},
+	} {
+		if _, err := egressFromState(tc.spec, tc.st); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	if _, err := egressStateOf(egress.LostSecrets("src", "org-a", []string{"api.example.com"})); err == nil {
+		t.Error("lost secrets exported")
+	}
+}
