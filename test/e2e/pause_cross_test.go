@@ -57,6 +57,13 @@ const (
 
 func startCross(t *testing.T) *crossEnv {
 	t.Helper()
+	return startCrossWith(t, nil, nil)
+}
+
+// startCrossWith is startCross with each stack's config changed by stackMod and the
+// gateway's by gwMod (given the bucket and store; either nil: none).
+func startCrossWith(t *testing.T, stackMod func(*stack.Config), gwMod func(*fssS3, *gateway.Config)) *crossEnv {
+	t.Helper()
 	needRunsc(t)
 	e := newFSSS3(t) // skips without SeaweedFS (unless SANDBOXD_REQUIRE_S3=1)
 	c := &crossEnv{e: e, edges: map[string]*stack.Edge{}}
@@ -66,7 +73,7 @@ func startCross(t *testing.T) *crossEnv {
 		t.Fatal(err)
 	}
 	c.ca = ca
-	c.s1, c.s2 = crossStack(t, e, 0), crossStack(t, e, 1)
+	c.s1, c.s2 = crossStack(t, e, 0, stackMod), crossStack(t, e, 1, stackMod)
 	c.l1, c.l2 = runner.NewLocal("r1", c.s1.Runner), runner.NewLocal("r2", c.s2.Runner)
 	c.l1.MilliCPU, c.l1.CPUOvercommit = crossR1MilliCPU, 1
 	c.l2.MilliCPU, c.l2.CPUOvercommit = crossR2MilliCPU, 1
@@ -84,12 +91,16 @@ func startCross(t *testing.T) *crossEnv {
 		x.l.EdgeDomain, x.l.EdgePort = endpointDomain, ed.Port()
 	}
 	pol := `{` + gvisorPolicy + `}`
-	g, err := gateway.New(gateway.Config{
+	gcfg := gateway.Config{
 		Auth: e.keys, Runners: []runner.Handle{c.l1, c.l2},
 		Policies: perRunner{"r1": pol, "r2": pol},
 		Index:    e.st.Sandboxes(), Orgs: e.st.Orgs(), Snapshots: e.st.Snapshots(),
 		Blobs: e.blobs, SnapshotBucket: e.bucket, BlobConfig: blobconfig.Config{S3: &e.cfg},
-	})
+	}
+	if gwMod != nil {
+		gwMod(e, &gcfg)
+	}
+	g, err := gateway.New(gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,11 +119,14 @@ func startCross(t *testing.T) *crossEnv {
 // crossStack starts this process's n-th stack with the bucket as its blob store. When the
 // test ends its sandboxes are deleted, it closes, and nothing of it may be left (mounts,
 // sandbox dirs, the volume pool), nor its network setup and cgroup parent.
-func crossStack(t *testing.T, e *fssS3, n int) *stack.Stack {
+func crossStack(t *testing.T, e *fssS3, n int, mod func(*stack.Config)) *stack.Stack {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := env.StackConfigN(dir, n)
 	cfg.Blobs, cfg.BlobConfig = e.blobs, blobconfig.Config{S3: &e.cfg}
+	if mod != nil {
+		mod(&cfg)
+	}
 	s, err := stack.NewLocal(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("start stack %d: %v", n, err)
