@@ -52,7 +52,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
-	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // containerInstall is the init container that installs the agent and the gate in Pods
@@ -638,7 +637,7 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 		}
 		fromPod(st, cs)
 		if m.primary && (ended || primaryEnded(pod)) {
-			ex := exitOf(pod, false)
+			ex := exitOf(pod, false, m.c.RestartLimit)
 			st.State, st.ExitCode, st.Restarts, st.Reason, st.Message = runtime.ContainerExited, ex.ExitCode, ex.Restarts, ex.Reason, ex.Message
 			continue
 		}
@@ -651,17 +650,18 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			// A container that has ended left its agent's final status in its
 			// termination message: it stands over a watch that missed the end. The
 			// message (the container's workload can write it) is never shown raw: a
-			// status is not text, other text is clipped and printable only.
+			// status is not text (fromPod clipped other text), and what it says is
+			// bounded (boundedFinal).
 			if cs != nil && cs.State.Terminated != nil {
 				t := cs.State.Terminated
 				said := statusInMessage(t)
 				if said != nil {
 					st.Message = ""
-				} else if st.Message = textclip.Clip(st.Message, maxSidecarMessage); !textclip.AllPrintable(st.Message) {
-					st.Message = ""
 				}
-				if fin := sidecarFinal(said, t, m.c.RestartLimit); fin != nil && !finalState(last) {
-					last = fin
+				if said != nil && !finalState(last) {
+					if fin := boundedFinal(said, m.c.RestartLimit, terminatedView(t)); fin != nil {
+						last = fin
+					}
 				}
 			}
 			if last != nil {
@@ -705,7 +705,8 @@ func fromPod(st *runtime.ContainerStatus, cs *corev1.ContainerStatus) {
 	case cs.State.Terminated != nil:
 		t := cs.State.Terminated
 		c := t.ExitCode
-		st.State, st.ExitCode, st.Reason, st.Message = runtime.ContainerExited, &c, t.Reason, t.Message
+		// The message is the container's termination log, which its workload writes.
+		st.State, st.ExitCode, st.Reason, st.Message = runtime.ContainerExited, &c, t.Reason, sandboxText(t.Message)
 	case cs.State.Running != nil:
 		st.State = runtime.ContainerRunning
 	case cs.State.Waiting != nil:
