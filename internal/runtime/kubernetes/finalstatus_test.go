@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -173,4 +174,43 @@ func FuzzParseAgentStatus(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAttackSidecarLiveStatusBounded: a sidecar's agent runs in the sandbox, so what its
+// watch says while the container runs is held as its final status is: restarts within the
+// container's limit, an agent's reason (a claimed OOMKilled is Error), a bounded
+// printable message. The kubelet's OOMKilled of the ended container stands over it.
+func TestAttackSidecarLiveStatusBounded(t *testing.T) {
+	b := &Backend{sandboxes: map[string]*sandbox{}}
+	spec := runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "i", RestartLimit: 6},
+		Sidecars: []runtime.Container{{Name: "db", Image: "i", RestartLimit: 3}}}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1", ContainerStatuses: []corev1.ContainerStatus{
+		{Name: containerMain, State: running}, {Name: "db", State: running},
+	}}}
+	code := int32(137)
+	s := &sandbox{id: "x", spec: spec, pod: pod, changed: make(chan struct{}), done: make(chan struct{}),
+		agentStatus: map[string]*agentv1.StatusResponse{"db": {State: agentv1.MainState_MAIN_STATE_RESTARTING,
+			RestartCount: 1 << 30, ExitCode: &code, Reason: "OOMKilled", Message: "\x1b]0;owned\x07" + strings.Repeat("z", 1<<16)}}}
+	b.sandboxes["x"] = s
+	db := func() runtime.ContainerStatus {
+		t.Helper()
+		sts, err := b.ContainerStatuses(t.Context(), "x")
+		if err != nil || len(sts) != 2 {
+			t.Fatalf("statuses %+v, %v", sts, err)
+		}
+		return sts[1]
+	}
+	if st := db(); st.State != runtime.ContainerRunning || st.Restarts != 3 || st.Reason != "Error" || st.Message != "" {
+		t.Errorf("a forged live status: %+v, want running, 3 restarts (the limit), Error, no message", st)
+	}
+	s.agentStatus["db"].Message = strings.Repeat("ü", 2000)
+	if st := db(); len(st.Message) > maxSandboxText || !textclip.AllPrintable(st.Message) {
+		t.Errorf("a long live message: %d bytes, want at most %d printable", len(st.Message), maxSandboxText)
+	}
+	pod.Status.ContainerStatuses[1].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled"}}
+	s.agentStatus["db"] = &agentv1.StatusResponse{State: agentv1.MainState_MAIN_STATE_COMPLETED, Reason: "Completed"}
+	if st := db(); st.Reason != "OOMKilled" {
+		t.Errorf("a sidecar the kubelet saw OOM-killed, its agent saying Completed: %+v, want OOMKilled", st)
+	}
 }

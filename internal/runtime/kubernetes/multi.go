@@ -35,6 +35,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"regexp"
 	"strconv"
@@ -665,7 +666,10 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 				}
 			}
 			if last != nil {
-				fromAgent(st, last)
+				fromAgent(st, last, m.c.RestartLimit)
+			}
+			if cs != nil && cs.State.Terminated != nil && cs.State.Terminated.Reason == "OOMKilled" {
+				st.Reason, st.Message = "OOMKilled", "memory limit exceeded" // the kubelet's word stands
 			}
 		}
 		if ended && st.State != runtime.ContainerExited {
@@ -690,7 +694,7 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			if err != nil {
 				return // the Pod's view stands
 			}
-			fromAgent(st, res.Msg)
+			fromAgent(st, res.Msg, m.c.RestartLimit)
 		}()
 	}
 	wg.Wait()
@@ -714,14 +718,20 @@ func fromPod(st *runtime.ContainerStatus, cs *corev1.ContainerStatus) {
 	}
 }
 
-// fromAgent fills st from the container's agent: its main command's state.
-func fromAgent(st *runtime.ContainerStatus, a *agentv1.StatusResponse) {
-	st.Restarts = int(a.GetRestartCount())
+// fromAgent fills st from the container's agent: its main command's state. The agent
+// runs in the sandbox, so what it says is held as a final status in a termination
+// message is (boundedFinal): restarts within the container's limit, an agent's reason
+// (else Error), a bounded printable message.
+func fromAgent(st *runtime.ContainerStatus, a *agentv1.StatusResponse, restartLimit int) {
+	st.Restarts = int(min(max(a.GetRestartCount(), 0), int32(min(max(restartLimit, 0), math.MaxInt32))))
 	if a.ExitCode != nil {
 		c := a.GetExitCode()
 		st.ExitCode = &c
 	}
-	st.Reason, st.Message = a.GetReason(), a.GetMessage()
+	st.Reason, st.Message = a.GetReason(), sandboxText(a.GetMessage())
+	if st.Reason != "" && !agentReasons[st.Reason] {
+		st.Reason = agent.ReasonError
+	}
 	switch a.GetState() {
 	case agentv1.MainState_MAIN_STATE_STANDBY:
 		st.State, st.Reason, st.Message = runtime.ContainerWaiting, "Held", "waiting for its dependencies"

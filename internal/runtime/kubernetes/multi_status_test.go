@@ -33,7 +33,7 @@ func TestContainerStatusesDialsOnlyUnreported(t *testing.T) {
 		sandboxes: map[string]*sandbox{},
 	}
 	spec := runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "i"},
-		Sidecars: []runtime.Container{{Name: "db", Image: "i"}}}
+		Sidecars: []runtime.Container{{Name: "db", Image: "i", RestartLimit: runtime.DefaultRestartLimit}}}
 	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
 	pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1", ContainerStatuses: []corev1.ContainerStatus{
 		{Name: containerMain, State: running}, {Name: "db", State: running},
