@@ -22,6 +22,10 @@ import (
 //     it can never hold every slot then.
 //
 // Claims from the warm pool and the pool's refills are cheap or yield and are not gated.
+//
+// The fork-sentry gate (forkSentry, Config.ForkSentries) is a coldGate too: it bounds,
+// with the same fairness, the forks' sandboxes made and waiting for their source's
+// checkpoint, which hold no cold-start slot while they wait.
 type coldGate struct {
 	max int
 
