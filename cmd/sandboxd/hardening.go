@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/quantity"
 	"github.com/sandboxd/sandboxd/internal/reserved"
+	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -20,6 +21,9 @@ type hardeningFlags struct {
 	openReserved listFlag
 	// egressUpstreamCA and egressRoots: egress secret injection's trust (docs/secrets.md).
 	egressUpstreamCA, egressRoots string
+	// forkSentries bounds the forks' sandboxes waiting for their source's checkpoint
+	// (local.Config.ForkSentries).
+	forkSentries int
 }
 
 func (h *hardeningFlags) register(fs *flag.FlagSet) {
@@ -27,6 +31,7 @@ func (h *hardeningFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&h.noUserNS, "no-userns", false, "local backend: run runc sandboxes without a user namespace of their own (root inside is then root on the host)")
 	fs.StringVar(&h.egressUpstreamCA, "egress-upstream-ca", "", "local backend: PEM file of the roots the egress proxy verifies the hosts it injects egress secrets for against (default: the system roots)")
 	fs.StringVar(&h.egressRoots, "egress-roots", "", "local backend: PEM bundle sandboxes with egress secrets trust besides their own CA (/etc/sandboxd-egress/bundle.pem; default: the host's system bundle)")
+	fs.IntVar(&h.forkSentries, "fork-sentries", 0, fmt.Sprintf("local backend: most forks holding a gVisor sandbox of their own before it is restored (waiting for their source's checkpoint), shared fairly by organizations; 0: max(4, 2×GOMAXPROCS), -1: no bound, at most %d", local.MaxForkSentries))
 	fs.Var(&h.openReserved, "egress-allow-reserved", "CIDR of a reserved range (private, CGNAT, link-local, …) that sandboxes' explicit cidr egress rules may reach on this runner, when their policy allows (repeatable; the sandbox subnet and the host's addresses cannot be opened; \"any\" never includes it)")
 }
 
@@ -46,25 +51,39 @@ func (h *hardeningFlags) reservedOpen() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// validate checks --disk and --egress-allow-reserved.
+// validate checks --disk, --fork-sentries and --egress-allow-reserved.
 func (h hardeningFlags) validate() error {
 	if _, err := h.diskBytes(); err != nil {
+		return err
+	}
+	if err := h.validForkSentries(); err != nil {
 		return err
 	}
 	_, err := h.reservedOpen()
 	return err
 }
 
-// apply sets cfg's disk limit and user namespace setting.
+// apply sets cfg's disk limit, user namespace setting and fork-sentry bound.
 func (h *hardeningFlags) apply(cfg *stack.Config) error {
 	v, err := h.diskBytes()
 	if err != nil {
 		return err
 	}
-	cfg.DiskBytes, cfg.NoUserNS = v, h.noUserNS
+	if err := h.validForkSentries(); err != nil {
+		return err
+	}
+	cfg.DiskBytes, cfg.NoUserNS, cfg.ForkSentries = v, h.noUserNS, h.forkSentries
 	cfg.EgressUpstreamCAFile, cfg.EgressRootsFile = h.egressUpstreamCA, h.egressRoots
 	cfg.OpenReserved, err = h.reservedOpen()
 	return err
+}
+
+// validForkSentries checks --fork-sentries.
+func (h *hardeningFlags) validForkSentries() error {
+	if h.forkSentries < -1 || h.forkSentries > local.MaxForkSentries {
+		return fmt.Errorf("--fork-sentries %d: want 1..%d (0: the default, -1: no bound)", h.forkSentries, local.MaxForkSentries)
+	}
+	return nil
 }
 
 // diskBytes is --disk in bytes.

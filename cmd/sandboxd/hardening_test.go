@@ -34,3 +34,35 @@ func TestEgressAllowReservedFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestForkSentriesFlag: --fork-sentries reaches the stack's configuration (0: the
+// backend's default) and refuses what the backend would not take.
+func TestForkSentriesFlag(t *testing.T) {
+	for _, tc := range []struct {
+		arg  string
+		want int
+		ok   bool
+	}{{"", 0, true}, {"8", 8, true}, {"-1", -1, true}, {"4096", 4096, true}, {"4097", 0, false}, {"-2", 0, false}} {
+		var h hardeningFlags
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		h.register(fs)
+		args := []string{}
+		if tc.arg != "" {
+			args = []string{"--fork-sentries=" + tc.arg}
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		var cfg stack.Config
+		err := h.apply(&cfg)
+		if verr := h.validate(); (verr == nil) != tc.ok {
+			t.Errorf("%q: validate %v", tc.arg, verr)
+		}
+		switch {
+		case tc.ok && (err != nil || cfg.ForkSentries != tc.want):
+			t.Errorf("%q: ForkSentries %d, %v, want %d", tc.arg, cfg.ForkSentries, err, tc.want)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "--fork-sentries")):
+			t.Errorf("%q: %v, want a refusal naming the flag", tc.arg, err)
+		}
+	}
+}

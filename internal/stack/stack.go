@@ -66,7 +66,9 @@ type Config struct {
 	DiskBytes int64
 	// NoUserNS runs runc sandboxes without user namespaces (local.Config.NoUserNS).
 	NoUserNS bool
-	Logger   *slog.Logger
+	// ForkSentries bounds the forks' sandboxes not restored yet (local.Config.ForkSentries).
+	ForkSentries int
+	Logger       *slog.Logger
 	// Blobs, BlobConfig and the snapshot limits: see runner.Config (nil: no file-system
 	// snapshots).
 	Blobs                                   blob.Store
@@ -165,6 +167,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		Pool:         cfg.Pool,
 		DiskBytes:    cfg.DiskBytes,
 		NoUserNS:     cfg.NoUserNS,
+		ForkSentries: cfg.ForkSentries,
 
 		EgressRootsFile: cfg.EgressRootsFile,
 	})

@@ -352,7 +352,7 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	case <-s.done:
 	default:
 		if s.deleted || podEnded(s.pod) || s.spec.Multi() && primaryEnded(s.pod) {
-			s.exit = exitOf(s.pod, s.deleted)
+			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit)
 			close(s.done)
 		}
 		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {

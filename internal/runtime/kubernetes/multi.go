@@ -35,6 +35,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"regexp"
 	"strconv"
@@ -52,7 +53,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
-	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // containerInstall is the init container that installs the agent and the gate in Pods
@@ -638,7 +638,7 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 		}
 		fromPod(st, cs)
 		if m.primary && (ended || primaryEnded(pod)) {
-			ex := exitOf(pod, false)
+			ex := exitOf(pod, false, m.c.RestartLimit)
 			st.State, st.ExitCode, st.Restarts, st.Reason, st.Message = runtime.ContainerExited, ex.ExitCode, ex.Restarts, ex.Reason, ex.Message
 			continue
 		}
@@ -651,21 +651,25 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			// A container that has ended left its agent's final status in its
 			// termination message: it stands over a watch that missed the end. The
 			// message (the container's workload can write it) is never shown raw: a
-			// status is not text, other text is clipped and printable only.
+			// status is not text (fromPod clipped other text), and what it says is
+			// bounded (boundedFinal).
 			if cs != nil && cs.State.Terminated != nil {
 				t := cs.State.Terminated
 				said := statusInMessage(t)
 				if said != nil {
 					st.Message = ""
-				} else if st.Message = textclip.Clip(st.Message, maxSidecarMessage); !textclip.AllPrintable(st.Message) {
-					st.Message = ""
 				}
-				if fin := sidecarFinal(said, t, m.c.RestartLimit); fin != nil && !finalState(last) {
-					last = fin
+				if said != nil && !finalState(last) {
+					if fin := boundedFinal(said, m.c.RestartLimit, terminatedView(t)); fin != nil {
+						last = fin
+					}
 				}
 			}
 			if last != nil {
-				fromAgent(st, last)
+				fromAgent(st, last, m.c.RestartLimit)
+			}
+			if cs != nil && cs.State.Terminated != nil && cs.State.Terminated.Reason == "OOMKilled" {
+				st.Reason, st.Message = "OOMKilled", "memory limit exceeded" // the kubelet's word stands
 			}
 		}
 		if ended && st.State != runtime.ContainerExited {
@@ -690,7 +694,7 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			if err != nil {
 				return // the Pod's view stands
 			}
-			fromAgent(st, res.Msg)
+			fromAgent(st, res.Msg, m.c.RestartLimit)
 		}()
 	}
 	wg.Wait()
@@ -705,7 +709,8 @@ func fromPod(st *runtime.ContainerStatus, cs *corev1.ContainerStatus) {
 	case cs.State.Terminated != nil:
 		t := cs.State.Terminated
 		c := t.ExitCode
-		st.State, st.ExitCode, st.Reason, st.Message = runtime.ContainerExited, &c, t.Reason, t.Message
+		// The message is the container's termination log, which its workload writes.
+		st.State, st.ExitCode, st.Reason, st.Message = runtime.ContainerExited, &c, t.Reason, sandboxText(t.Message)
 	case cs.State.Running != nil:
 		st.State = runtime.ContainerRunning
 	case cs.State.Waiting != nil:
@@ -713,14 +718,20 @@ func fromPod(st *runtime.ContainerStatus, cs *corev1.ContainerStatus) {
 	}
 }
 
-// fromAgent fills st from the container's agent: its main command's state.
-func fromAgent(st *runtime.ContainerStatus, a *agentv1.StatusResponse) {
-	st.Restarts = int(a.GetRestartCount())
+// fromAgent fills st from the container's agent: its main command's state. The agent
+// runs in the sandbox, so what it says is held as a final status in a termination
+// message is (boundedFinal): restarts within the container's limit, an agent's reason
+// (else Error), a bounded printable message.
+func fromAgent(st *runtime.ContainerStatus, a *agentv1.StatusResponse, restartLimit int) {
+	st.Restarts = int(min(max(a.GetRestartCount(), 0), int32(min(max(restartLimit, 0), math.MaxInt32))))
 	if a.ExitCode != nil {
 		c := a.GetExitCode()
 		st.ExitCode = &c
 	}
-	st.Reason, st.Message = a.GetReason(), a.GetMessage()
+	st.Reason, st.Message = a.GetReason(), sandboxText(a.GetMessage())
+	if st.Reason != "" && !agentReasons[st.Reason] {
+		st.Reason = agent.ReasonError
+	}
 	switch a.GetState() {
 	case agentv1.MainState_MAIN_STATE_STANDBY:
 		st.State, st.Reason, st.Message = runtime.ContainerWaiting, "Held", "waiting for its dependencies"

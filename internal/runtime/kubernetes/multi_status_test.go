@@ -33,7 +33,7 @@ func TestContainerStatusesDialsOnlyUnreported(t *testing.T) {
 		sandboxes: map[string]*sandbox{},
 	}
 	spec := runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "i"},
-		Sidecars: []runtime.Container{{Name: "db", Image: "i"}}}
+		Sidecars: []runtime.Container{{Name: "db", Image: "i", RestartLimit: runtime.DefaultRestartLimit}}}
 	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
 	pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1", ContainerStatuses: []corev1.ContainerStatus{
 		{Name: containerMain, State: running}, {Name: "db", State: running},
@@ -124,7 +124,7 @@ func TestContainerStatusesFinalFromMessage(t *testing.T) {
 	// say (a known reason, restarts within the limit, a bounded printable message), and
 	// the kubelet's OOMKilled stands over it.
 	s.agentStatus = nil
-	pod.Status.ContainerStatuses[1].State = ended(`{"state":"MAIN_STATE_COMPLETED","exitCode":0,"restartCount":999,"reason":"Hacked","message":"\u001b[2J` + strings.Repeat("m", 5000) + `"}`)
+	pod.Status.ContainerStatuses[1].State = ended(`{"state":"MAIN_STATE_COMPLETED","exitCode":0,"restartCount":999,"reason":"Hacked","message":"\u001b[2J` + strings.Repeat("m", 3000) + `"}`)
 	if st := db(); st.State != runtime.ContainerExited || st.Restarts != 3 || st.Reason != "Error" || len(st.Message) > 1024 || strings.Contains(st.Message, "\x1b") {
 		t.Errorf("forged final status: %+v, want restarts 3 (the limit), reason Error, a clipped printable message", st)
 	}

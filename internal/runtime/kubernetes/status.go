@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -118,37 +119,41 @@ func startErrorOfEnded(p *corev1.Pod) error {
 
 // exitOf is how the sandbox ended: the agent's final status (the gate's termination
 // message), else the main container's termination, else "Killed" (the Pod went away
-// first). deleted: the Pod is gone.
-func exitOf(p *corev1.Pod, deleted bool) runtime.Exit {
+// first). deleted: the Pod is gone. restartLimit is the primary container's: the
+// status.json the gate copied lies in the sandbox's run dir, which its workload can
+// write, so what it says is bounded as a sidecar's termination message is
+// (boundedFinal).
+func exitOf(p *corev1.Pod, deleted bool, restartLimit int) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
 	// A Pod being deleted (Stop, Destroy) whose agent left no final status was killed at
 	// the end of its grace period, before its main command ended: Killed, without an
 	// exit code, as the local backend reports it (not the container's 137).
 	deleted = deleted || p != nil && p.DeletionTimestamp != nil
-	if st := agentStatus(p); st != nil {
-		if finalState(st) {
-			ex.Restarts = int(st.GetRestartCount())
-			if st.ExitCode != nil {
-				c := st.GetExitCode()
+	cs := containerStatus(p, containerMain)
+	if st, t := agentStatus(p); st != nil {
+		if fin := boundedFinal(st, restartLimit, primaryView(cs, t)); fin != nil {
+			ex.Restarts = int(fin.GetRestartCount())
+			if fin.ExitCode != nil {
+				c := fin.GetExitCode()
 				ex.ExitCode = &c
 			}
-			ex.Reason, ex.Message = st.GetReason(), st.GetMessage()
-			if st.FinishedAt != nil && st.FinishedAt.IsValid() {
-				ex.At = st.FinishedAt.AsTime()
-			}
-			if cs := containerStatus(p, containerMain); cs != nil && cs.State.Terminated != nil && cs.State.Terminated.Reason == "OOMKilled" {
-				ex.Reason, ex.Message = "OOMKilled", "memory limit exceeded"
+			ex.Reason, ex.Message = fin.GetReason(), fin.GetMessage()
+			if fin.FinishedAt != nil {
+				ex.At = fin.FinishedAt.AsTime()
+			} else if t.FinishedAt.Unix() > 0 {
+				ex.At = t.FinishedAt.UTC()
 			}
 			return ex.WithDefaultReason()
 		}
 	}
-	cs := containerStatus(p, containerMain)
 	switch {
 	case cs != nil && cs.State.Terminated != nil:
 		t := cs.State.Terminated
 		c := t.ExitCode
 		ex.ExitCode = &c
-		ex.Reason, ex.Message = t.Reason, t.Message
+		// The reason is the kubelet's; the message is the container's termination log,
+		// which the sandbox's workload writes.
+		ex.Reason, ex.Message = t.Reason, sandboxText(t.Message)
 		if t.Reason == "Completed" && c != 0 || t.Reason == "" {
 			ex.Reason = ""
 		}
@@ -166,57 +171,142 @@ func exitOf(p *corev1.Pod, deleted bool) runtime.Exit {
 	return ex.WithDefaultReason()
 }
 
-// agentStatus is the agent's status.json as the gate left it in its termination message.
-func agentStatus(p *corev1.Pod) *agentv1.StatusResponse {
+// agentStatus is the agent's status.json as the gate left it in its termination message,
+// with the termination that holds it; nil when none holds one.
+func agentStatus(p *corev1.Pod) (*agentv1.StatusResponse, *corev1.ContainerStateTerminated) {
 	cs := containerStatus(p, containerGate)
 	if cs == nil {
-		return nil
+		return nil, nil
 	}
 	for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, lastTerminated(cs)} {
 		if st := statusInMessage(t); st != nil {
-			return st
+			return st, t
 		}
 	}
-	return nil
+	return nil, nil
 }
+
+// maxTerminationMessage bounds a termination message that is parsed as an agent's
+// status: the agent writes a few hundred bytes, the gate copies at most 4 KiB and the
+// kubelet keeps at most 4 KiB; a longer one is not parsed at all.
+const maxTerminationMessage = 4096
 
 // statusInMessage is the agent status a terminated container's message holds (the
 // gate's copy of the primary's, or a sidecar's agent's own: --termination-log), or nil.
+// The message is the sandbox's to write: see boundedFinal before using what it says.
 func statusInMessage(t *corev1.ContainerStateTerminated) *agentv1.StatusResponse {
-	if t == nil || t.Message == "" {
+	if t == nil {
+		return nil
+	}
+	return parseAgentStatus(t.Message)
+}
+
+// parseAgentStatus parses an agent's status (protojson) of at most maxTerminationMessage
+// bytes; nil for anything else.
+func parseAgentStatus(msg string) *agentv1.StatusResponse {
+	if msg == "" || len(msg) > maxTerminationMessage {
 		return nil
 	}
 	var st agentv1.StatusResponse
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal([]byte(t.Message), &st); err != nil {
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal([]byte(msg), &st); err != nil {
 		return nil
 	}
 	return &st
 }
 
-// maxSidecarMessage bounds the message a sidecar's termination message may give.
-const maxSidecarMessage = 1024
+// maxSandboxText bounds text a sandbox can write that is reported as it is: an agent's
+// status message, a container's termination message.
+const maxSandboxText = 1024
 
-// sidecarFinal is the final status a sidecar's agent left in its terminated container's
-// message (gate.FlagTerminationLog), made safe to report: the container's workload can
-// write that file too, so it is the sandbox's own word about its own container, held to
-// what an agent could say: a known reason (else Error), restarts within the container's
-// limit, a bounded printable message, and the kubelet's OOMKilled over it. st is what
-// t's message says (statusInMessage); nil when it holds no final status.
-func sidecarFinal(st *agentv1.StatusResponse, t *corev1.ContainerStateTerminated, restartLimit int) *agentv1.StatusResponse {
+// sandboxText is text the sandbox could write, fit to report: at most maxSandboxText
+// bytes of valid UTF-8, and "" unless all of it is printable.
+func sandboxText(s string) string {
+	if s = textclip.Clip(s, maxSandboxText); !textclip.AllPrintable(s) {
+		return ""
+	}
+	return s
+}
+
+// agentReasons are the reasons an agent gives a final status (internal/agent): the only
+// ones a status read from a file the sandbox can write may give. Every other (OOMKilled,
+// Killed, Vanished, Evicted, ...) is the platform's to say, from the kubelet's view.
+var agentReasons = map[string]bool{
+	agent.ReasonCompleted: true, agent.ReasonError: true, agent.ReasonRestartLimit: true,
+	agent.ReasonStartError: true, agent.ReasonStopped: true,
+}
+
+// kubeletView is what the kubelet, not the sandbox, says of the container whose agent
+// left a status: whether it was OOM-killed, and when it ran (zero: not known; the
+// kubelet's times are whole seconds).
+type kubeletView struct {
+	oom               bool
+	started, finished time.Time
+}
+
+// terminatedView is the kubelet's view of a terminated container.
+func terminatedView(t *corev1.ContainerStateTerminated) kubeletView {
+	if t == nil {
+		return kubeletView{}
+	}
+	return kubeletView{oom: t.Reason == "OOMKilled", started: t.StartedAt.Time, finished: t.FinishedAt.Time}
+}
+
+// primaryView is the kubelet's view of the primary container (main) whose status the
+// gate copied into its termination gateT: the main container's OOM kill and start, and
+// the gate's end (the gate ends after the agent has).
+func primaryView(main *corev1.ContainerStatus, gateT *corev1.ContainerStateTerminated) kubeletView {
+	var k kubeletView
+	if main != nil {
+		switch {
+		case main.State.Terminated != nil:
+			k = terminatedView(main.State.Terminated)
+		case main.State.Running != nil:
+			k.started = main.State.Running.StartedAt.Time
+		}
+	}
+	if gateT != nil && !gateT.FinishedAt.IsZero() {
+		k.finished = gateT.FinishedAt.Time
+	}
+	return k
+}
+
+// boundedFinal is the final status an agent left in a terminated container's message
+// (the gate's copy of the primary's status.json; a sidecar's agent's own,
+// gate.FlagTerminationLog), made safe to report. The container's workload can write that
+// file too, so it is the sandbox's own word about its own container, held to what an
+// agent could say: a final state (else nil), a known reason (else Error), restarts within
+// the container's limit, a bounded printable message, times within the container's run
+// as the kubelet saw it (else none), and the kubelet's OOMKilled over it. It decides
+// nothing the sandbox could not have caused itself. st is what the message says
+// (statusInMessage), modified in place.
+func boundedFinal(st *agentv1.StatusResponse, restartLimit int, k kubeletView) *agentv1.StatusResponse {
 	if !finalState(st) {
 		return nil
 	}
-	switch st.GetReason() {
-	case agent.ReasonCompleted, agent.ReasonError, agent.ReasonRestartLimit, agent.ReasonStartError, agent.ReasonStopped:
-	default:
+	if !agentReasons[st.GetReason()] {
 		st.Reason = agent.ReasonError
 	}
-	st.RestartCount = min(max(st.GetRestartCount(), 0), int32(min(restartLimit, math.MaxInt32)))
-	st.Message = textclip.Clip(st.GetMessage(), maxSidecarMessage)
-	if !textclip.AllPrintable(st.Message) {
-		st.Message = ""
+	st.RestartCount = min(max(st.GetRestartCount(), 0), int32(min(max(restartLimit, 0), math.MaxInt32)))
+	st.Message = sandboxText(st.GetMessage())
+	st.Pid = 0
+	now := time.Now()
+	within := func(ts *timestamppb.Timestamp) *timestamppb.Timestamp {
+		if ts == nil || !ts.IsValid() {
+			return nil
+		}
+		at := ts.AsTime()
+		// The kubelet's times are whole seconds (cut, not rounded).
+		to := k.finished.Add(time.Second)
+		if k.finished.IsZero() || to.After(now) {
+			to = now
+		}
+		if !k.started.IsZero() && at.Before(k.started) || at.After(to) {
+			return nil
+		}
+		return ts
 	}
-	if t.Reason == "OOMKilled" {
+	st.StartedAt, st.FinishedAt = within(st.StartedAt), within(st.FinishedAt)
+	if k.oom {
 		st.Reason, st.Message = "OOMKilled", "memory limit exceeded"
 	}
 	return st

@@ -3,6 +3,8 @@ package local
 import (
 	"context"
 	"sync"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // coldGate admits cold starts (Creates the warm pool does not serve: a new container,
@@ -20,6 +22,10 @@ import (
 //     it can never hold every slot then.
 //
 // Claims from the warm pool and the pool's refills are cheap or yield and are not gated.
+//
+// The fork-sentry gate (forkSentry, Config.ForkSentries) is a coldGate too: it bounds,
+// with the same fairness, the forks' sandboxes made and waiting for their source's
+// checkpoint, which hold no cold-start slot while they wait.
 type coldGate struct {
 	max int
 
@@ -35,6 +41,11 @@ type coldWaiter struct {
 	admitted chan struct{} // closed when admitted
 	done     bool          // admitted (or gone), under coldGate.mu
 }
+
+// defaultForkSentries is the default Config.ForkSentries for n CPUs: a fork's sandbox
+// waiting for its source's checkpoint costs memory (its sentry and gofer), not CPU; as
+// many as cold starts keep the forks of a burst going while bounding what they hold.
+func defaultForkSentries(n int) int { return max(4, 2*n) }
 
 // defaultColdStarts is the default Config.ColdStarts for n CPUs: enough to keep them
 // busy through a start's waits (mounts, runc, the agent's handshake), few enough that
@@ -198,6 +209,19 @@ type coldSlot struct {
 func (b *Backend) coldStart(ctx context.Context) *coldSlot {
 	org, ok := ctx.Value(coldStartKey{}).(string)
 	return &coldSlot{g: b.cold, org: org, gated: ok && b.cold != nil}
+}
+
+// forkSentry is fork s's slot of the fork-sentry gate (b.forks, also a coldGate: round
+// robin over organizations, one holding at most max-1 slots while another waits): taken
+// before the fork's `runsc create`, held until its sandbox is restored or gone (launch).
+// Not gated: no gate, not a fork, or a group's fork (its sandbox is made only by `runsc
+// restore`, after the wait).
+func (b *Backend) forkSentry(ctx context.Context, s *sandbox) *coldSlot {
+	org, _ := ctx.Value(coldStartKey{}).(string)
+	if org == "" {
+		org = s.spec.Meta[runtime.MetaOrg]
+	}
+	return &coldSlot{g: b.forks, org: org, gated: b.forks != nil && s.fork != nil && !s.inGVisorGroup()}
 }
 
 // enter waits for a slot; it reports whether it waited at all (a gated start).

@@ -131,6 +131,26 @@ type Config struct {
 	// round robin over organizations, one organization holding at most ColdStarts-1
 	// while another waits (coldgate.go). 0 means max(4, 2×GOMAXPROCS); negative: no bound.
 	ColdStarts int
+	// ForkSentries bounds the forks holding a sandbox of their own that is not restored
+	// yet: a fork's `runsc create` (its sentry and gofer) is made while its source is
+	// checkpointed, and it waits for the checkpoint with its cold-start slot given back,
+	// so without this bound such sandboxes are bounded only by capacity. More forks wait
+	// before `runsc create`, holding no cold-start slot, served round robin over
+	// organizations, one organization holding at most ForkSentries-1 while another waits
+	// (coldgate.go, forkSentry). 0 means max(4, 2×GOMAXPROCS); negative: no bound; at
+	// most MaxForkSentries.
+	ForkSentries int
+}
+
+// MaxForkSentries is the largest Config.ForkSentries.
+const MaxForkSentries = 4096
+
+// validateForkSentries checks Config.ForkSentries.
+func validateForkSentries(n int) error {
+	if n > MaxForkSentries {
+		return fmt.Errorf("local backend: ForkSentries %d: at most %d (0: the default, negative: no bound)", n, MaxForkSentries)
+	}
+	return nil
 }
 
 // Backend is the local runtime.Backend.
@@ -147,6 +167,7 @@ type Backend struct {
 
 	pool    *pool      // nil: no warm pool
 	cold    *coldGate  // cold starts' admission (nil: no bound)
+	forks   *coldGate  // forks' sandboxes not restored yet (nil: no bound)
 	prepull *prepuller // nil: no image pre-pull (Config.MaxPrepull < 0)
 
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
@@ -297,6 +318,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Images == nil {
 		return nil, errors.New("local backend: Images is required")
 	}
+	if err := validateForkSentries(cfg.ForkSentries); err != nil {
+		return nil, err
+	}
 	if len(cfg.Runtimes) == 0 {
 		cfg.Runtimes = DefaultRuntimes()
 	}
@@ -358,6 +382,12 @@ func New(cfg Config) (*Backend, error) {
 			n = defaultColdStarts(goruntime.GOMAXPROCS(0))
 		}
 		b.cold = newColdGate(n)
+	}
+	if n := cfg.ForkSentries; n >= 0 {
+		if n == 0 {
+			n = defaultForkSentries(goruntime.GOMAXPROCS(0))
+		}
+		b.forks = newColdGate(n)
 	}
 	if cfg.MaxPrepull >= 0 {
 		n := cfg.MaxPrepull
@@ -848,6 +878,19 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		failpoint.Hit("local.create.rules")
 		b.step(ctx, "network", t)
 	}
+	// A fork holds a sandbox of its own (`runsc create` below) while it waits for its
+	// source's checkpoint, with its cold-start slot given back: such sandboxes are
+	// bounded by the fork-sentry gate (coldgate.go). Its slot is taken before the
+	// cold-start one, so a fork waiting for it holds no cold-start slot. (A group's fork
+	// makes its sandbox only by `runsc restore`, after the wait.)
+	sentry := b.forkSentry(ctx, s)
+	defer sentry.leave()
+	if sentry.gated {
+		if _, err := sentry.enter(ctx); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		b.step(ctx, "fork: admit its sandbox", t)
+	}
 	// The CPU-heavy part of a cold start, from the root filesystem's mount to the
 	// started container (and its agent, under gVisor), waits for the gate's slot
 	// (coldgate.go); all the waits on others are above.
@@ -1038,17 +1081,11 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		b.step(ctx, "fork: runsc create", t)
-		if err := slot.forkReady(ctx, s.fork); err != nil { // the slot is given back while it waits
+		if err := b.restoreFork(ctx, s, rt, slot, rbundle, pidFile, filepath.Join(shown, dirRun), out, t); err != nil {
+			// Its sandbox is gone before its fork-sentry slot is given back (the
+			// caller's teardown removes the rest).
+			killSentry(ctx, pidFile)
 			return nil, nil, err
-		}
-		b.step(ctx, "fork: wait for the source's checkpoint", t)
-		if err := copyRunDir(ctx, s.fork.run, filepath.Join(shown, dirRun)); err != nil {
-			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
-		}
-		markResume(filepath.Join(shown, dirRun)) // restored suspended (pause.go); it re-reads its identity
-		b.step(ctx, "fork: run dir", t)
-		if err := b.bootRuntime(rt).restore(ctx, cid, rbundle, s.fork.image, pidFile, out); err != nil {
-			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		if err := applyCPULimits(limits); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
@@ -1108,6 +1145,25 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	failpoint.Hit("local.create.info")
 	b.step(ctx, "finish", t)
 	return img, att, nil
+}
+
+// restoreFork restores fork s into its sandbox (made by `runsc create` from rbundle):
+// it waits for its source's checkpoint (its cold-start slot given back meanwhile), copies
+// the source's run dir into run and loads the checkpoint.
+func (b *Backend) restoreFork(ctx context.Context, s *sandbox, rt *ociRuntime, slot *coldSlot, rbundle, pidFile, run string, out *os.File, t *time.Time) error {
+	if err := slot.forkReady(ctx, s.fork); err != nil { // the slot is given back while it waits
+		return err
+	}
+	b.step(ctx, "fork: wait for the source's checkpoint", t)
+	if err := copyRunDir(ctx, s.fork.run, run); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	markResume(run) // restored suspended (pause.go); it re-reads its identity
+	b.step(ctx, "fork: run dir", t)
+	if err := b.bootRuntime(rt).restore(ctx, s.cid, rbundle, s.fork.image, pidFile, out); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	return nil
 }
 
 // mountRoot mounts the overlay root of a sandbox (dir) at rootfs: over the image's
