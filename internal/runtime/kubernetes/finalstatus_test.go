@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -61,7 +62,7 @@ func TestAttackPrimaryForgedFinalStatus(t *testing.T) {
 		{name: "bidi override", msg: `{"state":"MAIN_STATE_FAILED","exitCode":2,"reason":"Error","message":"ok\u202egnp.exe"}`,
 			mainReason: "Error", reason: "Error", code: "2", at: ended},
 		{name: "long message is clipped", msg: `{"state":"MAIN_STATE_FAILED","exitCode":2,"reason":"Error","message":"` + strings.Repeat("é", 1500) + `"}`,
-			mainReason: "Error", reason: "Error", code: "2", message: textclip.Clip(strings.Repeat("é", 1500), maxSandboxText), at: ended},
+			mainReason: "Error", reason: "Error", code: "2", message: textclip.Clip(strings.Repeat("é", 1500), agent.MaxStatusText), at: ended},
 		{name: "unknown state", msg: `{"state":"MAIN_STATE_BOGUS","exitCode":0,"reason":"Completed"}`,
 			mainReason: "Error", reason: "Error", code: "1", at: ended},
 		{name: "unknown state number", msg: `{"state":99,"exitCode":0,"reason":"Completed"}`,
@@ -100,7 +101,7 @@ func TestAttackPrimaryForgedFinalStatus(t *testing.T) {
 			if ex.Reason != tc.reason || code != tc.code || ex.Restarts != tc.restarts || ex.Message != tc.message || !ex.At.Equal(tc.at) {
 				t.Errorf("exit = %+v (code %q), want reason %s code %q restarts %d message %q at %s", ex, code, tc.reason, tc.code, tc.restarts, tc.message, tc.at)
 			}
-			if !textclip.AllPrintable(ex.Message) || len(ex.Message) > maxSandboxText {
+			if !textclip.AllPrintable(ex.Message) || len(ex.Message) > agent.MaxStatusText {
 				t.Errorf("message %q: not short printable text", ex.Message)
 			}
 		})
@@ -154,13 +155,13 @@ func FuzzParseAgentStatus(f *testing.F) {
 			}
 			return
 		}
-		if !agentReasons[fin.GetReason()] && !(oom && fin.GetReason() == "OOMKilled") {
+		if !agent.IsReason(fin.GetReason()) && !(oom && fin.GetReason() == "OOMKilled") {
 			t.Errorf("reason %q", fin.GetReason())
 		}
 		if r := fin.GetRestartCount(); r < 0 || int(r) > max(limit, 0) {
 			t.Errorf("restarts %d, limit %d", r, limit)
 		}
-		if m := fin.GetMessage(); len(m) > maxSandboxText || !textclip.AllPrintable(m) || !utf8.ValidString(m) {
+		if m := fin.GetMessage(); len(m) > agent.MaxStatusText || !textclip.AllPrintable(m) || !utf8.ValidString(m) {
 			t.Errorf("message %q", m)
 		}
 		if fin.FinishedAt != nil {
@@ -205,8 +206,8 @@ func TestAttackSidecarLiveStatusBounded(t *testing.T) {
 		t.Errorf("a forged live status: %+v, want running, 3 restarts (the limit), Error, no message", st)
 	}
 	s.agentStatus["db"].Message = strings.Repeat("ü", 2000)
-	if st := db(); len(st.Message) > maxSandboxText || !textclip.AllPrintable(st.Message) {
-		t.Errorf("a long live message: %d bytes, want at most %d printable", len(st.Message), maxSandboxText)
+	if st := db(); len(st.Message) > agent.MaxStatusText || !textclip.AllPrintable(st.Message) {
+		t.Errorf("a long live message: %d bytes, want at most %d printable", len(st.Message), agent.MaxStatusText)
 	}
 	pod.Status.ContainerStatuses[1].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled"}}
 	s.agentStatus["db"] = &agentv1.StatusResponse{State: agentv1.MainState_MAIN_STATE_COMPLETED, Reason: "Completed"}

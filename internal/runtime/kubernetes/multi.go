@@ -729,7 +729,7 @@ func fromAgent(st *runtime.ContainerStatus, a *agentv1.StatusResponse, restartLi
 		st.ExitCode = &c
 	}
 	st.Reason, st.Message = a.GetReason(), sandboxText(a.GetMessage())
-	if st.Reason != "" && !agentReasons[st.Reason] {
+	if st.Reason != "" && !agent.IsReason(st.Reason) {
 		st.Reason = agent.ReasonError
 	}
 	switch a.GetState() {

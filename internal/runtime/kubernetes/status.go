@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -17,7 +16,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -25,7 +23,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 func containerStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
@@ -214,26 +211,8 @@ func parseAgentStatus(msg string) *agentv1.StatusResponse {
 	return &st
 }
 
-// maxSandboxText bounds text a sandbox can write that is reported as it is: an agent's
-// status message, a container's termination message.
-const maxSandboxText = 1024
-
-// sandboxText is text the sandbox could write, fit to report: at most maxSandboxText
-// bytes of valid UTF-8, and "" unless all of it is printable.
-func sandboxText(s string) string {
-	if s = textclip.Clip(s, maxSandboxText); !textclip.AllPrintable(s) {
-		return ""
-	}
-	return s
-}
-
-// agentReasons are the reasons an agent gives a final status (internal/agent): the only
-// ones a status read from a file the sandbox can write may give. Every other (OOMKilled,
-// Killed, Vanished, Evicted, ...) is the platform's to say, from the kubelet's view.
-var agentReasons = map[string]bool{
-	agent.ReasonCompleted: true, agent.ReasonError: true, agent.ReasonRestartLimit: true,
-	agent.ReasonStartError: true, agent.ReasonStopped: true,
-}
+// sandboxText is text the sandbox could write, fit to report (agent.StatusText).
+func sandboxText(s string) string { return agent.StatusText(s) }
 
 // kubeletView is what the kubelet, not the sandbox, says of the container whose agent
 // left a status: whether it was OOM-killed, and when it ran (zero: not known; the
@@ -280,46 +259,20 @@ func primaryView(main *corev1.ContainerStatus, gateT *corev1.ContainerStateTermi
 // nothing the sandbox could not have caused itself. st is what the message says
 // (statusInMessage), modified in place.
 func boundedFinal(st *agentv1.StatusResponse, restartLimit int, k kubeletView) *agentv1.StatusResponse {
-	if !finalState(st) {
-		return nil
-	}
-	if !agentReasons[st.GetReason()] {
-		st.Reason = agent.ReasonError
-	}
-	st.RestartCount = min(max(st.GetRestartCount(), 0), int32(min(max(restartLimit, 0), math.MaxInt32)))
-	st.Message = sandboxText(st.GetMessage())
-	st.Pid = 0
+	// The kubelet's times are whole seconds (cut, not rounded).
 	now := time.Now()
-	within := func(ts *timestamppb.Timestamp) *timestamppb.Timestamp {
-		if ts == nil || !ts.IsValid() {
-			return nil
-		}
-		at := ts.AsTime()
-		// The kubelet's times are whole seconds (cut, not rounded).
-		to := k.finished.Add(time.Second)
-		if k.finished.IsZero() || to.After(now) {
-			to = now
-		}
-		if !k.started.IsZero() && at.Before(k.started) || at.After(to) {
-			return nil
-		}
-		return ts
+	to := k.finished.Add(time.Second)
+	if k.finished.IsZero() || to.After(now) {
+		to = now
 	}
-	st.StartedAt, st.FinishedAt = within(st.StartedAt), within(st.FinishedAt)
-	if k.oom {
+	if st = agent.BoundFinal(st, restartLimit, k.started, to); st != nil && k.oom {
 		st.Reason, st.Message = "OOMKilled", "memory limit exceeded"
 	}
 	return st
 }
 
 // finalState reports whether an agent's main command has ended for good.
-func finalState(st *agentv1.StatusResponse) bool {
-	switch st.GetState() {
-	case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
-		return true
-	}
-	return false
-}
+func finalState(st *agentv1.StatusResponse) bool { return agent.FinalState(st) }
 
 func lastTerminated(cs *corev1.ContainerStatus) *corev1.ContainerStateTerminated {
 	return cs.LastTerminationState.Terminated

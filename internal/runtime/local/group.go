@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -526,7 +527,9 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 		}
 		st, _ := readStatus(m.dir)
 		if st != nil {
-			cs.Restarts = int(st.GetRestartCount())
+			// The member's status.json is the sandbox's to write: bounded like a final one.
+			limit := int32(min(max(c.RestartLimit, 0), math.MaxInt32))
+			cs.Restarts = int(min(max(st.GetRestartCount(), 0), limit))
 			if st.ExitCode != nil {
 				c := st.GetExitCode()
 				cs.ExitCode = &c
@@ -535,10 +538,13 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 			case agentv1.MainState_MAIN_STATE_RUNNING:
 				cs.State = runtime.ContainerRunning
 			case agentv1.MainState_MAIN_STATE_RESTARTING:
-				cs.Reason, cs.Message = "Restarting", st.GetMessage()
+				cs.Reason, cs.Message = "Restarting", agent.StatusText(st.GetMessage())
 			case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
 				cs.State = runtime.ContainerExited
-				cs.Reason, cs.Message = st.GetReason(), st.GetMessage()
+				cs.Reason, cs.Message = st.GetReason(), agent.StatusText(st.GetMessage())
+				if !agent.IsReason(cs.Reason) {
+					cs.Reason = agent.ReasonError
+				}
 			}
 		}
 		if ended {

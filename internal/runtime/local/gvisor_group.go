@@ -213,13 +213,7 @@ func (c *gvContainer) watchAgent(ctx context.Context, dir string, ident *agentco
 
 // finalState reports whether st is an agent's status after its main command has ended
 // for good.
-func finalState(st *agentv1.StatusResponse) bool {
-	switch st.GetState() {
-	case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
-		return true
-	}
-	return false
-}
+func finalState(st *agentv1.StatusResponse) bool { return agent.FinalState(st) }
 
 // endSentry ends the sentry of gVisor group s once its primary's agent, held after the
 // main command ended, is not needed: the members have stopped (the watcher) or are

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -82,20 +84,21 @@ func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
 	oom, _ := b.oomKills(b.oomCgroupOf(s))
 	st, _ := readStatus(s.dir)
-	final := false
-	if st != nil {
+	limit := s.spec.Container.RestartLimit
+	// status.json is the sandbox's to write: its restarts within the container's limit
+	// whatever its state, and a final one held to what its agent could say.
+	ex.Restarts = int(min(max(st.GetRestartCount(), 0), int32(min(max(limit, 0), math.MaxInt32))))
+	st = agent.BoundFinal(st, limit, s.info.StartedAt, ex.At)
+	final := st != nil
+	if final {
 		ex.Restarts = int(st.GetRestartCount())
-		switch st.GetState() {
-		case agentv1.MainState_MAIN_STATE_COMPLETED, agentv1.MainState_MAIN_STATE_FAILED, agentv1.MainState_MAIN_STATE_STOPPED:
-			final = true
-			if st.ExitCode != nil {
-				c := st.GetExitCode()
-				ex.ExitCode = &c
-			}
-			ex.Reason, ex.Message = st.GetReason(), st.GetMessage()
-			if st.FinishedAt != nil && st.FinishedAt.IsValid() {
-				ex.At = st.FinishedAt.AsTime()
-			}
+		if st.ExitCode != nil {
+			c := st.GetExitCode()
+			ex.ExitCode = &c
+		}
+		ex.Reason, ex.Message = st.GetReason(), st.GetMessage()
+		if st.FinishedAt != nil {
+			ex.At = st.FinishedAt.AsTime()
 		}
 	}
 	if !final {
