@@ -1112,9 +1112,19 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 
 // mountRoot mounts the overlay root of a sandbox (dir) at rootfs: over the image's
 // layers, idmapped when ids is set (see userns.go), through the user namespace userns
-// when it is a descriptor (a group's, mapping ids), else one made for it.
+// when it is a descriptor (a group's, mapping ids), else the range's kept one.
 func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work string, ids *idRange, userns int) error {
 	if ids != nil {
+		if userns < 0 && b.ids != nil {
+			// The range's kept namespace (userns.go); without one idmappedLowers makes its own.
+			fd, ok, err := b.ids.userns(*ids)
+			if err != nil {
+				return err
+			}
+			if ok {
+				userns = fd
+			}
+		}
 		var err error
 		if layers, err = idmappedLowers(layers, dir, *ids, userns); err != nil {
 			return err
