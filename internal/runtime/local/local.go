@@ -334,7 +334,19 @@ func New(cfg Config) (*Backend, error) {
 		if !filepath.IsAbs(bin) {
 			return nil, fmt.Errorf("local backend: runtime %q binary %q must be an absolute path", class, bin)
 		}
-		b.runtimes[class] = newOCIRuntime(class, bin, filepath.Join(cfg.StateDir, ociRootDir, class))
+		rt := newOCIRuntime(class, bin, filepath.Join(cfg.StateDir, ociRootDir, class))
+		if !rt.gvisor && usesSealedCopy(bin) {
+			exe, err := sealedExe(bin)
+			if err == nil {
+				exe, err = linkExe(filepath.Join(cfg.StateDir, ociRootDir, ".exe-"+class), filepath.Base(bin), exe)
+			}
+			if err != nil {
+				cfg.Logger.Warn("runc runs from its path: each create copies or bind-mounts it", "runtime", class, "err", err)
+			} else {
+				rt.exe = exe
+			}
+		}
+		b.runtimes[class] = rt
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
