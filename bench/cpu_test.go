@@ -165,7 +165,7 @@ func runcRunCPU(b *testing.B, n int) (time.Duration, error) {
 		return 0, err
 	}
 	if out, err := exec.Command("runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("runc spec: %v: %s", err, out)
+		return 0, fmt.Errorf("runc spec: %w: %s", err, out)
 	}
 	cfgPath := filepath.Join(bundle, "config.json")
 	raw, err := os.ReadFile(cfgPath)
@@ -191,7 +191,7 @@ func runcRunCPU(b *testing.B, n int) (time.Duration, error) {
 	for i := range n {
 		cmd := exec.Command("runc", "--root", filepath.Join(dir, "root"), "run", "--bundle", bundle, fmt.Sprintf("sandboxd-bench-floor-%d-%d", os.Getpid(), i))
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("runc run: %v: %s", err, out)
+			return 0, fmt.Errorf("runc run: %w: %s", err, out)
 		}
 		d := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		if best < 0 || d < best {
