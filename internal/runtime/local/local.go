@@ -358,7 +358,19 @@ func New(cfg Config) (*Backend, error) {
 		if !filepath.IsAbs(bin) {
 			return nil, fmt.Errorf("local backend: runtime %q binary %q must be an absolute path", class, bin)
 		}
-		b.runtimes[class] = newOCIRuntime(class, bin, filepath.Join(cfg.StateDir, ociRootDir, class))
+		rt := newOCIRuntime(class, bin, filepath.Join(cfg.StateDir, ociRootDir, class))
+		if !rt.gvisor && usesSealedCopy(bin) {
+			exe, err := sealedExe(bin)
+			if err == nil {
+				exe, err = linkExe(filepath.Join(cfg.StateDir, ociRootDir, ".exe-"+class), filepath.Base(bin), exe)
+			}
+			if err != nil {
+				cfg.Logger.Warn("runc runs from its path: each create copies or bind-mounts it", "runtime", class, "err", err)
+			} else {
+				rt.exe = exe
+			}
+		}
+		b.runtimes[class] = rt
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
@@ -1168,9 +1180,19 @@ func (b *Backend) restoreFork(ctx context.Context, s *sandbox, rt *ociRuntime, s
 
 // mountRoot mounts the overlay root of a sandbox (dir) at rootfs: over the image's
 // layers, idmapped when ids is set (see userns.go), through the user namespace userns
-// when it is a descriptor (a group's, mapping ids), else one made for it.
+// when it is a descriptor (a group's, mapping ids), else the range's kept one.
 func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work string, ids *idRange, userns int) error {
 	if ids != nil {
+		if userns < 0 && b.ids != nil {
+			// The range's kept namespace (userns.go); without one idmappedLowers makes its own.
+			fd, ok, err := b.ids.userns(*ids)
+			if err != nil {
+				return err
+			}
+			if ok {
+				userns = fd
+			}
+		}
 		var err error
 		if layers, err = idmappedLowers(layers, dir, *ids, userns); err != nil {
 			return err

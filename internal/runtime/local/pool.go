@@ -802,6 +802,9 @@ func (b *Backend) Close(ctx context.Context) error {
 	if b.pool != nil {
 		err = b.pool.drain(ctx, true)
 	}
+	if b.ids != nil {
+		b.ids.close()
+	}
 	return errors.Join(err, b.vols.close())
 }
 

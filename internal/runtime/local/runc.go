@@ -14,7 +14,10 @@ import (
 type ociRuntime struct {
 	class  string
 	binary string
-	root   string
+	// exe is what is executed for binary: its sealed copy for runc (runcsealed.go),
+	// else binary.
+	exe  string
+	root string
 	// gvisor: the binary is runsc (see gvisor.go): global flags, no inherited agent
 	// socket, no OCI seccomp, signals through the CLI, no warm pool.
 	gvisor bool
@@ -25,7 +28,7 @@ type ociRuntime struct {
 }
 
 func newOCIRuntime(class, binary, root string) *ociRuntime {
-	return &ociRuntime{class: class, binary: binary, root: root, gvisor: isGVisor(class, binary)}
+	return &ociRuntime{class: class, binary: binary, exe: binary, root: root, gvisor: isGVisor(class, binary)}
 }
 
 func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
@@ -35,7 +38,9 @@ func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 	}
 	global = append(global, r.flags...)
 	global = append(global, r.extra...)
-	return exec.CommandContext(ctx, r.binary, append(global, args...)...)
+	cmd := exec.CommandContext(ctx, r.exe, append(global, args...)...)
+	cmd.Args[0] = r.binary
+	return cmd
 }
 
 // run runs a short command and returns its combined output in the error.

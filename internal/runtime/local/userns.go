@@ -38,6 +38,14 @@ import (
 // which ranges are taken, and freed when the dir is removed (Destroy). It travels with a
 // pooled container's dir when a sandbox claims it.
 //
+// The user namespace an idmapped mount is made through only carries the mapping (no
+// process ever runs in it), and a range's mapping never changes: the backend makes it
+// once per range, on the range's first use, and keeps its descriptor (idAllocator.userns)
+// until it closes. Making one forks the backend (a real fork: Go cannot vfork a child
+// that gets a new user namespace), which copies the backend's page tables and cost
+// ~6 ms of CPU per create; ranges are reused lowest-first, so a backend that has had n
+// sandboxes at once makes at most n namespaces in its life (at most idRangeSlots).
+//
 // gVisor sandboxes are left alone: runsc runs its own kernel, and the sentry and gofer
 // already run in user namespaces of their own with host root dropped (see gvisor.go).
 
@@ -73,6 +81,63 @@ type idAllocator struct {
 	mu     sync.Mutex
 	loaded bool
 	used   map[int]bool
+	// ns: per slot, a descriptor of a user namespace mapping that slot's range (see
+	// userns), kept until close.
+	ns     map[int]int
+	closed bool
+}
+
+// userns returns a descriptor of a user namespace mapping r (0..r.Size-1 to r, uids and
+// gids), for MOUNT_ATTR_IDMAP: made on the range's first use and kept. It belongs to a:
+// the caller must not close it. A range outside the slots gets no kept namespace: ok
+// is false and the caller makes its own (usernsFD).
+func (a *idAllocator) userns(r idRange) (fd int, ok bool, err error) {
+	n, ok := r.slot()
+	if !ok {
+		return -1, false, nil
+	}
+	a.mu.Lock()
+	fd, have := a.ns[n]
+	closed := a.closed
+	a.mu.Unlock()
+	if have {
+		return fd, true, nil
+	}
+	if closed {
+		return -1, false, errors.New("backend closed")
+	}
+	// Made outside the lock: a fork is slow and other ranges' creates go on meanwhile.
+	// A range belongs to one sandbox (or group) at a time, so two makers of one slot's
+	// namespace race only in theory; the loser closes its own.
+	made, err := usernsFD(r)
+	if err != nil {
+		return -1, false, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if fd, have := a.ns[n]; have || a.closed {
+		unix.Close(made)
+		if a.closed {
+			return -1, false, errors.New("backend closed")
+		}
+		return fd, true, nil
+	}
+	if a.ns == nil {
+		a.ns = map[int]int{}
+	}
+	a.ns[n] = made
+	return made, true, nil
+}
+
+// close closes the kept user namespaces; userns makes no more.
+func (a *idAllocator) close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for n, fd := range a.ns {
+		unix.Close(fd)
+		delete(a.ns, n)
+	}
+	a.closed = true
 }
 
 func (a *idAllocator) load() {

@@ -154,6 +154,14 @@ func TestUserNamespace(t *testing.T) {
 		if r3 := hostIDs(t, e, "userns-3"); r3 != r {
 			t.Errorf("after destroying %s, the next sandbox got %+v, want its freed range %+v", id, r3, r)
 		}
+		// The reused range's idmapped root (through the range's kept namespace) still
+		// shows the image's files root-owned and the range's mapping.
+		c3 := agentClient(e.b, "userns-3")
+		for _, tc := range inside[2:4] {
+			if out, errOut, code := execIn(t, c3, tc.argv...); strings.TrimRight(out, "\n") != tc.want {
+				t.Errorf("userns-3: %q: %q (stderr %q, exit %d), want %q", tc.argv, out, errOut, code, tc.want)
+			}
+		}
 	})
 }
 
@@ -196,5 +204,59 @@ func TestIDRangeSlots(t *testing.T) {
 				t.Errorf("slot() = %d, %v; want %d, %v", n, ok, tc.slot, tc.ok)
 			}
 		})
+	}
+}
+
+// TestKeptUserNamespace: a range's idmap user namespace is made once and kept; it maps
+// the range (a root-owned file seen through an idmapped mount made with it belongs to
+// the range's first host ID); other ranges get their own; close closes them.
+func TestKeptUserNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	a := &idAllocator{stateDir: t.TempDir()}
+	r0 := idRange{HostID: idRangeBase, Size: idRangeSize}
+	r1 := idRange{HostID: idRangeBase + idRangeSize, Size: idRangeSize}
+	fd0, ok, err := a.userns(r0)
+	if err != nil || !ok {
+		t.Fatalf("userns(%+v) = %d, %v, %v", r0, fd0, ok, err)
+	}
+	again, _, _ := a.userns(r0)
+	if again != fd0 {
+		t.Errorf("second userns(%+v) = %d, want the kept %d", r0, again, fd0)
+	}
+	fd1, ok, err := a.userns(r1)
+	if err != nil || !ok || fd1 == fd0 {
+		t.Fatalf("userns(%+v) = %d, %v, %v (range 0's is %d)", r1, fd1, ok, err, fd0)
+	}
+	if _, ok, err := a.userns(idRange{HostID: 5, Size: 1}); ok || err != nil {
+		t.Errorf("a range outside the slots got a kept namespace (%v, %v)", ok, err)
+	}
+	for _, tc := range []struct {
+		fd   int
+		want uint32
+	}{{fd0, r0.HostID}, {fd1, r1.HostID}} {
+		src, dst := t.TempDir(), t.TempDir()
+		if err := os.WriteFile(filepath.Join(src, "f"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := idmappedMount(src, dst, tc.fd); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(filepath.Join(dst, "f"))
+		_ = syscall.Unmount(dst, syscall.MNT_DETACH)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := st.Sys().(*syscall.Stat_t).Uid; uid != tc.want {
+			t.Errorf("root's file through the idmapped mount belongs to %d, want %d", uid, tc.want)
+		}
+	}
+	a.close()
+	if len(a.ns) != 0 {
+		t.Errorf("%d kept namespaces after close", len(a.ns))
+	}
+	if _, ok, err := a.userns(r0); ok || err == nil {
+		t.Errorf("userns after close = %v, %v; want an error", ok, err)
 	}
 }
