@@ -479,7 +479,7 @@ func (c gatewayConfig) run() error {
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
 		// A runner registered to another organization serves only that one.
 		PlatformOrg: defaultOrg,
-		Index: metrics.Default.Index(st.Sandboxes()), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Volumes: st.Volumes(), Logger: logger,
+		Index:       metrics.Default.Index(st.Sandboxes()), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Volumes: st.Volumes(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
 		RegistryCredentials: regCreds,
