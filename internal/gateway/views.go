@@ -235,7 +235,15 @@ func (v *runnerViews) policyOf(ctx context.Context, i int, id string) (*policy.P
 	)
 	if v.s.policies != nil {
 		var err error
-		if doc, rev, err = v.s.policies.Policy(ctx, id); err != nil {
+		// A tenant's runner has its policy in its organization's record (the control
+		// plane's), when the source knows other organizations' runners.
+		read := v.s.policies.Policy
+		if owner, known := v.s.runnerOwner(v.s.runners[i]); known && owner != "" {
+			if os, ok := v.s.policies.(policy.OrgSource); ok {
+				read = func(ctx context.Context, id string) ([]byte, int64, error) { return os.PolicyOf(ctx, owner, id) }
+			}
+		}
+		if doc, rev, err = read(ctx, id); err != nil {
 			return nil, "", fmt.Errorf("policy of runner %s unavailable: %w", id, err)
 		}
 	}
