@@ -7,10 +7,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
+	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
@@ -149,5 +151,72 @@ func TestWarmDesiredRunnerOwner(t *testing.T) {
 	all := warmDesired(tmpls, []placement.Runner{{ID: "platform", Ready: true}}, policy.RunnerPlatform(nil), mint)[0]
 	if len(all) != 2 {
 		t.Errorf("the platform runner is sent %d targets, want both organizations'", len(all))
+	}
+}
+
+// ownedBuilder is a building runner that belongs to an organization.
+type ownedBuilder struct {
+	*buildingRunner
+	org string
+}
+
+func (r ownedBuilder) Owner() (string, bool) { return r.org, true }
+
+// A build runs only on a runner that serves its organization: another organization's
+// runner is passed over even when it comes first, and when it is the only builder the
+// build fails without naming it.
+func TestBuildPlacementRunnerOwner(t *testing.T) {
+	ctx := t.Context()
+	tenant := ownedBuilder{&buildingRunner{acceptingRunner: acceptingRunner{id: "b-runner"}, builderImage: "b", build: okBuild(testDigest)}, "org-b"}
+	shared := &buildingRunner{acceptingRunner: acceptingRunner{id: "shared"}, builderImage: "b", build: okBuild(testDigest)}
+	e := newBuildEnv(t, t.TempDir(), nil, tenant, shared)
+	start := func(key string) string {
+		res, err := e.c.StartBuild(ctx, as(key, &buildv1.StartBuildRequest{Target: &buildv1.StartBuildRequest_Repository{Repository: "x"}, Context: []byte("c")}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetBuild().GetBuildId()
+	}
+	for range 3 {
+		if b := e.waitBuild(t, start(e.admin), buildv1.BuildState_BUILD_STATE_SUCCEEDED); b.GetRunnerId() != "shared" {
+			t.Fatalf("%s's build ran on %q, want shared", testOrg, b.GetRunnerId())
+		}
+	}
+	if reqs, _ := tenant.requests(); len(reqs) != 0 {
+		t.Fatalf("org-b's runner got %d builds of %s", len(reqs), testOrg)
+	}
+
+	only := newBuildEnv(t, t.TempDir(), nil, tenant)
+	b := only.waitBuild(t, func() string {
+		res, err := only.c.StartBuild(ctx, as(only.admin, &buildv1.StartBuildRequest{Target: &buildv1.StartBuildRequest_Repository{Repository: "x"}, Context: []byte("c")}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetBuild().GetBuildId()
+	}(), buildv1.BuildState_BUILD_STATE_FAILED)
+	if msg := b.GetFailureMessage(); !strings.Contains(msg, placement.ConstraintRunnerOwner) || strings.Contains(msg, "b-runner") {
+		t.Errorf("failure message %q: want %s, not the runner", msg, placement.ConstraintRunnerOwner)
+	}
+	if reqs, _ := tenant.requests(); len(reqs) != 0 {
+		t.Fatalf("org-b's runner got %d builds of %s", len(reqs), testOrg)
+	}
+	// Its own organization's build runs there.
+	res, err := only.c.StartBuild(ctx, as(only.otherAdmin, &buildv1.StartBuildRequest{Target: &buildv1.StartBuildRequest_Repository{Repository: "x"}, Context: []byte("c")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		g, err := only.c.GetBuild(ctx, as(only.otherAdmin, &buildv1.GetBuildRequest{BuildId: res.Msg.GetBuild().GetBuildId()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := g.Msg.GetBuild().GetState(); st == buildv1.BuildState_BUILD_STATE_SUCCEEDED {
+			if id := g.Msg.GetBuild().GetRunnerId(); id != "b-runner" {
+				t.Fatalf("org-b's build ran on %q", id)
+			}
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("org-b's build is %s: %v", st, g.Msg.GetBuild())
+		}
 	}
 }
