@@ -13,6 +13,7 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
@@ -217,6 +218,39 @@ func TestBuildPlacementRunnerOwner(t *testing.T) {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("org-b's build is %s: %v", st, g.Msg.GetBuild())
+		}
+	}
+}
+
+// ownedVolumeRunner is a volume runner that belongs to an organization.
+type ownedVolumeRunner struct {
+	*volumeRunner
+	org string
+}
+
+func (r ownedVolumeRunner) Owner() (string, bool) { return r.org, true }
+
+// Another organization's runner holds no volume of the caller's: registering one on it
+// is answered as for an unknown runner, and the runner is never asked to make it; its
+// own organization's volume is made there.
+func TestVolumeOnAnotherOrganizationsRunner(t *testing.T) {
+	tenant := ownedVolumeRunner{&volumeRunner{acceptingRunner: acceptingRunner{id: "b-runner"}}, "org-b"}
+	s := newVolumeGateway(t, tenant)
+	_, err := s.CreateVolume(tmplAdmin(testOrg), connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: pvcVolume("data", "b-runner", "c1")}))
+	if apierr.Reason(err) != apierr.VolumeRunnerIneligible || strings.Contains(err.Error(), "org-b") {
+		t.Fatalf("%s's volume on org-b's runner: %v, want %s as an unknown runner", testOrg, err, apierr.VolumeRunnerIneligible)
+	}
+	if _, err := s.CreateVolume(tmplAdmin("org-b"), connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: pvcVolume("data", "b-runner", "c1")})); err != nil {
+		t.Fatalf("org-b's volume on its runner: %v", err)
+	}
+	if v := waitVolume(t, s, tmplAdmin("org-b"), "data"); v.GetStatus().GetState() != sandboxv1.VolumeState_VOLUME_STATE_READY {
+		t.Fatalf("org-b's volume: %v", v)
+	}
+	tenant.vmu.Lock()
+	defer tenant.vmu.Unlock()
+	for _, v := range tenant.ensured {
+		if v.Org != "org-b" {
+			t.Errorf("org-b's runner was asked to make %+v", v)
 		}
 	}
 }
