@@ -33,6 +33,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -63,7 +64,7 @@ func (r *tenantRunner) SetWarmPools(_ context.Context, req *connect.Request[runn
 func (r *tenantRunner) Create(_ context.Context, req *connect.Request[runnerv1.CreateRequest]) (*connect.Response[runnerv1.CreateResponse], error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.creates = append(r.creates, req.Msg.GetSpec().GetMeta()["sandboxd.org"])
+	r.creates = append(r.creates, req.Msg.GetSpec().GetMeta()[runtime.MetaOrg])
 	return connect.NewResponse(&runnerv1.CreateResponse{Sandbox: &runnerv1.Sandbox{Id: req.Msg.GetSpec().GetId(), State: runnerv1.State_STATE_CREATING}}), nil
 }
 
