@@ -641,6 +641,10 @@ func (bs *buildService) dispatch() {
 		possible := false
 		served := 0
 		for i, v := range views {
+			if !v.ownerKnown {
+				possible = true // not heard from yet (unnamed: whose it is is not known)
+				continue
+			}
 			if !v.serves(lb.org) {
 				continue // another organization's runner: not a builder for it, not named
 			}
@@ -677,7 +681,7 @@ func (bs *buildService) dispatch() {
 				chosen = i
 			}
 		}
-		if served == 0 {
+		if served == 0 && !possible {
 			why = append(why, "no runner here serves this organization ("+placement.ConstraintRunnerOwner+")")
 		}
 		switch {

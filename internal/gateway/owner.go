@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"context"
+
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 )
@@ -37,6 +39,9 @@ func (s *Server) serves(h runner.Handle, org string) bool {
 	return known && placement.Serves(owner, org)
 }
 
-// unknownOwner is the placement owner of a runner whose owner is not known yet: no
-// organization has this name (organization IDs are DNS labels), so it serves nobody.
-const unknownOwner = "/unknown"
+// servesLoaded is serves once the runners were probed (a gateway that just started knows
+// no owner before).
+func (s *Server) servesLoaded(ctx context.Context, h runner.Handle, org string) bool {
+	s.views.ensureLoaded(ctx)
+	return s.serves(h, org)
+}

@@ -68,11 +68,11 @@ func TestRunnerOwnerTenancy(t *testing.T) {
 
 	views := s.views.snapshot(ctx)
 	for i, want := range []struct {
-		owner string
-		ready bool
-	}{{"", true}, {"", true}, {"org-b", true}, {unknownOwner, false}} {
-		if views[i].Owner != want.owner || views[i].Ready != want.ready {
-			t.Errorf("runner %s: owner %q ready %v, want %q %v", views[i].ID, views[i].Owner, views[i].Ready, want.owner, want.ready)
+		owner          string
+		unknown, ready bool
+	}{{"", false, true}, {"", false, true}, {"org-b", false, true}, {"", true, false}} {
+		if v := views[i]; v.Owner != want.owner || v.OwnerUnknown != want.unknown || v.Ready != want.ready {
+			t.Errorf("runner %s: owner %q (unknown %v) ready %v, want %q %v %v", v.ID, v.Owner, v.OwnerUnknown, v.Ready, want.owner, want.unknown, want.ready)
 		}
 	}
 

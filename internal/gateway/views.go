@@ -189,7 +189,7 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 		switch {
 		case !known:
 			// Not verified yet: it takes nothing, and is nobody's to see.
-			out[i].Owner, out[i].NotReady = unknownOwner, "its owner is not known yet"
+			out[i].OwnerUnknown, out[i].NotReady = true, "its owner is not known yet"
 			continue
 		case !w.connected:
 			if out[i].NotReady == "" {

@@ -315,7 +315,7 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 			return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: GLOBAL volumes (runner_id %q) are in namespace %q",
 				pvc.GetNamespace(), globalRunnerID, runner.VolumeNamespace), map[string]string{"runner_id": globalRunnerID})
 		}
-	} else if h := s.runnerByID(pvc.GetRunnerId()); h == nil || !s.serves(h, p.Org) {
+	} else if h := s.runnerByID(pvc.GetRunnerId()); h == nil || !s.servesLoaded(ctx, h, p.Org) {
 		// Another organization's runner is as unknown as a missing one: it must not
 		// learn of the volume, nor the caller of the runner.
 		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.runner_id: no runner %q of this gateway", pvc.GetRunnerId()),

@@ -76,6 +76,31 @@ func TestPlaceRunnerOwner(t *testing.T) {
 	}
 }
 
+// A runner whose owner is not verified yet (not connected yet) takes nothing and is not
+// named; a sandbox no other runner takes is told to retry, not refused for good.
+func TestPlaceRunnerOwnerUnknown(t *testing.T) {
+	unverified := rn("fresh", nil)
+	unverified.OwnerUnknown = true
+	for _, pins := range [][]string{nil, {"fresh"}} {
+		_, err := Place(Request{Spec: spec("1", "1Gi", pins...), Org: "org-a", Runners: []Runner{unverified, owned(rn("b-runner", nil), "org-b")}, Platform: policy.RunnerPlatform(nil)})
+		if connect.CodeOf(err) != connect.CodeUnavailable || apierr.Reason(err) != apierr.RunnerUnavailable || apierr.RetryInfo(err) == nil {
+			t.Fatalf("pins %v: %v, want UNAVAILABLE %s with RetryInfo", pins, err, apierr.RunnerUnavailable)
+		}
+		if msg := err.Error(); strings.Contains(msg, "b-runner") {
+			t.Errorf("message %q names another organization's runner", msg)
+		}
+	}
+	// Pinned to another organization's runner beside it: as an unknown runner still.
+	_, err := Place(Request{Spec: spec("1", "1Gi", "b-runner"), Org: "org-a", Runners: []Runner{unverified, owned(rn("b-runner", nil), "org-b")}, Platform: policy.RunnerPlatform(nil)})
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner {
+		t.Fatalf("pinned to another organization's runner: %v, want FAILED_PRECONDITION %s", err, apierr.NoSuitableRunner)
+	}
+	cands, err := Place(Request{Spec: spec("1", "1Gi"), Org: "org-a", Runners: []Runner{unverified, rn("platform", nil)}, Platform: policy.RunnerPlatform(nil)})
+	if err != nil || strings.Join(ids(cands), ",") != "platform" {
+		t.Fatalf("beside a platform runner: %v, %v; want the platform runner only", ids(cands), err)
+	}
+}
+
 func TestServes(t *testing.T) {
 	for _, c := range []struct {
 		owner, org string

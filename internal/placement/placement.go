@@ -120,6 +120,10 @@ type Runner struct {
 	// vouches for the runner (its certificate from registration), never from the
 	// runner's own report.
 	Owner string
+	// OwnerUnknown: the caller has not verified the runner's owner yet (a remote runner
+	// before its first handshake). It takes nothing and is not named, but a sandbox that
+	// no other runner takes is told to retry (UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE).
+	OwnerUnknown bool
 }
 
 // ConstraintRunnerOwner: a runner that belongs to an organization (Runner.Owner) takes
@@ -136,7 +140,7 @@ func Serves(owner, org string) bool {
 }
 
 // Serves reports whether r may take work of organization org (placement.Serves).
-func (r Runner) Serves(org string) bool { return Serves(r.Owner, org) }
+func (r Runner) Serves(org string) bool { return !r.OwnerUnknown && Serves(r.Owner, org) }
 
 // Request is one placement decision.
 type Request struct {
@@ -258,7 +262,9 @@ type Candidate struct {
 //   - runners owned by another organization than Request.Org (Runner.Owner) are left
 //     out before anything else and never named (runner_ids naming one is answered as
 //     naming an unknown runner); when no runner is left: FAILED_PRECONDITION
-//     CWSANDBOX_NO_SUITABLE_RUNNER with a violation naming ConstraintRunnerOwner.
+//     CWSANDBOX_NO_SUITABLE_RUNNER with a violation naming ConstraintRunnerOwner, or,
+//     when some runner's owner is not known yet (Runner.OwnerUnknown), UNAVAILABLE
+//     CWSANDBOX_RUNNER_UNAVAILABLE with RetryInfo.
 //
 // Each call counts in cwsandbox_placement_decisions_total (ok or the error's reason) and
 // every runner left out in cwsandbox_placement_rejections_total by constraint
@@ -291,7 +297,16 @@ func place(req Request, rej *[]string) ([]Candidate, error) {
 	}
 	considered := make([]int, 0, len(req.Runners))
 	known := make([]string, 0, len(req.Runners)) // the runners the organization sees
+	unverified := 0 // of those considered
 	for i, r := range req.Runners {
+		if r.OwnerUnknown {
+			// Whose it is is not known yet: not connected yet, for all that matters.
+			if len(pins) == 0 || slices.Contains(pins, r.ID) {
+				unverified++
+			}
+			*rej = append(*rej, RejectUnavailable)
+			continue
+		}
 		if !r.Serves(req.Org) {
 			// Another organization's runner: never a candidate, never named.
 			*rej = append(*rej, ConstraintRunnerOwner)
@@ -303,6 +318,10 @@ func place(req Request, rej *[]string) ([]Candidate, error) {
 		}
 	}
 	if len(considered) == 0 {
+		if unverified > 0 {
+			return nil, apierr.WithRetry(apierr.New(apierr.RunnerUnavailable,
+				fmt.Sprintf("no runner available for this sandbox yet: %d runners not connected yet", unverified), nil), RetryAfter)
+		}
 		if len(pins) == 0 {
 			vs := []apierr.Violation{{Field: "sandbox.spec.runner_ids", Description: "no runner here serves this organization (" + ConstraintRunnerOwner + "): the runners here belong to other organizations, whose runners take only their own sandboxes"}}
 			return nil, apierr.WithViolations(apierr.New(apierr.NoSuitableRunner,
