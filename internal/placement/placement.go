@@ -297,7 +297,7 @@ func place(req Request, rej *[]string) ([]Candidate, error) {
 	}
 	considered := make([]int, 0, len(req.Runners))
 	known := make([]string, 0, len(req.Runners)) // the runners the organization sees
-	unverified := 0 // of those considered
+	unverified := 0                              // of those considered
 	for i, r := range req.Runners {
 		if r.OwnerUnknown {
 			// Whose it is is not known yet: not connected yet, for all that matters.
