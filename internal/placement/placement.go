@@ -3,11 +3,10 @@
 // usage), and gets back the runners that accept the sandbox and have room, best first,
 // or the error that tells the user what to change or what to ask an administrator for.
 //
-// A runner is a candidate when it serves the sandbox's organization (Runner.Owner:
-// a platform runner, or one of the organization's own), is connected and ready, inside
-// runner_ids when given,
-// its policy (resolved with the same code the runner uses, and the runner's default
-// requests and limits) accepts the spec, and the resolved requests fit its room (Room:
+// A runner is a candidate when it serves the sandbox's organization (Runner.Owner: a
+// platform runner, or one of the organization's own), is connected and ready, inside
+// runner_ids when given, its policy (resolved with the same code the runner uses, and
+// the runner's default requests and limits) accepts the spec, and the resolved requests fit its room (Room:
 // allocatable − the requests of its live sandboxes − outstanding reservations, CPU
 // overcommitted by the runner's factor, and a free sandbox slot). A request above a
 // runner's whole capacity never fits it, which is not the same as no room now.
