@@ -193,6 +193,7 @@ func (c devConfig) run() error {
 		ShareTokenKey: shareKey,
 		Auth:          keys,
 		Runners:       []runner.Handle{local},
+		PlatformOrg:   defaultOrg,
 		Policies:      policies,
 		Index:         metrics.Default.Index(st.Sandboxes()),
 		Orgs:          st.Orgs(),

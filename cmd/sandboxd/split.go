@@ -476,7 +476,8 @@ func (c gatewayConfig) run() error {
 		Quota:     quotaOpts,
 		FSS:       fssOpts,
 		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
-		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg),
+		// PlatformOrg: a runner registered to another organization serves only that one.
+		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg), PlatformOrg: defaultOrg,
 		Index: metrics.Default.Index(st.Sandboxes()), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Volumes: st.Volumes(), Logger: logger,
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),

@@ -159,21 +159,33 @@ func NewPolicySource(st store.Store, org string) *PolicySource {
 	return &PolicySource{st: st, org: org, last: map[string]knownPolicy{}}
 }
 
-// Policy returns runnerID's policy document and revision.
+// Policy returns runnerID's policy document and revision (a runner of the source's
+// organization).
 func (p *PolicySource) Policy(ctx context.Context, runnerID string) ([]byte, int64, error) {
-	r, err := p.st.Runners().Get(ctx, p.org, runnerID)
+	return p.PolicyOf(ctx, p.org, runnerID)
+}
+
+// PolicyOf returns the policy document and revision of runner runnerID of organization
+// org (policy.OrgSource): a runner that belongs to another organization than the
+// platform's has its policy in that organization's record.
+func (p *PolicySource) PolicyOf(ctx context.Context, org, runnerID string) ([]byte, int64, error) {
+	r, err := p.st.Runners().Get(ctx, org, runnerID)
+	key := org + "/" + runnerID
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
 	case err == nil:
-		p.last[runnerID] = knownPolicy{doc: r.Policy, rev: r.PolicyRevision}
+		p.last[key] = knownPolicy{doc: r.Policy, rev: r.PolicyRevision}
 		return r.Policy, r.PolicyRevision, nil
 	case errors.Is(err, store.ErrNotFound):
-		delete(p.last, runnerID)
+		delete(p.last, key)
 	default:
-		if k, ok := p.last[runnerID]; ok {
+		if k, ok := p.last[key]; ok {
 			return k.doc, k.rev, nil
 		}
+	}
+	if org != p.org {
+		return nil, 0, fmt.Errorf("policy of runner %s of organization %s: %w", runnerID, org, err)
 	}
 	return nil, 0, fmt.Errorf("policy of runner %s: %w", runnerID, err)
 }

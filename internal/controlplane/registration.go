@@ -104,28 +104,13 @@ func ParseBootstrapToken(s string) (BootstrapToken, error) {
 	return BootstrapToken{Secret: secret, CAPin: strings.ToLower(pin)}, nil
 }
 
-// RunnerURI is the URI SAN naming runnerID of org in its certificate.
-func RunnerURI(org, runnerID string) *url.URL {
-	return &url.URL{Scheme: "spiffe", Host: "sandboxd", Path: "/runner/" + org + "/" + runnerID}
-}
+// RunnerURI is the URI SAN naming runnerID of org in its certificate (pki.RunnerURI).
+func RunnerURI(org, runnerID string) *url.URL { return pki.RunnerURI(org, runnerID) }
 
 // RunnerIdentity returns the organization and runner ID of cert's
-// spiffe://sandboxd/runner/<org>/<runner_id> URI SAN.
+// spiffe://sandboxd/runner/<org>/<runner_id> URI SAN (pki.RunnerIdentity).
 func RunnerIdentity(cert *x509.Certificate) (org, runnerID string, ok bool) {
-	for _, u := range cert.URIs {
-		if u.Scheme != "spiffe" || u.Host != "sandboxd" {
-			continue
-		}
-		rest, found := strings.CutPrefix(u.Path, "/runner/")
-		if !found {
-			continue
-		}
-		org, id, found := strings.Cut(rest, "/")
-		if found && org != "" && id != "" && !strings.Contains(id, "/") {
-			return org, id, true
-		}
-	}
-	return "", "", false
+	return pki.RunnerIdentity(cert)
 }
 
 func (s *Service) CreateBootstrapToken(ctx context.Context, req *connect.Request[controlplanev1.CreateBootstrapTokenRequest]) (*connect.Response[controlplanev1.CreateBootstrapTokenResponse], error) {

@@ -639,7 +639,16 @@ func (bs *buildService) dispatch() {
 		chosen := -1
 		var why []string
 		possible := false
+		served := 0
 		for i, v := range views {
+			if !v.ownerKnown {
+				possible = true // not heard from yet (unnamed: whose it is is not known)
+				continue
+			}
+			if !v.serves(lb.org) {
+				continue // another organization's runner: not a builder for it, not named
+			}
+			served++
 			var misfit []policy.Violation
 			if v.buildable && polErrs[i] == nil {
 				misfit = pols[i].ResourcesMisfit("builder_size", lb.resources.MilliCPU, lb.resources.MemoryBytes)
@@ -671,6 +680,9 @@ func (bs *buildService) dispatch() {
 			case chosen < 0:
 				chosen = i
 			}
+		}
+		if served == 0 && !possible {
+			why = append(why, "no runner here serves this organization ("+placement.ConstraintRunnerOwner+")")
 		}
 		switch {
 		case chosen >= 0:

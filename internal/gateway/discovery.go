@@ -28,8 +28,12 @@ func (s *Server) ListAvailableRunners(ctx context.Context, req *connect.Request[
 		return nil, badPageToken()
 	}
 	out := &sandboxv1.ListAvailableRunnersResponse{}
+	s.views.ensureLoaded(ctx) // owners are known once probed
 	recs := s.orgRecords(ctx) // one index read for every runner's count
 	for i, r := range s.runners {
+		if !s.serves(r, principal(ctx).Org) {
+			continue // another organization's runner is not listed
+		}
 		ar := s.availableRunner(ctx, i, m.GetView(), recs)
 		caps := ar.GetCapabilities()
 		switch {
@@ -55,8 +59,9 @@ func (s *Server) GetAvailableRunner(ctx context.Context, req *connect.Request[sa
 	if m.GetOrganizationId() == "" {
 		return nil, apierr.Invalid(apierr.InvalidRequest, "organization_id is required", []apierr.Violation{{Field: "organization_id", Description: "is required"}})
 	}
+	s.views.ensureLoaded(ctx) // owners are known once probed
 	i := slices.IndexFunc(s.runners, func(r runner.Handle) bool { return r.ID() == m.GetRunnerId() })
-	if i < 0 || m.GetOrganizationId() != principal(ctx).Org {
+	if i < 0 || m.GetOrganizationId() != principal(ctx).Org || !s.serves(s.runners[i], principal(ctx).Org) {
 		return nil, apierr.New(apierr.RunnerNotFound, "runner "+m.GetRunnerId()+" not found", map[string]string{"runner_id": m.GetRunnerId()})
 	}
 	view := m.GetView()

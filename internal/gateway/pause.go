@@ -376,6 +376,7 @@ func (s *Server) placeFork(ctx context.Context, rec *record, r runner.Handle, sr
 	addr, public := callerOf(ctx)
 	cands, err := placement.Place(placement.Request{
 		Spec:         sp,
+		Org:          rec.org,
 		Engine:       src.Spec.Engine,
 		Runners:      s.placementRunners(ctx),
 		Platform:     policy.RunnerPlatform(nil),

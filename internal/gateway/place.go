@@ -126,6 +126,7 @@ func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec
 	addr, public := callerOf(ctx)
 	cands, err := placement.Place(placement.Request{
 		Spec:         spec,
+		Org:          principal(ctx).Org,
 		Engine:       engine,
 		Runners:      runners,
 		Platform:     policy.RunnerPlatform(nil),

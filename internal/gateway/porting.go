@@ -135,8 +135,8 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 	)
 	for i, h := range s.runners {
 		id := h.ID()
-		if id == from.ID() {
-			continue
+		if id == from.ID() || !s.serves(h, rec.org) {
+			continue // another organization's runner is no target, and is not named
 		}
 		refuse := func(kind refusalKind, format string, args ...any) {
 			refused = append(refused, portRefusal{runner: id, why: fmt.Sprintf(format, args...), kind: kind})
@@ -167,7 +167,7 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 		}
 		sp := proto.CloneOf(rec.spec)
 		sp.RunnerIds = []string{id}
-		cands, err := placement.Place(placement.Request{Spec: sp, Engine: src.Spec.Engine, Runners: views,
+		cands, err := placement.Place(placement.Request{Spec: sp, Org: rec.org, Engine: src.Spec.Engine, Runners: views,
 			Platform: policy.RunnerPlatform(nil), Reservations: &s.reserved, CheckSource: public, Source: addr,
 			SecretRefFields: refFields}) // as a create's: only runners that read them
 		if err != nil {

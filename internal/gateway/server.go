@@ -71,6 +71,10 @@ type Authenticator = auth.Authenticator
 type Config struct {
 	Auth    Authenticator
 	Runners []runner.Handle
+	// PlatformOrg is the platform operator's organization: a runner whose certificate
+	// names it (runner.OwnedHandle) is a platform runner and serves every organization.
+	// A runner that names another organization serves that one only (owner.go).
+	PlatformOrg string
 	// Policies gives each runner's policy; nil means every runner has the empty policy.
 	Policies policy.Source
 	// Index keeps the sandbox index across restarts (with Orgs to load it); nil keeps it
@@ -175,6 +179,8 @@ type Server struct {
 	auth     Authenticator
 	runners  []runner.Handle
 	policies policy.Source
+	// platformOrg: see Config.PlatformOrg.
+	platformOrg string
 	// orphanGrace: see Config.OrphanGrace.
 	orphanGrace time.Duration
 	index       *index
@@ -277,7 +283,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.FSS.PlatformBucket == "" {
 		cfg.FSS.PlatformBucket = "local" // a directory store's (blobconfig.Config.Bucket)
 	}
-	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
+	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, platformOrg: cfg.PlatformOrg, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
 		shareTokens: newShareTokens(cfg.ShareTokenKey), snaps: cfg.Snapshots, blobs: cfg.Blobs, snapBucket: cfg.SnapshotBucket,
 		openBucket: blobconfig.NewBuckets(cfg.BlobConfig, cfg.Blobs, 0).Store, templates: cfg.Templates}
 	if cfg.Index != nil {

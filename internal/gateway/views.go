@@ -184,7 +184,13 @@ func (v *runnerViews) snapshot(ctx context.Context) []placement.Runner {
 	for i, w := range v.views {
 		r := v.s.runners[i]
 		out[i] = placement.Runner{ID: r.ID(), Group: r.Group(), NotReady: w.why}
+		owner, known := v.s.runnerOwner(r)
+		out[i].Owner = owner
 		switch {
+		case !known:
+			// Not verified yet: it takes nothing, and is nobody's to see.
+			out[i].OwnerUnknown, out[i].NotReady = true, "its owner is not known yet"
+			continue
 		case !w.connected:
 			if out[i].NotReady == "" {
 				out[i].NotReady = "not heard from yet"
@@ -229,7 +235,15 @@ func (v *runnerViews) policyOf(ctx context.Context, i int, id string) (*policy.P
 	)
 	if v.s.policies != nil {
 		var err error
-		if doc, rev, err = v.s.policies.Policy(ctx, id); err != nil {
+		// A tenant's runner has its policy in its organization's record (the control
+		// plane's), when the source knows other organizations' runners.
+		read := v.s.policies.Policy
+		if owner, known := v.s.runnerOwner(v.s.runners[i]); known && owner != "" {
+			if os, ok := v.s.policies.(policy.OrgSource); ok {
+				read = func(ctx context.Context, id string) ([]byte, int64, error) { return os.PolicyOf(ctx, owner, id) }
+			}
+		}
+		if doc, rev, err = read(ctx, id); err != nil {
 			return nil, "", fmt.Errorf("policy of runner %s unavailable: %w", id, err)
 		}
 	}
@@ -326,7 +340,14 @@ type builderView struct {
 	buildable, mayBuild bool
 	unavailable         string
 	room                placement.Room
+	// owner and ownerKnown: Server.runnerOwner's; a build runs only on a runner that
+	// serves its organization.
+	owner      string
+	ownerKnown bool
 }
+
+// serves reports whether the runner may run a build of organization org.
+func (b builderView) serves(org string) bool { return b.ownerKnown && placement.Serves(b.owner, org) }
 
 // builders returns the runners as builds see them, and whether a probe has completed.
 func (v *runnerViews) builders() ([]builderView, bool) {
@@ -336,6 +357,7 @@ func (v *runnerViews) builders() ([]builderView, bool) {
 	for i, w := range v.views {
 		r := v.s.runners[i]
 		b := builderView{id: r.ID()}
+		b.owner, b.ownerKnown = v.s.runnerOwner(r)
 		_, carries := r.(buildRunner)
 		switch {
 		case !carries:

@@ -315,7 +315,9 @@ func (s *Server) CreateVolume(ctx context.Context, req *connect.Request[sandboxv
 			return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.namespace %q: GLOBAL volumes (runner_id %q) are in namespace %q",
 				pvc.GetNamespace(), globalRunnerID, runner.VolumeNamespace), map[string]string{"runner_id": globalRunnerID})
 		}
-	} else if h := s.runnerByID(pvc.GetRunnerId()); h == nil {
+	} else if h := s.runnerByID(pvc.GetRunnerId()); h == nil || !s.servesLoaded(ctx, h, p.Org) {
+		// Another organization's runner is as unknown as a missing one: it must not
+		// learn of the volume, nor the caller of the runner.
 		return nil, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume.spec.pvc.runner_id: no runner %q of this gateway", pvc.GetRunnerId()),
 			map[string]string{"runner_id": pvc.GetRunnerId()})
 	} else {
@@ -380,7 +382,7 @@ func (s *Server) validateVolume(ctx context.Context, v store.Volume) store.Volum
 	switch {
 	case isGlobal(v):
 		state, reason, capacity = s.validateGlobal(ctx, v)
-	case r == nil:
+	case r == nil || !s.serves(r, v.Org):
 		state, reason = "ERROR", fmt.Sprintf("runner %s is not known to this gateway", v.RunnerID)
 	case !ok:
 		state, reason = "ERROR", fmt.Sprintf("runner %s holds no registered volumes", v.RunnerID)

@@ -146,7 +146,7 @@ func warmTemplates(ts []store.Template) []warmTemplate {
 }
 
 // warmDesired is, per runner (by index), the warm targets it is to keep: the templates
-// its policy accepts (placement.Resolve, no capacity), as runtime specs the way a create
+// of the organizations it serves (placement.Runner.Serves) that its policy accepts (placement.Resolve, no capacity), as runtime specs the way a create
 // sends them (with the organization in Meta, and registry pull credentials from mint,
 // nil: none). A runner that is not ready gets nil (nothing is sent to it).
 func warmDesired(tmpls []warmTemplate, runners []placement.Runner, platform policy.Platform, mint registryCredsFunc) [][]runtime.WarmTarget {
@@ -157,6 +157,11 @@ func warmDesired(tmpls []warmTemplate, runners []placement.Runner, platform poli
 		}
 		targets := []runtime.WarmTarget{}
 		for _, t := range tmpls {
+			if !r.Serves(t.Org) {
+				// Another organization's runner never sees the template, nor the pull
+				// token minted for it (placement.ConstraintRunnerOwner).
+				continue
+			}
 			res := placement.Resolve(t.Spec, nil, r, platform)
 			if !res.OK() {
 				continue

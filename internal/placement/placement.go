@@ -3,9 +3,10 @@
 // usage), and gets back the runners that accept the sandbox and have room, best first,
 // or the error that tells the user what to change or what to ask an administrator for.
 //
-// A runner is a candidate when it is connected and ready, inside runner_ids when given,
-// its policy (resolved with the same code the runner uses, and the runner's default
-// requests and limits) accepts the spec, and the resolved requests fit its room (Room:
+// A runner is a candidate when it serves the sandbox's organization (Runner.Owner: a
+// platform runner, or one of the organization's own), is connected and ready, inside
+// runner_ids when given, its policy (resolved with the same code the runner uses, and
+// the runner's default requests and limits) accepts the spec, and the resolved requests fit its room (Room:
 // allocatable − the requests of its live sandboxes − outstanding reservations, CPU
 // overcommitted by the runner's factor, and a free sandbox slot). A request above a
 // runner's whole capacity never fits it, which is not the same as no room now.
@@ -112,11 +113,40 @@ type Runner struct {
 	HealthRank      int
 	Quarantined     string
 	QuarantineRetry time.Duration
+	// Owner is the organization the runner belongs to (a tenant's runner: its cluster,
+	// its host): it takes that organization's sandboxes only (Serves). "" is a
+	// platform runner, which takes every organization's. The caller takes it from what
+	// vouches for the runner (its certificate from registration), never from the
+	// runner's own report.
+	Owner string
+	// OwnerUnknown: the caller has not verified the runner's owner yet (a remote runner
+	// before its first handshake). It takes nothing and is not named, but a sandbox that
+	// no other runner takes is told to retry (UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE).
+	OwnerUnknown bool
 }
+
+// ConstraintRunnerOwner: a runner that belongs to an organization (Runner.Owner) takes
+// only that organization's sandboxes, templates and builds. Another organization's
+// runner is no candidate, and is not named to the caller (it is as unknown as another
+// organization's sandbox).
+const ConstraintRunnerOwner = "platform.runner_owner"
+
+// Serves reports whether a runner owned by owner ("" = the platform) may take work of
+// organization org: a platform runner serves everyone, a tenant's runner its own
+// organization only (and no work without an organization).
+func Serves(owner, org string) bool {
+	return owner == "" || owner == org
+}
+
+// Serves reports whether r may take work of organization org (placement.Serves).
+func (r Runner) Serves(org string) bool { return !r.OwnerUnknown && Serves(r.Owner, org) }
 
 // Request is one placement decision.
 type Request struct {
 	Spec *sandboxv1.SandboxSpec
+	// Org is the organization whose sandbox this is: runners owned by another one
+	// (Runner.Owner) are left out as if unknown (ConstraintRunnerOwner).
+	Org string
 	// Engine, when set, is a container-engine sandbox's (runtime.Spec.Engine): only
 	// runners that run them are candidates (policy.ResolveEngine).
 	Engine   *runtime.Engine
@@ -227,7 +257,13 @@ type Candidate struct {
 //     with a violation per runner and field naming ConstraintSecretRefs;
 //   - the spec mounts GLOBAL volumes (Request.GlobalVolumeFields) and no runner
 //     considered mounts them: FAILED_PRECONDITION CWSANDBOX_NO_SUITABLE_RUNNER with a
-//     violation per runner and field naming ConstraintGlobalVolumes.
+//     violation per runner and field naming ConstraintGlobalVolumes;
+//   - runners owned by another organization than Request.Org (Runner.Owner) are left
+//     out before anything else and never named (runner_ids naming one is answered as
+//     naming an unknown runner); when no runner is left: FAILED_PRECONDITION
+//     CWSANDBOX_NO_SUITABLE_RUNNER with a violation naming ConstraintRunnerOwner, or,
+//     when some runner's owner is not known yet (Runner.OwnerUnknown), UNAVAILABLE
+//     CWSANDBOX_RUNNER_UNAVAILABLE with RetryInfo.
 //
 // Each call counts in cwsandbox_placement_decisions_total (ok or the error's reason) and
 // every runner left out in cwsandbox_placement_rejections_total by constraint
@@ -259,15 +295,36 @@ func place(req Request, rej *[]string) ([]Candidate, error) {
 		return nil, err
 	}
 	considered := make([]int, 0, len(req.Runners))
+	known := make([]string, 0, len(req.Runners)) // the runners the organization sees
+	unverified := 0                              // of those considered
 	for i, r := range req.Runners {
+		if r.OwnerUnknown {
+			// Whose it is is not known yet: not connected yet, for all that matters.
+			if len(pins) == 0 || slices.Contains(pins, r.ID) {
+				unverified++
+			}
+			*rej = append(*rej, RejectUnavailable)
+			continue
+		}
+		if !r.Serves(req.Org) {
+			// Another organization's runner: never a candidate, never named.
+			*rej = append(*rej, ConstraintRunnerOwner)
+			continue
+		}
+		known = append(known, r.ID)
 		if len(pins) == 0 || slices.Contains(pins, r.ID) {
 			considered = append(considered, i)
 		}
 	}
 	if len(considered) == 0 {
-		known := make([]string, len(req.Runners))
-		for i, r := range req.Runners {
-			known[i] = r.ID
+		if unverified > 0 {
+			return nil, apierr.WithRetry(apierr.New(apierr.RunnerUnavailable,
+				fmt.Sprintf("no runner available for this sandbox yet: %d runners not connected yet", unverified), nil), RetryAfter)
+		}
+		if len(pins) == 0 {
+			vs := []apierr.Violation{{Field: "sandbox.spec.runner_ids", Description: "no runner here serves this organization (" + ConstraintRunnerOwner + "): the runners here belong to other organizations, whose runners take only their own sandboxes"}}
+			return nil, apierr.WithViolations(apierr.New(apierr.NoSuitableRunner,
+				"no runner can take this sandbox: "+apierr.Describe(vs), nil), vs)
 		}
 		return nil, apierr.New(apierr.NoSuitableRunner,
 			fmt.Sprintf("no runner among %v: available runners are %v", pins, known), nil)

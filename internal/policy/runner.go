@@ -13,6 +13,14 @@ type Source interface {
 	Policy(ctx context.Context, runnerID string) (doc []byte, revision int64, err error)
 }
 
+// OrgSource is a Source that also knows the runners of other organizations than the
+// platform's: PolicyOf reads the policy of runner runnerID that belongs to org (a
+// tenant's runner, whose policy is in its organization's record).
+type OrgSource interface {
+	Source
+	PolicyOf(ctx context.Context, org, runnerID string) (doc []byte, revision int64, err error)
+}
+
 // DefaultRuntimeClasses are what a runner offers when it does not say: runc alone.
 var DefaultRuntimeClasses = []string{"runc"}
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -19,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1/runnerv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/tracing"
@@ -40,6 +42,7 @@ type ClientConfig struct {
 // CWSANDBOX_RUNNER_UNAVAILABLE.
 type Client struct {
 	id, group string
+	owner     *ownerPin
 	hc        *http.Client
 	runner    runnerv1connect.RunnerServiceClient
 	agents    agentv1connect.AgentServiceClient
@@ -50,6 +53,7 @@ var (
 	_ runner.LifetimeHandle = (*Client)(nil)
 	_ runner.PauseHandle    = (*Client)(nil)
 	_ runner.PortHandle     = (*Client)(nil)
+	_ runner.OwnedHandle    = (*Client)(nil)
 )
 
 // NewClient returns a client of the runner at cfg.Addr. It connects on first use.
@@ -67,6 +71,16 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if tc.ServerName == "" {
 		tc.ServerName = cfg.ID
 	}
+	pin := &ownerPin{runnerID: cfg.ID}
+	next := tc.VerifyConnection
+	tc.VerifyConnection = func(cs tls.ConnectionState) error {
+		if next != nil {
+			if err := next(cs); err != nil {
+				return err
+			}
+		}
+		return pin.verify(cs)
+	}
 	hc := agent.NewTLSHTTPClient(tc)
 	base := "https://" + cfg.Addr
 	opts := []connect.ClientOption{
@@ -77,7 +91,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		connect.WithSendMaxBytes(MaxMessageBytes),
 		connect.WithInterceptors(tracing.Client()), // the trace goes on in the runner
 	}
-	c := &Client{id: cfg.ID, group: cfg.Group, hc: hc}
+	c := &Client{id: cfg.ID, group: cfg.Group, owner: pin, hc: hc}
 	c.runner = runnerv1connect.NewRunnerServiceClient(hc, base, opts...)
 	c.agents = agentv1connect.NewAgentServiceClient(hc, base, append(opts, connect.WithInterceptors(sandboxHeader{runnerID: cfg.ID}))...)
 	return c, nil
@@ -85,6 +99,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 
 // Close drops idle connections to the runner.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Owner is the organization the runner's certificate names (pki.RunnerOwner: "" for a
+// certificate without one), known once a connection to it was verified. The first
+// verified owner is kept: a later certificate naming another organization (or none) is
+// refused at the handshake.
+func (c *Client) Owner() (string, bool) { return c.owner.get() }
 
 func (c *Client) ID() string    { return c.id }
 func (c *Client) Group() string { return c.group }
@@ -408,4 +428,41 @@ func (c transportConn) Receive(m any) error {
 		err = transportError(c.runnerID, err)
 	}
 	return err
+}
+
+// ownerPin is the owner of a runner's certificate, verified at each TLS handshake and
+// pinned at the first.
+type ownerPin struct {
+	runnerID string
+	mu       sync.Mutex
+	org      string
+	known    bool
+}
+
+func (p *ownerPin) get() (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.org, p.known
+}
+
+// verify runs after the runner's chain and name are verified: its runner URI SAN, if
+// any, must name this runner, and its organization the one seen first.
+func (p *ownerPin) verify(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("runnerapi: the runner presented no certificate")
+	}
+	org, id, err := pki.RunnerOwner(cs.PeerCertificates[0])
+	if err != nil {
+		return fmt.Errorf("runnerapi: runner %s: %w", p.runnerID, err)
+	}
+	if id != "" && id != p.runnerID {
+		return fmt.Errorf("runnerapi: the certificate of runner %s names runner %s of organization %s", p.runnerID, id, org)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.known && org != p.org {
+		return fmt.Errorf("runnerapi: runner %s's certificate names organization %q, earlier %q: refused (restart the gateway after moving a runner between organizations)", p.runnerID, org, p.org)
+	}
+	p.org, p.known = org, true
+	return nil
 }

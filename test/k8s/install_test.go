@@ -235,7 +235,8 @@ func TestInstalledRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rcl.Close)
-	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rcl}})
+	// The runner was registered to the platform organization: it serves org-a's keys.
+	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rcl}, PlatformOrg: "platform"})
 	sb := createRunning(t, ctx, api)
 	if _, err := admin.CoreV1().Pods(ns).Get(ctx, "sbx-"+sb, metav1.GetOptions{}); err != nil {
 		t.Fatalf("the sandbox's Pod in %s: %v", ns, err)

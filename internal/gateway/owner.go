@@ -1,0 +1,47 @@
+package gateway
+
+import (
+	"context"
+
+	"github.com/sandboxd/sandboxd/internal/placement"
+	"github.com/sandboxd/sandboxd/internal/runner"
+)
+
+// Runner ownership (tenancy): a runner that belongs to an organization (a tenant's
+// cluster or host, which the tenant controls) takes only that organization's sandboxes,
+// forks, moves, templates (and their registry pull tokens), builds and volumes. The
+// owner comes from what vouches for the runner, never from its own report: a remote
+// runner's certificate, issued by the control plane at registration from its record
+// (runner.OwnedHandle, pinned at the first handshake). A certificate naming the platform
+// organization, or none (a runner holding the platform CA), and an in-process runner
+// are the platform's: they serve every organization.
+
+// runnerOwner is runner h's owner as placement sees it ("" = a platform runner), and
+// whether it is known yet (until it is, the runner takes nothing).
+func (s *Server) runnerOwner(h runner.Handle) (string, bool) {
+	oh, ok := h.(runner.OwnedHandle)
+	if !ok {
+		return "", true
+	}
+	org, known := oh.Owner()
+	if !known {
+		return "", false
+	}
+	if org == s.platformOrg {
+		return "", true
+	}
+	return org, true
+}
+
+// serves reports whether runner h may take work of organization org.
+func (s *Server) serves(h runner.Handle, org string) bool {
+	owner, known := s.runnerOwner(h)
+	return known && placement.Serves(owner, org)
+}
+
+// servesLoaded is serves once the runners were probed (a gateway that just started knows
+// no owner before).
+func (s *Server) servesLoaded(ctx context.Context, h runner.Handle, org string) bool {
+	s.views.ensureLoaded(ctx)
+	return s.serves(h, org)
+}
