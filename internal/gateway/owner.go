@@ -33,6 +33,16 @@ func (s *Server) runnerOwner(h runner.Handle) (string, bool) {
 	return org, true
 }
 
+// sameOwner reports whether runners a and b are known to have one owner (both the
+// platform's, or both one organization's). A checkpoint moves or forks only between such
+// runners: what an exporting runner writes (its manifest, the sandbox's bookkeeping, its
+// volumes' names) is its own word, which a runner of another owner must not act on.
+func (s *Server) sameOwner(a, b runner.Handle) bool {
+	ao, aok := s.runnerOwner(a)
+	bo, bok := s.runnerOwner(b)
+	return aok && bok && ao == bo
+}
+
 // serves reports whether runner h may take work of organization org.
 func (s *Server) serves(h runner.Handle, org string) bool {
 	owner, known := s.runnerOwner(h)

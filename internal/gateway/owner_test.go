@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -252,5 +255,62 @@ func TestVolumeOnAnotherOrganizationsRunner(t *testing.T) {
 		if v.Org != "org-b" {
 			t.Errorf("org-b's runner was asked to make %+v", v)
 		}
+	}
+}
+
+// ownedPort is a portRunner whose owner is vouched for (runner.OwnedHandle).
+type ownedPort struct {
+	*portRunner
+	org string
+}
+
+func (r ownedPort) Owner() (string, bool) { return r.org, true }
+
+// TestMoveStaysWithItsOwner: a checkpoint moves only between runners of one owner. A
+// sandbox paused on acme's own runner, which has no room to resume it, moves to acme's
+// other runner, never to a platform runner (which serves acme too): what an exporting
+// runner writes is its own word, which no runner of another owner acts on. The moved
+// sandbox's organization is the gateway's record's, whatever the export says.
+func TestMoveStaysWithItsOwner(t *testing.T) {
+	plat := "gvisor runsc-1 linux/amd64"
+	mine, platform, mine2 := newPortRunner("a-1", plat), newPortRunner("p-1", plat), newPortRunner("a-2", plat)
+	e := newPauseEnv(t, "", ownedPort{mine, "acme"}, ownedPort{platform, ""}, ownedPort{mine2, "acme"})
+	id := e.createOn(t, mine)
+	e.pause(t, id, true)
+	mine.mu.Lock()
+	sb := mine.got[id]
+	sb.Spec.Meta = maps.Clone(sb.Spec.Meta)
+	sb.Spec.Meta[runtime.MetaOrg] = "other" // the exporting runner's word
+	mine.got[id] = sb
+	mine.full = true
+	mine.mu.Unlock()
+
+	res, err := e.resume(t, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.GetRunnerId() != "a-2" {
+		t.Errorf("moved to %q, want a-2 (acme's own)", res.GetRunnerId())
+	}
+	if len(platform.imports) != 0 {
+		t.Errorf("the platform runner was asked to import %d checkpoints of a tenant runner", len(platform.imports))
+	}
+	if len(mine2.imports) != 1 || mine2.imports[0].Targets[0].Meta[runtime.MetaOrg] != "acme" {
+		t.Fatalf("a-2's imports %+v, want one with organization acme", mine2.imports)
+	}
+
+	// With no runner of its owner left to take it, it is refused, naming no other.
+	id2 := e.createOn(t, mine)
+	e.pause(t, id2, true)
+	mine2.mu.Lock()
+	mine2.full = true
+	mine2.mu.Unlock()
+	mine2.importErr = errors.New("full")
+	_, err = e.resume(t, id2)
+	if err == nil {
+		t.Fatal("resume of a sandbox no runner of its owner can take succeeded")
+	}
+	if len(platform.imports) != 0 || strings.Contains(err.Error(), "p-1") {
+		t.Errorf("the platform runner was asked (%d imports) or named: %v", len(platform.imports), err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // Checkpoints across runners (runner.PortHandle): a checkpointed sandbox resumes on
@@ -135,8 +136,10 @@ func (s *Server) checkpointTargets(ctx context.Context, rec *record, from runner
 	)
 	for i, h := range s.runners {
 		id := h.ID()
-		if id == from.ID() || !s.serves(h, rec.org) {
-			continue // another organization's runner is no target, and is not named
+		if id == from.ID() || !s.serves(h, rec.org) || !s.sameOwner(h, from) {
+			// Another organization's runner is no target, and is not named; nor is a
+			// runner of another owner than the source's (sameOwner).
+			continue
 		}
 		refuse := func(kind refusalKind, format string, args ...any) {
 			refused = append(refused, portRefusal{runner: id, why: fmt.Sprintf(format, args...), kind: kind})
@@ -291,6 +294,11 @@ func (s *Server) moveTo(ctx context.Context, rec *record, from runner.PortHandle
 		exported = src
 	}
 	target := runner.ForkTarget{ID: rec.id, Meta: maps.Clone(exported.Spec.Meta), ShareTokenHash: exported.Spec.ShareTokenHash, EgressSecretValues: egressValues}
+	if target.Meta == nil {
+		target.Meta = map[string]string{}
+	}
+	// The organization is the gateway's record's, never the exporting runner's word.
+	target.Meta[runtime.MetaOrg] = rec.org
 	results, err := t.h.ImportFork(ctx, runner.ImportRequest{Ref: ref, Source: exported, Targets: []runner.ForkTarget{target}, Move: true})
 	if err == nil {
 		switch {

@@ -472,6 +472,11 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 	if r == nil {
 		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rid, id), 5*time.Second)
 	}
+	if !s.servesLoaded(ctx, r, rec.org) {
+		// Its runner now belongs to another organization (re-registered): nothing of
+		// the sandbox's goes to it.
+		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s does not serve its organization", rid, id), 5*time.Second)
+	}
 	// Every operation on an existing sandbox: its runner's allowlist, as it is now.
 	if err := s.checkSource(ctx, rid); err != nil {
 		return nil, nil, err

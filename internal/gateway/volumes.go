@@ -587,6 +587,9 @@ func (s *Server) growVolume(ctx context.Context, st store.Volumes, org, id strin
 		return after, nil
 	}
 	h, ok := s.runnerByID(after.RunnerID).(runner.VolumeHandle)
+	if ok && !s.servesLoaded(ctx, s.runnerByID(after.RunnerID), org) {
+		ok = false // its runner now belongs to another organization: nothing goes to it
+	}
 	if !ok {
 		undo()
 		return cur, apierr.New(apierr.VolumeRunnerIneligible, fmt.Sprintf("volume %q: runner %s is not reachable from this gateway, or holds no volumes", id, after.RunnerID),
@@ -657,7 +660,8 @@ func (s *Server) DeleteVolume(ctx context.Context, req *connect.Request[sandboxv
 			_, _ = st.Update(context.WithoutCancel(ctx), org, id, store.VolumeUpdate{State: &ready, StateReason: &reason})
 			return nil, err
 		}
-	} else if h, ok := s.runnerByID(v.RunnerID).(runner.VolumeHandle); ok {
+	} else if h, ok := s.runnerByID(v.RunnerID).(runner.VolumeHandle); ok && s.servesLoaded(ctx, s.runnerByID(v.RunnerID), org) {
+		// (A runner that now belongs to another organization is sent nothing.)
 		rctx, cancel := context.WithTimeout(ctx, volumeRunnerTimeout)
 		err := h.DeleteVolume(rctx, storeVolume(v).registered(), m.GetForce())
 		cancel()

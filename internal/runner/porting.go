@@ -536,6 +536,11 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 			if spec.Meta == nil {
 				spec.Meta = map[string]string{}
 			}
+			// Its organization is the caller's (the gateway's record), not the
+			// manifest's: the exporting runner wrote that.
+			if org := t.Meta[runtime.MetaOrg]; org != "" {
+				spec.Meta[runtime.MetaOrg] = org
+			}
 		} else {
 			spec.ShareTokenHash = t.ShareTokenHash
 			lifetime := t.Lifetime
