@@ -124,14 +124,7 @@ func TestTenantCannotTakeAnotherOrgsRunnerName(t *testing.T) {
 	if err := create(keyB, "b-dup"); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("sqlite", dbPath+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, `UPDATE runners SET runner_id = 'r1' WHERE org_id = 'org-b' AND runner_id = 'b-dup'`); err != nil {
-		t.Fatal(err)
-	}
-	_ = db.Close()
+	forceRunnerID(t, dbPath, "org-b", "b-dup", "r1")
 
 	// Its registration gets no runner certificate naming r1.
 	if id, err := register(keyB, "r1"); err == nil {
@@ -174,5 +167,24 @@ func TestTenantCannotTakeAnotherOrgsRunnerName(t *testing.T) {
 	roots.AddCert(ca.Certificate())
 	if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: host}); err != nil {
 		t.Fatalf("platform's edge certificate: %v", err)
+	}
+}
+
+// forceRunnerID renames org's runner from to to in the SQLite database at path,
+// bypassing the store's check: a runner ID duplicated across organizations, as a
+// database from before runner IDs were unique across organizations may hold.
+func forceRunnerID(t *testing.T, path, org, from, to string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	res, err := db.ExecContext(t.Context(), `UPDATE runners SET runner_id = ? WHERE org_id = ? AND runner_id = ?`, to, org, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("renamed %d runners %s/%s", n, org, from)
 	}
 }
