@@ -150,7 +150,11 @@ const (
 	// no runner); a call without a client certificate is Unauthenticated.
 	RunnerIdentityMismatch = "CWSANDBOX_RUNNER_IDENTITY_MISMATCH"
 	RegistrationDisabled   = "CWSANDBOX_REGISTRATION_DISABLED"
-	ReleaseNotFound        = "CWSANDBOX_RELEASE_NOT_FOUND"
+	// RunnerIDTaken: the runner's runner_id is also held by an earlier-created runner of
+	// another organization (a duplicate from before runner IDs were unique across
+	// organizations), so no certificate naming it is issued to this runner.
+	RunnerIDTaken   = "CWSANDBOX_RUNNER_ID_TAKEN"
+	ReleaseNotFound = "CWSANDBOX_RELEASE_NOT_FOUND"
 	// ReleaseNotPromotable: the release is not on RAPID, or STABLE offers a higher version.
 	ReleaseNotPromotable = "CWSANDBOX_RELEASE_NOT_PROMOTABLE"
 	// ReleaseSignatureInvalid: the release manifest's signature does not verify with any
@@ -275,7 +279,7 @@ var table = []reasonCode{
 	{SecretNotFound, connect.CodeNotFound, "no such secret (path, field) in the store"},
 	{SecretLimitExceeded, connect.CodeResourceExhausted, "the organization has as many secret stores, or the store as many secrets, as it may (metadata limit)"},
 	{SecretStoreProviderUnsupported, connect.CodeFailedPrecondition, "the secret store's provider_type is not built by sandboxd (WANDB; use UNSPECIFIED, SANDBOXD or KUBERNETES), or the call does not apply to it (PutSecret into a KUBERNETES store; a KUBERNETES store's secrets on a local runner)"},
-	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists, or one for that cluster, or a release of that version, or a template of that display name"},
+	{AlreadyExists, connect.CodeAlreadyExists, "a runner with that runner_id exists (in any organization: runner IDs name endpoint hosts and certificates platform-wide), or one for that cluster, or a release of that version, or a template of that display name"},
 	{EtagMismatch, connect.CodeAborted, "the etag is not the current one; read again"},
 	{RunnerInUse, connect.CodeFailedPrecondition, "the runner owns live sandboxes"},
 	{NoUpdateAvailable, connect.CodeFailedPrecondition, "there is nothing to apply"},
@@ -283,6 +287,7 @@ var table = []reasonCode{
 	{ControlPlaneUnavailable, connect.CodeUnavailable, "the control plane's store cannot answer now; retry"},
 	{BootstrapTokenInvalid, connect.CodeUnauthenticated, "the bootstrap token is used, expired or unknown"},
 	{RunnerIdentityMismatch, connect.CodePermissionDenied, "the runner's client certificate names another runner, or none"},
+	{RunnerIDTaken, connect.CodeFailedPrecondition, "the runner's runner_id is also held by an earlier-created runner of another organization: no certificate naming it (registration, edge, data plane) is issued; delete the runner and create one with another runner_id"},
 	{RegistrationDisabled, connect.CodeFailedPrecondition, "this control plane has no CA for what is asked (registration, edge or data-plane certificates)"},
 	{ReleaseNotFound, connect.CodeNotFound, "no release of that version"},
 	{ReleaseNotPromotable, connect.CodeFailedPrecondition, "the release is not on RAPID, or STABLE offers a higher version"},

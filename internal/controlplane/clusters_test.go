@@ -324,6 +324,7 @@ func (f *fakeTarget) DeleteNamespace(_ context.Context, name string, _ types.UID
 }
 
 type clusterBed struct {
+	path     string // the SQLite database
 	st       store.Store
 	svc      *controlplane.Service
 	platform context.Context // platform admin
@@ -336,7 +337,8 @@ type clusterBed struct {
 func newClusterBed(t *testing.T, cfg controlplane.InstallConfig, noCA bool) *clusterBed {
 	t.Helper()
 	ctx := t.Context()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "cp.db"))
+	path := filepath.Join(t.TempDir(), "cp.db")
+	st, err := store.Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +348,7 @@ func newClusterBed(t *testing.T, cfg controlplane.InstallConfig, noCA bool) *clu
 			t.Fatal(err)
 		}
 	}
-	b := &clusterBed{st: st, target: &fakeTarget{}}
+	b := &clusterBed{path: path, st: st, target: &fakeTarget{}}
 	ca := testCA(t)
 	b.caPEM = string(ca.CertPEM())
 	if noCA {

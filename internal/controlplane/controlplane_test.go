@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
+	"github.com/sandboxd/sandboxd/internal/pgtest"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -158,7 +159,8 @@ func TestValidateUpdate(t *testing.T) {
 }
 
 // backends are the stores the service tests run on: SQLite always, PostgreSQL when
-// SANDBOXD_TEST_POSTGRES_DSN names one (each test uses its own organization there).
+// SANDBOXD_TEST_POSTGRES_DSN names one (each test in a schema of its own there: runner
+// IDs are unique across organizations).
 func backends(t *testing.T) map[string]store.Store {
 	t.Helper()
 	out := map[string]store.Store{}
@@ -168,7 +170,12 @@ func backends(t *testing.T) map[string]store.Store {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	out["sqlite"] = st
-	if dsn := os.Getenv("SANDBOXD_TEST_POSTGRES_DSN"); dsn != "" {
+	if admin := os.Getenv("SANDBOXD_TEST_POSTGRES_DSN"); admin != "" {
+		dsn, drop, err := pgtest.NewSchema(t.Context(), admin, "cp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(drop)
 		pg, err := store.Open(t.Context(), dsn)
 		if err != nil {
 			t.Fatal(err)

@@ -15,8 +15,9 @@ import (
 )
 
 // Two organizations' clusters that are one physical cluster (the bed's single fake target
-// serves every registered cluster): their runners of one id get two namespaces, and
-// deleting one organization's runner deletes only its own.
+// serves every registered cluster): their runners of one id (a duplicate from before
+// runner IDs were unique across organizations, forced into the store) get two
+// namespaces, and deleting one organization's runner deletes only its own.
 func TestInstallTwoOrgsSameRunnerID(t *testing.T) {
 	b := newClusterBed(t, installCfg, false)
 	b.add(t, "c1", "")
@@ -26,7 +27,19 @@ func TestInstallTwoOrgsSameRunnerID(t *testing.T) {
 		t.Fatalf("one namespace %s for both organizations", nsPlat)
 	}
 	b.createRunner(t, b.platform, "r1", "c1")
-	b.createRunner(t, b.tenant, "r1", "c2")
+	// The tenant's runner goes into the store (no install yet), is renamed to r1 and is
+	// installed as CreateManagedRunner would.
+	if _, err := b.st.Runners().Create(t.Context(), store.Runner{Org: "tenant", RunnerID: "r1-dup", ClusterID: "c2", Zone: "z1"}); err != nil {
+		t.Fatal(err)
+	}
+	forceRunnerID(t, b.path, "tenant", "r1-dup", "r1")
+	dup, err := b.st.Runners().Get(t.Context(), "tenant", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.svc.BeginInstall(t.Context(), dup); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct{ org, ns string }{{"plat", nsPlat}, {"tenant", nsTenant}} {
 		if err := b.st.Runners().RecordHeartbeat(t.Context(), c.org, "r1", store.RunnerStatus{Version: "v1"}); err != nil {
 			t.Fatal(err)

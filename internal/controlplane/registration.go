@@ -193,6 +193,9 @@ func (g *Registration) Register(ctx context.Context, req *connect.Request[contro
 		return nil, runnerErr("", "", err)
 	}
 	org, id := rec.Org, rec.RunnerID
+	if err := s.checkIDHolder(ctx, org, id); err != nil {
+		return nil, err
+	}
 	cert, err := s.ca.SignCSR(csr, func(c *x509.Certificate) {
 		c.Subject.CommonName = "sandboxd runner " + id
 		c.Subject.Organization = []string{org}
@@ -245,6 +248,30 @@ func caller(ctx context.Context) (org, id string, err error) {
 	return org, id, nil
 }
 
+// checkIDHolder refuses a certificate naming runner id to org's runner unless org holds
+// the ID: its runner of that ID exists and no other organization's runner of that ID
+// was created before it. Runner IDs are unique across organizations since
+// CreateManagedRunner checks; a database from before may hold duplicates, whose
+// earliest runner keeps the name (*.<id>.<domain>, DNS name <id>). A certificate is
+// issued only for a runner that exists: a deleted runner's certificate gets no more.
+func (s *Service) checkIDHolder(ctx context.Context, org, id string) error {
+	holder, err := s.st.Runners().IDHolder(ctx, id)
+	if err == nil && holder != org {
+		_, err = s.st.Runners().Get(ctx, org, id)
+	}
+	switch {
+	case err != nil:
+		s.log.Warn("certificate refused: runner not readable", "org", org, "runner", id, "err", err)
+		return runnerErr(id, "", err)
+	case holder != org:
+		s.log.Warn("certificate refused: runner_id held by another organization's earlier runner", "org", org, "runner", id)
+		return apierr.New(apierr.RunnerIDTaken,
+			fmt.Sprintf("runner_id %s is also held by an earlier-created runner of another organization, so no certificate naming it is issued to this runner: delete it and create a runner with another runner_id", id),
+			map[string]string{"runner_id": id})
+	}
+	return nil
+}
+
 func (g *Registration) IssueEdgeCertificate(ctx context.Context, req *connect.Request[controlplanev1.IssueEdgeCertificateRequest]) (*connect.Response[controlplanev1.IssueEdgeCertificateResponse], error) {
 	s := g.s
 	org, id, err := caller(ctx)
@@ -260,6 +287,9 @@ func (g *Registration) IssueEdgeCertificate(ctx context.Context, req *connect.Re
 	}
 	csr := parseCSR(&vs, req.Msg.GetCsrPem())
 	if err := vs.err("invalid edge certificate request"); err != nil {
+		return nil, err
+	}
+	if err := s.checkIDHolder(ctx, org, id); err != nil {
 		return nil, err
 	}
 	name := "*." + id + "." + s.domain
@@ -294,6 +324,9 @@ func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *conne
 	}
 	csr := parseCSR(&vs, req.Msg.GetCsrPem())
 	if err := vs.err("invalid data-plane certificate request"); err != nil {
+		return nil, err
+	}
+	if err := s.checkIDHolder(ctx, org, id); err != nil {
 		return nil, err
 	}
 	dns, ips := pki.SplitHosts(nil, []string{host})

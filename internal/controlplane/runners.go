@@ -511,7 +511,7 @@ func runnerErr(runnerID, clusterID string, err error) error {
 			map[string]string{"field": "cluster_id", "cluster_id": clusterID})
 	case errors.As(err, &ae):
 		return apierr.New(apierr.AlreadyExists,
-			fmt.Sprintf("a runner with runner_id %s already exists", runnerID),
+			fmt.Sprintf("a runner with runner_id %s already exists (runner IDs are unique across organizations: they name the runner's endpoint hosts and certificates); choose another runner_id", runnerID),
 			map[string]string{"field": "runner_id", "runner_id": runnerID})
 	case errors.Is(err, store.ErrNotFound):
 		return apierr.New(apierr.RunnerNotFound, fmt.Sprintf("runner %s not found", runnerID),

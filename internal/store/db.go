@@ -33,6 +33,10 @@ type db interface {
 	querier
 	// tx runs fn in a write transaction, committing when fn returns nil.
 	tx(ctx context.Context, fn func(q querier) error) error
+	// lockName serializes, until the transaction q runs in ends, the transactions that
+	// lock the same name of the same class (a check-then-insert that no unique key
+	// covers). q must be a transaction's (db.tx).
+	lockName(ctx context.Context, q querier, class int32, name string) error
 	// uniqueViolation reports the "table.key" a unique constraint failure is about.
 	uniqueViolation(err error) (table, key string, ok bool)
 	// foreignKeyViolation reports a reference to a missing row.

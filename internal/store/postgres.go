@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -78,6 +79,17 @@ func (d *pgDB) queryRow(ctx context.Context, q string, args ...any) row {
 
 func (d *pgDB) tx(ctx context.Context, fn func(q querier) error) error {
 	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { return fn(pgQuerier{tx}) })
+}
+
+// lockName takes a transaction-scoped advisory lock on (class, FNV-32a of name). Its
+// two-int4 key space is apart from the migration lock's one bigint. Under READ
+// COMMITTED each later statement of the transaction sees what the previous holder
+// committed.
+func (d *pgDB) lockName(ctx context.Context, q querier, class int32, name string) error {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(name))
+	_, err := q.exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, class, int32(h.Sum32()))
+	return err
 }
 
 // pgUnique names the key behind each unique constraint of the schema.

@@ -75,7 +75,7 @@ func TestRolloutRunnersAndHalts(t *testing.T) {
 		ctx := t.Context()
 		mustOrg(t, s, "o1")
 		mustOrg(t, s, "o2")
-		mustRunner(t, s, "o2", "a", "c1")
+		mustRunner(t, s, "o2", "c", "c1")
 		mustRunner(t, s, "o1", "b", "c1")
 		mustRunner(t, s, "o1", "a", "c2")
 		rs, err := s.Rollouts().Runners(ctx)
@@ -113,7 +113,7 @@ func TestRolloutRunnersAndHalts(t *testing.T) {
 		}
 		// Halts are per organization: o2's halt of RAPID is its own row, beside o1's, and
 		// neither replaces nor shows in the other's.
-		if err := s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelRapid, Version: "v2.1.0", Reason: "o2's", Org: "o2", RunnerID: "a", HaltedAt: t0}); err != nil {
+		if err := s.Rollouts().Halt(ctx, store.RolloutHalt{Channel: store.ChannelRapid, Version: "v2.1.0", Reason: "o2's", Org: "o2", RunnerID: "c", HaltedAt: t0}); err != nil {
 			t.Fatal(err)
 		}
 		if hs, _ := s.Rollouts().Halts(ctx, "o2"); len(hs) != 1 || hs[0].Org != "o2" || hs[0].Reason != "o2's" {

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -311,16 +312,50 @@ func (rn runners) Create(ctx context.Context, r Runner) (Runner, error) {
 		r.PolicyRevision = 1
 	}
 	t := now()
-	out, err := scanRunner(rn.s.d.queryRow(ctx, `INSERT INTO runners (org_id, runner_id, cluster_id, zone,
+	var out Runner
+	// A runner ID names the runner's endpoint hosts and certificates platform-wide, so
+	// another organization's runner of that ID makes it taken. No unique key covers it
+	// (the primary key is per organization, and older databases may hold duplicates):
+	// the check and the insert run in one transaction holding the ID's lock.
+	err := rn.s.d.tx(ctx, func(q querier) error {
+		if err := rn.s.d.lockName(ctx, q, lockClassRunnerID, r.RunnerID); err != nil {
+			return err
+		}
+		var one int
+		err := q.queryRow(ctx, `SELECT 1 FROM runners WHERE runner_id = $1 AND org_id <> $2 LIMIT 1`,
+			r.RunnerID, r.Org).Scan(&one)
+		switch {
+		case err == nil:
+			return &AlreadyExistsError{Entity: "runner", Key: KeyRunnerID}
+		case !rn.s.d.isNoRows(err):
+			return err
+		}
+		out, err = scanRunner(q.queryRow(ctx, `INSERT INTO runners (org_id, runner_id, cluster_id, zone,
 		runner_group_id, display_name, release_channel, desired_version, policy, policy_revision, revision,
 		created_at, updated_at, maintenance_policy) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1, $11, $11, $12)
 		RETURNING `+runnerCols,
-		r.Org, r.RunnerID, r.ClusterID, r.Zone, r.RunnerGroupID, r.DisplayName, r.ReleaseChannel,
-		r.DesiredVersion, jsonArg(r.Policy), r.PolicyRevision, t, jsonArg(r.MaintenancePolicy)))
+			r.Org, r.RunnerID, r.ClusterID, r.Zone, r.RunnerGroupID, r.DisplayName, r.ReleaseChannel,
+			r.DesiredVersion, jsonArg(r.Policy), r.PolicyRevision, t, jsonArg(r.MaintenancePolicy)))
+		return err
+	})
+	var ae *AlreadyExistsError
+	if errors.As(err, &ae) {
+		return Runner{}, err
+	}
 	if err != nil {
 		return Runner{}, rn.s.writeErr("runner", "create", err)
 	}
 	return out, nil
+}
+
+// lockClassRunnerID is the lockName class of runner IDs.
+const lockClassRunnerID = 1
+
+func (rn runners) IDHolder(ctx context.Context, runnerID string) (string, error) {
+	var org string
+	err := rn.s.d.queryRow(ctx, `SELECT org_id FROM runners WHERE runner_id = $1
+		ORDER BY created_at, org_id LIMIT 1`, runnerID).Scan(&org)
+	return org, rn.s.readErr("runner "+runnerID, err)
 }
 
 func (rn runners) Get(ctx context.Context, org, runnerID string) (Runner, error) {

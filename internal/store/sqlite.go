@@ -231,6 +231,11 @@ func (d *sqliteDB) tx(ctx context.Context, fn func(q querier) error) error {
 	return tx.Commit()
 }
 
+// lockName is nothing to do: every transaction is BEGIN IMMEDIATE (_txlock), which
+// takes the database's one write lock before its first statement, so write
+// transactions run one at a time.
+func (d *sqliteDB) lockName(context.Context, querier, int32, string) error { return nil }
+
 // uniqueViolation parses "UNIQUE constraint failed: runners.org_id, runners.cluster_id";
 // the key is the last column (organization-scoped keys lead with org_id).
 func (d *sqliteDB) uniqueViolation(err error) (string, string, bool) {

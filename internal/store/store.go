@@ -68,8 +68,14 @@ type APIKeys interface {
 // concurrency), the policy document, and status that heartbeats write without changing
 // the etag.
 type Runners interface {
-	// Create fails with *AlreadyExistsError for a taken runner_id or cluster_id.
+	// Create fails with *AlreadyExistsError for a taken runner_id or cluster_id. A
+	// runner_id is taken platform-wide: another organization's runner of that ID is
+	// *AlreadyExistsError (key runner_id) too.
 	Create(ctx context.Context, r Runner) (Runner, error)
+	// IDHolder is the organization whose runner holds runnerID: the earliest created
+	// of the runners of that ID (a database from before IDs were unique across
+	// organizations may have several). ErrNotFound when there is none.
+	IDHolder(ctx context.Context, runnerID string) (org string, err error)
 	Get(ctx context.Context, org, runnerID string) (Runner, error)
 	// List returns a page ordered by runner_id and the token of the next page ("" at the end).
 	List(ctx context.Context, org string, page Page) ([]Runner, string, error)

@@ -258,10 +258,14 @@ func TestRunnersCRUD(t *testing.T) {
 		wantKey(t, err, store.KeyRunnerID)
 		_, err = rs.Create(ctx, store.Runner{Org: "o1", RunnerID: "r2", ClusterID: "c1"})
 		wantKey(t, err, store.KeyClusterID)
-		if _, err := rs.Create(ctx, store.Runner{Org: "o2", RunnerID: "r1", ClusterID: "c1", Policy: json.RawMessage(`{}`)}); err != nil {
-			t.Fatalf("same ids in another org: %v", err)
+		// A runner_id is taken across organizations (it names endpoint hosts and
+		// certificates); a cluster_id is per organization.
+		_, err = rs.Create(ctx, store.Runner{Org: "o2", RunnerID: "r1", ClusterID: "c1", Policy: json.RawMessage(`{}`)})
+		wantKey(t, err, store.KeyRunnerID)
+		if _, err := rs.Create(ctx, store.Runner{Org: "o2", RunnerID: "r2", ClusterID: "c1", Policy: json.RawMessage(`{}`)}); err != nil {
+			t.Fatalf("same cluster_id in another org: %v", err)
 		}
-		_, err = rs.Create(ctx, store.Runner{Org: "nope", RunnerID: "r1", ClusterID: "c1"})
+		_, err = rs.Create(ctx, store.Runner{Org: "nope", RunnerID: "r3", ClusterID: "c1"})
 		wantErr(t, err, store.ErrNotFound)
 
 		for name, bad := range map[string]store.Runner{
@@ -330,6 +334,60 @@ func TestRunnersCRUD(t *testing.T) {
 		wantErr(t, err, store.ErrConflict)
 		if err := rs.Delete(ctx, "o1", "r1", ""); err != nil {
 			t.Fatal(err)
+		}
+		// A deleted runner's ID is free for any organization.
+		if _, err := rs.Create(ctx, store.Runner{Org: "o2", RunnerID: "r1", ClusterID: "c7"}); err != nil {
+			t.Fatalf("o2 takes the freed r1: %v", err)
+		}
+	})
+}
+
+// TestRunnerIDAcrossOrgs: of concurrent creates of one runner_id by several
+// organizations exactly one wins (the check and the insert are one serialized
+// transaction); IDHolder names the earliest holder when older data has duplicates.
+func TestRunnerIDAcrossOrgs(t *testing.T) {
+	eachBackend(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn)
+		ctx := t.Context()
+		const n = 6
+		for i := range n {
+			mustOrg(t, s, fmt.Sprintf("o%d", i))
+		}
+		for round := range 3 {
+			id := fmt.Sprintf("race%d", round)
+			var wg sync.WaitGroup
+			errs := make([]error, n)
+			for i := range n {
+				wg.Go(func() {
+					_, errs[i] = s.Runners().Create(ctx, store.Runner{Org: fmt.Sprintf("o%d", i), RunnerID: id, ClusterID: id})
+				})
+			}
+			wg.Wait()
+			won, winner := 0, ""
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					won, winner = won+1, fmt.Sprintf("o%d", i)
+				default:
+					wantKey(t, err, store.KeyRunnerID)
+				}
+			}
+			if won != 1 {
+				t.Fatalf("%s: %d creates won, want 1 (%v)", id, won, errs)
+			}
+			if org, err := s.Runners().IDHolder(ctx, id); err != nil || org != winner {
+				t.Fatalf("IDHolder(%s) = %q, %v; want %q", id, org, err, winner)
+			}
+		}
+		_, err := s.Runners().IDHolder(ctx, "nobody")
+		wantErr(t, err, store.ErrNotFound)
+
+		// A duplicate from before the check (forced here): the earlier runner holds the ID.
+		mustRunner(t, s, "o1", "dup", "cd")
+		mustRunner(t, s, "o2", "dup-later", "cd")
+		rawExec(t, dsn, `UPDATE runners SET runner_id = 'dup' WHERE org_id = 'o2' AND runner_id = 'dup-later'`)
+		if org, err := s.Runners().IDHolder(ctx, "dup"); err != nil || org != "o1" {
+			t.Fatalf("IDHolder(dup) = %q, %v; want o1 (created first)", org, err)
 		}
 	})
 }

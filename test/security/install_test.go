@@ -260,9 +260,27 @@ func TestInstallCannotTakeOverAnotherOrgsNamespace(t *testing.T) {
 	if cluster.secret(nsA) != "r1@org-a" {
 		t.Fatalf("A's runner Secret in %s: %q", nsA, cluster.secret(nsA))
 	}
-	// B installs its own r1 into the same physical cluster: another namespace; A's Secret
-	// (its runner's bootstrap credential) is untouched.
-	applied(create("org-b", "r1", "b"))
+	// B cannot create a runner r1 of its own: runner IDs are unique across organizations.
+	_, err = runners("org-b").CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+		RunnerId: "r1", ClusterId: "b", Zone: "z", Policy: &structpb.Struct{}}}))
+	if connect.CodeOf(err) != connect.CodeAlreadyExists || apierr.Reason(err) != apierr.AlreadyExists {
+		t.Fatalf("org-b's r1: %v, want %s", err, apierr.AlreadyExists)
+	}
+	// B's r1 from older data (a duplicate forced into the store, its install started as
+	// the create would) installs into the same physical cluster: another namespace; A's
+	// Secret (its runner's bootstrap credential) is untouched.
+	if _, err := st.Runners().Create(ctx, store.Runner{Org: "org-b", RunnerID: "r1-dup", ClusterID: "b", Zone: "z", Policy: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	forceRunnerID(t, filepath.Join(dir, "cp.db"), "org-b", "r1-dup", "r1")
+	if _, err := st.Installs().Put(ctx, store.Install{Org: "org-b", RunnerID: "r1", ClusterID: "b", State: store.InstallInstalling,
+		Namespace: install.Namespace("org-b", "r1")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.ResumeInstalls(ictx); err != nil {
+		t.Fatal(err)
+	}
+	applied(install.Namespace("org-b", "r1"))
 	if err := st.Runners().RecordHeartbeat(ctx, "org-b", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
 		t.Fatal(err)
 	}
