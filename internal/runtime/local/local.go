@@ -1055,6 +1055,15 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 	} else if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+	} else if own := filepath.Join(dir, dirSysfs); p.Sysfs == own && !rt.gvisor {
+		// The container has its own bind of the sysfs now (runc has made its mounts
+		// before it returns); the host's is of no further use. Leaving it would keep
+		// one more mount per sandbox in the host's table, which every later create
+		// pays for: runc reads the whole /proc/self/mountinfo several times a create
+		// and copies every mount into the new container's namespace (issue 25).
+		if err := unmountAll(own); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
 	}
 	b.step(ctx, "runtime", t)
 	failpoint.Hit("local.create.started")
