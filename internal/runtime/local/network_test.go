@@ -77,8 +77,13 @@ func TestNetwork(t *testing.T) {
 	if out, errOut, code := execIn(t, c, "cat", "/sys/class/net/eth0/operstate"); code != 0 || out != "up\n" {
 		t.Errorf("the sandbox's /sys/class/net/eth0/operstate: %q %q (exit %d), want up", out, errOut, code)
 	}
-	if mounted, err := mountinfo.IsMountPoint(filepath.Join(e.state, id, dirSysfs)); err != nil || mounted {
-		t.Errorf("the sandbox's sysfs is still mounted on the host after the start (%v)", err)
+	// Nor of its root filesystem: the container's own copy serves it (a file written
+	// there reads back).
+	if left, err := mountinfo.Under(filepath.Join(e.state, id), e.b.rootfs(filepath.Join(e.b.dir(id), dirBundle), id)); err != nil || len(left) > 0 {
+		t.Errorf("mounts of the sandbox left on the host after the start: %q (%v)", left, err)
+	}
+	if out, errOut, code := execIn(t, c, "sh", "-c", "echo kept > /root-written && cat /root-written"); code != 0 || out != "kept\n" {
+		t.Errorf("write and read back in the sandbox's root: %q %q (exit %d)", out, errOut, code)
 	}
 	// The host reaches the sandbox's port at its IP, with the network's host mark as the
 	// edge dials (unmarked, the guard refuses it).
