@@ -36,18 +36,25 @@ func IsMountPoint(dir string) (bool, error) {
 	return slices.Contains(ps, dir), err
 }
 
-// Under returns the distinct mount points at or below dir, deepest first (the order to
-// unmount them in).
-func Under(dir string) ([]string, error) {
+// Under returns the distinct mount points at or below any of dirs, deepest first (the
+// order to unmount them in). It reads the mount table once, whatever the number of dirs:
+// the table holds a few mounts per sandbox, so a read costs more the more there are.
+func Under(dirs ...string) ([]string, error) {
 	ps, err := Points()
 	if err != nil {
 		return nil, err
 	}
-	dir = filepath.Clean(dir)
+	clean := make([]string, len(dirs))
+	for i, d := range dirs {
+		clean[i] = filepath.Clean(d)
+	}
 	var out []string
 	for _, mp := range ps {
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
+		for _, dir := range clean {
+			if mp == dir || strings.HasPrefix(mp, dir+"/") {
+				out = append(out, mp)
+				break
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b string) int {

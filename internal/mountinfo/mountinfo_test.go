@@ -48,6 +48,15 @@ func TestUnder(t *testing.T) {
 	if !slices.Equal(got, []string{b, a}) {
 		t.Errorf("Under = %q, want %q", got, []string{b, a})
 	}
+	// Several dirs: one read, the mounts below each, deepest first over all of them.
+	other := t.TempDir()
+	if err := unix.Mount("tmpfs", other, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(other, unix.MNT_DETACH) })
+	if got, err := Under(other, dir, filepath.Join(t.TempDir(), "none")); err != nil || !slices.Equal(got, []string{b, a, other}) {
+		t.Errorf("Under(3 dirs) = %q, %v; want %q", got, err, []string{b, a, other})
+	}
 	if ok, err := IsMountPoint(a); !ok || err != nil {
 		t.Errorf("IsMountPoint(%q) = %v, %v", a, ok, err)
 	}

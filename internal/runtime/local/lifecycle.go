@@ -497,7 +497,7 @@ func (b *Backend) teardown(ctx context.Context, s *sandbox) error {
 	if umountErr == nil {
 		// Whatever else is mounted there (a step the code above does not know), and the
 		// loop devices of disk images no mount holds (a crash between attach and mount).
-		umountErr = errors.Join(unmountUnder(rootfs), unmountUnder(s.dir))
+		umountErr = unmountUnder(rootfs, s.dir)
 		if left := detachLoopsUnder(s.dir); len(left) > 0 {
 			b.log.Warn("destroy: loop devices still attached; they detach when their filesystem is last unmounted elsewhere",
 				"sandbox", s.id, "devices", left)

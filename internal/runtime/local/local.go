@@ -1104,6 +1104,24 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 	} else if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+	} else if !rt.gvisor {
+		// The container has its own copies of its root filesystem and sysfs now (runc
+		// has made its mounts and left the host's tree before it returns); the host's
+		// are of no further use to runc's class (no checkpoint, nothing reads the root
+		// from the host; teardown finds them gone). Left, they would be two more mounts
+		// per sandbox in the host's table, which every later create pays for: runc
+		// reads the whole /proc/self/mountinfo four times a create and copies every
+		// mount into the new container's namespace (issue 25). The overlay lives on
+		// in the container's mount namespace, and goes with it.
+		drop := []string{rootfs}
+		if own := filepath.Join(dir, dirSysfs); p.Sysfs == own {
+			drop = append(drop, own)
+		}
+		for _, m := range drop {
+			if err := unmountAll(m); err != nil {
+				return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+			}
+		}
 	}
 	b.step(ctx, "runtime", t)
 	failpoint.Hit("local.create.started")

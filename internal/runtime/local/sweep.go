@@ -20,11 +20,16 @@ import (
 // file lies in its dir are detached. Only then may the dir be removed: RemoveAll through a
 // mount left behind would delete what it mounts (a shared image layer, say).
 
-// unmountUnder unmounts every mount at or below dir.
-func unmountUnder(dir string) error {
-	mps, err := mountinfo.Under(dir)
+// unmountUnder unmounts every mount at or below any of dirs. The mount table is read
+// once when nothing is left there (the usual case: teardown has unmounted what it knows
+// of), else once more to check.
+func unmountUnder(dirs ...string) error {
+	mps, err := mountinfo.Under(dirs...)
 	if err != nil {
-		return fmt.Errorf("list mounts under %s: %w", dir, err)
+		return fmt.Errorf("list mounts under %s: %w", strings.Join(dirs, ", "), err)
+	}
+	if len(mps) == 0 {
+		return nil
 	}
 	var errs []error
 	for _, mp := range mps {
@@ -35,8 +40,8 @@ func unmountUnder(dir string) error {
 	if errs != nil {
 		return errors.Join(errs...)
 	}
-	if left, err := mountinfo.Under(dir); err == nil && len(left) > 0 {
-		return fmt.Errorf("still mounted under %s: %s", dir, strings.Join(left, ", "))
+	if left, err := mountinfo.Under(dirs...); err == nil && len(left) > 0 {
+		return fmt.Errorf("still mounted under %s: %s", strings.Join(dirs, ", "), strings.Join(left, ", "))
 	}
 	return nil
 }

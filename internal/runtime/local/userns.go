@@ -203,9 +203,112 @@ func readIDRange(dir string) (idRange, bool, error) {
 }
 
 // usernsFD returns an fd of a new user namespace mapping 0..r.Size-1 to r (uids and
-// gids), for MOUNT_ATTR_IDMAP. The namespace is made by a child that never runs: it is
-// traced, so it stops at its execve, and is killed once its namespace is open.
+// gids), for MOUNT_ATTR_IDMAP. The namespace is made by a child that never runs its
+// program: it is traced, stopped at an execve, and killed once its namespace is open.
+//
+// The child is util-linux's unshare(1) when there is one (usernsByUnshare): started by a
+// vfork, it costs the same whatever this process's size. A child given CLONE_NEWUSER by
+// this process itself (usernsByFork, the fallback) is a full fork: Go uses no vfork
+// then, and copying and dropping the page tables of a runner holding hundreds of
+// sandboxes cost more than any other step of a create of ours (issue 25).
 func usernsFD(r idRange) (int, error) {
+	if p := unshareBinary(); p != "" {
+		return usernsByUnshare(p, r)
+	}
+	return usernsByFork(r)
+}
+
+var unshareBinary = sync.OnceValue(func() string {
+	p, err := exec.LookPath("unshare")
+	if err != nil {
+		return ""
+	}
+	return p
+})
+
+// usernsByUnshare runs `unshare --user -- unshare` traced: the child stops at the
+// execve of unshare, is let run to its second execve (by then unshare(CLONE_NEWUSER) is
+// done), and, stopped there, gets its ID maps written and its namespace opened.
+func usernsByUnshare(bin string, r idRange) (int, error) {
+	// A ptrace tracer is a thread: keep this goroutine on one from the fork to the reap.
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
+	pid, err := syscall.ForkExec(bin, []string{"unshare", "--user", "--", bin}, &syscall.ProcAttr{
+		Env: []string{},
+		Sys: &syscall.SysProcAttr{Ptrace: true, Pdeathsig: unix.SIGKILL},
+	})
+	if err != nil {
+		return -1, fmt.Errorf("user namespace helper: %w", err)
+	}
+	defer func() {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		var ws unix.WaitStatus
+		for {
+			if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
+				break
+			}
+		}
+	}()
+	// stop waits for the child's next stop at an execve (SIGTRAP); other signals are
+	// passed on.
+	stop := func() error {
+		for range 16 {
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
+				if err == unix.EINTR {
+					continue
+				}
+				return err
+			}
+			switch {
+			case ws.Stopped() && ws.StopSignal() == unix.SIGTRAP:
+				return nil
+			case ws.Stopped():
+				if err := unix.PtraceCont(pid, int(ws.StopSignal())); err != nil {
+					return err
+				}
+			default:
+				return fmt.Errorf("%s ended (%v): are user namespaces allowed?", bin, ws)
+			}
+		}
+		return errors.New("no stop at execve")
+	}
+	if err := stop(); err != nil { // the execve of unshare
+		return -1, fmt.Errorf("user namespace helper: %w", err)
+	}
+	if err := unix.PtraceCont(pid, 0); err != nil {
+		return -1, fmt.Errorf("user namespace helper: %w", err)
+	}
+	if err := stop(); err != nil { // the execve of its program, in the new namespace
+		return -1, fmt.Errorf("user namespace helper: %w", err)
+	}
+	proc := "/proc/" + strconv.Itoa(pid) + "/"
+	line := []byte(fmt.Sprintf("0 %d %d\n", r.HostID, r.Size))
+	for _, w := range []struct {
+		file string
+		data []byte
+	}{{"uid_map", line}, {"setgroups", []byte("deny")}, {"gid_map", line}} { // as Go's own maps are written
+		if err := os.WriteFile(proc+w.file, w.data, 0); err != nil {
+			return -1, fmt.Errorf("user namespace helper: %w", err)
+		}
+	}
+	fd, err := unix.Open(proc+"ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open user namespace: %w", err)
+	}
+	// The namespace must be the child's new one, not ours (an unshare that did not
+	// unshare would leave this process's).
+	var st, self unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || unix.Stat("/proc/self/ns/user", &self) != nil || st.Ino == self.Ino {
+		unix.Close(fd)
+		return -1, errors.New("user namespace helper: the child is still in this process's user namespace")
+	}
+	return fd, nil
+}
+
+// usernsByFork is usernsFD by a child of this process made with CLONE_NEWUSER, traced
+// so that it stops at its execve.
+func usernsByFork(r idRange) (int, error) {
 	// A ptrace tracer is a thread: keep this goroutine on one for Start through Wait.
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // hostIDs returns the sandbox's recorded host ID range.
@@ -259,4 +261,71 @@ func TestKeptUserNamespace(t *testing.T) {
 	if _, ok, err := a.userns(r0); ok || err == nil {
 		t.Errorf("userns after close = %v, %v; want an error", ok, err)
 	}
+}
+// TestUsernsFD: both ways of making a sandbox's user namespace (unshare(1) by a vfork,
+// the fallback by a fork of this process) give a namespace of its own that maps the
+// sandbox's range: a root-owned file seen through a mount idmapped with it belongs to
+// the range's first host ID. No helper process is left behind.
+func TestUsernsFD(t *testing.T) {
+	testenv.RequireRoot(t, "user namespaces, mounts")
+	ways := map[string]func(idRange) (int, error){"fork": usernsByFork}
+	if p := unshareBinary(); p != "" {
+		ways["unshare"] = func(r idRange) (int, error) { return usernsByUnshare(p, r) }
+	} else {
+		t.Log("no unshare(1) on this host: only the fallback is tested")
+	}
+	r := idRange{HostID: idRangeBase + 7*idRangeSize, Size: idRangeSize}
+	for name, mk := range ways {
+		t.Run(name, func(t *testing.T) {
+			kids := childPIDs(t)
+			fd, err := mk(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			var st, self unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Stat("/proc/self/ns/user", &self); err != nil {
+				t.Fatal(err)
+			}
+			if st.Ino == self.Ino {
+				t.Fatal("the fd is this process's own user namespace")
+			}
+			src, dst := t.TempDir(), t.TempDir()
+			if err := os.WriteFile(filepath.Join(src, "f"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := idmappedMount(src, dst, fd); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = unix.Unmount(dst, unix.MNT_DETACH) }()
+			var fst unix.Stat_t
+			if err := unix.Stat(filepath.Join(dst, "f"), &fst); err != nil {
+				t.Fatal(err)
+			}
+			if fst.Uid != r.HostID || fst.Gid != r.HostID {
+				t.Errorf("a root-owned file through the idmapped mount is %d:%d, want %d:%d", fst.Uid, fst.Gid, r.HostID, r.HostID)
+			}
+			if left := childPIDs(t); len(left) > len(kids) {
+				t.Errorf("children of this process after: %v, before: %v", left, kids)
+			}
+		})
+	}
+}
+
+// childPIDs lists the live children of this process (any thread's).
+func childPIDs(t testing.TB) []string {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, task := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/children")
+		out = append(out, strings.Fields(string(b))...)
+	}
+	return out
 }
