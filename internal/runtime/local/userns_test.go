@@ -262,6 +262,7 @@ func TestKeptUserNamespace(t *testing.T) {
 		t.Errorf("userns after close = %v, %v; want an error", ok, err)
 	}
 }
+
 // TestUsernsFD: both ways of making a sandbox's user namespace (unshare(1) by a vfork,
 // the fallback by a fork of this process) give a namespace of its own that maps the
 // sandbox's range: a root-owned file seen through a mount idmapped with it belongs to
