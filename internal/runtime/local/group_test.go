@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,6 +247,49 @@ func TestGroupOpenContainerLog(t *testing.T) {
 			t.Fatalf("the sidecar's log dir was never swapped: %q", got)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	if err := e.b.Destroy(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, e.state, spec.ID)
+}
+
+// TestGroupMemberStartsAfterPrimary: a runc group's sysfs is shared by all its
+// containers. A member that starts after the primary has started (a slower image, a
+// cold-start slot) still gets it: the primary's launch does not drop the group's sysfs
+// from the host as a lone sandbox's does.
+func TestGroupMemberStartsAfterPrimary(t *testing.T) {
+	e := newEnv(t)
+	e.withNetwork(t, 0) // the group's own sysfs is mounted for its network namespace
+	primaryStarted := make(chan struct{})
+	var once sync.Once
+	testHookStarted = func(s *sandbox) {
+		if !s.member {
+			once.Do(func() { close(primaryStarted) })
+		}
+	}
+	testHookBeforeStart = func(s *sandbox) {
+		if s.member {
+			select {
+			case <-primaryStarted:
+			case <-time.After(30 * time.Second):
+				t.Error("the primary did not start within 30 s")
+			}
+		}
+	}
+	t.Cleanup(func() { testHookStarted, testHookBeforeStart = nil, nil })
+	spec := groupSpec("grp-late")
+	e.create(spec)
+	select {
+	case <-primaryStarted:
+	default:
+		t.Fatal("the hooks did not run: nothing was tested")
+	}
+	for _, name := range []string{"", "side"} {
+		out, errOut, code := execIn(t, agentClientOf(e.b, spec.ID, name), "cat", "/sys/class/net/eth0/operstate")
+		if code != 0 || strings.TrimSpace(out) == "" {
+			t.Errorf("container %q: /sys/class/net/eth0/operstate: %q %s (exit %d)", name, out, errOut, code)
+		}
 	}
 	if err := e.b.Destroy(context.Background(), spec.ID); err != nil {
 		t.Fatal(err)

@@ -1102,7 +1102,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		if err := applyCPULimits(limits); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
-	} else if err := b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out); err != nil {
+	} else if err := b.startHooked(ctx, s, rt, cid, bundle, pidFile, lnFile, out); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 	} else if !rt.gvisor {
 		// The container has its own copies of its root filesystem and sysfs now (runc
@@ -1113,14 +1113,20 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		// reads the whole /proc/self/mountinfo four times a create and copies every
 		// mount into the new container's namespace (issue 25). The overlay lives on
 		// in the container's mount namespace, and goes with it.
+		// A group's sysfs is shared by all its containers, some of which may still be
+		// starting: it stays (teardown unmounts it).
 		drop := []string{rootfs}
-		if own := filepath.Join(dir, dirSysfs); p.Sysfs == own {
+		if own := filepath.Join(dir, dirSysfs); p.Sysfs == own && s.join == nil {
 			drop = append(drop, own)
 		}
 		for _, m := range drop {
 			if err := unmountAll(m); err != nil {
-				return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+				// The sandbox runs: the mount stays until teardown, which unmounts it.
+				b.log.Warn("drop the host's mount of a started sandbox", "sandbox", id, "mount", m, "err", err)
 			}
+		}
+		if testHookStarted != nil {
+			testHookStarted(s)
 		}
 	}
 	b.step(ctx, "runtime", t)
@@ -1209,6 +1215,7 @@ func (b *Backend) mountRoot(rootfs, dir string, layers []string, upper, work str
 			}
 			if ok {
 				userns = fd
+				defer unix.Close(fd)
 			}
 		}
 		var err error
@@ -1460,4 +1467,17 @@ func withoutSecretEnv(cs []runtime.Container) []runtime.Container {
 		out[i] = c
 	}
 	return out
+}
+
+// testHookBeforeStart and testHookStarted, when set (tests only), run in a runc-class
+// launch just before the runtime starts the container and just after (once the host's
+// mounts of the started container were dropped).
+var testHookBeforeStart, testHookStarted func(s *sandbox)
+
+// startHooked is the runtime's start of a container, after testHookBeforeStart.
+func (b *Backend) startHooked(ctx context.Context, s *sandbox, rt *ociRuntime, cid, bundle, pidFile string, lnFile, out *os.File) error {
+	if testHookBeforeStart != nil {
+		testHookBeforeStart(s)
+	}
+	return b.bootRuntime(rt).start(ctx, cid, bundle, pidFile, lnFile, out)
 }

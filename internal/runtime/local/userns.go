@@ -88,8 +88,9 @@ type idAllocator struct {
 }
 
 // userns returns a descriptor of a user namespace mapping r (0..r.Size-1 to r, uids and
-// gids), for MOUNT_ATTR_IDMAP: made on the range's first use and kept. It belongs to a:
-// the caller must not close it. A range outside the slots gets no kept namespace: ok
+// gids), for MOUNT_ATTR_IDMAP: made on the range's first use and kept. The caller gets
+// its own duplicate of the kept descriptor, which it closes (so a close of the backend
+// meanwhile cannot pull it away). A range outside the slots gets no kept namespace: ok
 // is false and the caller makes its own (usernsFD).
 func (a *idAllocator) userns(r idRange) (fd int, ok bool, err error) {
 	n, ok := r.slot()
@@ -99,10 +100,11 @@ func (a *idAllocator) userns(r idRange) (fd int, ok bool, err error) {
 	a.mu.Lock()
 	fd, have := a.ns[n]
 	closed := a.closed
-	a.mu.Unlock()
 	if have {
-		return fd, true, nil
+		defer a.mu.Unlock()
+		return dupFD(fd)
 	}
+	a.mu.Unlock()
 	if closed {
 		return -1, false, errors.New("backend closed")
 	}
@@ -120,13 +122,22 @@ func (a *idAllocator) userns(r idRange) (fd int, ok bool, err error) {
 		if a.closed {
 			return -1, false, errors.New("backend closed")
 		}
-		return fd, true, nil
+		return dupFD(fd)
 	}
 	if a.ns == nil {
 		a.ns = map[int]int{}
 	}
 	a.ns[n] = made
-	return made, true, nil
+	return dupFD(made)
+}
+
+// dupFD is a close-on-exec duplicate of fd, for userns's caller.
+func dupFD(fd int) (int, bool, error) {
+	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, false, fmt.Errorf("duplicate a kept user namespace: %w", err)
+	}
+	return d, true, nil
 }
 
 // close closes the kept user namespaces; userns makes no more.

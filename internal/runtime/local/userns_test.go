@@ -223,14 +223,26 @@ func TestKeptUserNamespace(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("userns(%+v) = %d, %v, %v", r0, fd0, ok, err)
 	}
-	again, _, _ := a.userns(r0)
-	if again != fd0 {
-		t.Errorf("second userns(%+v) = %d, want the kept %d", r0, again, fd0)
+	defer unix.Close(fd0)
+	nsIno := func(fd int) uint64 {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
 	}
+	kept := len(a.ns)
+	again, _, _ := a.userns(r0)
+	defer unix.Close(again)
+	if again == fd0 || nsIno(again) != nsIno(fd0) || len(a.ns) != kept {
+		t.Errorf("second userns(%+v) = fd %d of namespace %d, want a duplicate of the kept %d's (%d)", r0, again, nsIno(again), fd0, nsIno(fd0))
+	}
+	// The caller's duplicate outlives the backend's close.
 	fd1, ok, err := a.userns(r1)
-	if err != nil || !ok || fd1 == fd0 {
+	if err != nil || !ok || nsIno(fd1) == nsIno(fd0) {
 		t.Fatalf("userns(%+v) = %d, %v, %v (range 0's is %d)", r1, fd1, ok, err, fd0)
 	}
+	defer unix.Close(fd1)
 	if _, ok, err := a.userns(idRange{HostID: 5, Size: 1}); ok || err != nil {
 		t.Errorf("a range outside the slots got a kept namespace (%v, %v)", ok, err)
 	}
@@ -257,6 +269,9 @@ func TestKeptUserNamespace(t *testing.T) {
 	a.close()
 	if len(a.ns) != 0 {
 		t.Errorf("%d kept namespaces after close", len(a.ns))
+	}
+	if err := unix.Fstat(fd1, new(unix.Stat_t)); err != nil {
+		t.Errorf("the caller's descriptor went with the backend's close: %v", err)
 	}
 	if _, ok, err := a.userns(r0); ok || err == nil {
 		t.Errorf("userns after close = %v, %v; want an error", ok, err)
