@@ -473,9 +473,13 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s is not connected", rid, id), 5*time.Second)
 	}
 	if !s.servesLoaded(ctx, r, rec.org) {
-		// Its runner now belongs to another organization (re-registered): nothing of
-		// the sandbox's goes to it.
-		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s does not serve its organization", rid, id), 5*time.Second)
+		// Its runner's certificate is not verified yet, or it now belongs to another
+		// organization (re-registered): nothing of the sandbox's goes to it.
+		why := "does not serve the sandbox's organization"
+		if _, known := s.runnerOwner(r); !known {
+			why = "is not verified yet (no handshake since this gateway started)"
+		}
+		return nil, nil, apierr.WithRetry(apierr.Newf(apierr.RunnerUnavailable, "runner %s of sandbox %s %s", rid, id, why), 5*time.Second)
 	}
 	// Every operation on an existing sandbox: its runner's allowlist, as it is now.
 	if err := s.checkSource(ctx, rid); err != nil {

@@ -77,8 +77,10 @@ func (d *pgDB) queryRow(ctx context.Context, q string, args ...any) row {
 	return pgQuerier{d.pool}.queryRow(ctx, q, args...)
 }
 
+// tx runs fn in a READ COMMITTED transaction whatever the database's default (lockName
+// relies on it: a statement after the lock sees what its previous holder committed).
 func (d *pgDB) tx(ctx context.Context, fn func(q querier) error) error {
-	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { return fn(pgQuerier{tx}) })
+	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error { return fn(pgQuerier{tx}) })
 }
 
 // lockName takes a transaction-scoped advisory lock on (class, FNV-32a of name). Its
