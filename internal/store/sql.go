@@ -322,8 +322,9 @@ func (rn runners) Create(ctx context.Context, r Runner) (Runner, error) {
 			return err
 		}
 		var one int
-		err := q.queryRow(ctx, `SELECT 1 FROM runners WHERE runner_id = $1 AND org_id <> $2 LIMIT 1`,
-			r.RunnerID, r.Org).Scan(&one)
+		err := q.queryRow(ctx, `SELECT 1 FROM runners WHERE runner_id = $1 AND org_id <> $2
+			UNION ALL SELECT 1 FROM runner_id_holds WHERE runner_id = $1 AND org_id <> $2 AND held_until > $3 LIMIT 1`,
+			r.RunnerID, r.Org, t).Scan(&one)
 		switch {
 		case err == nil:
 			return &AlreadyExistsError{Entity: "runner", Key: KeyRunnerID}
@@ -493,6 +494,11 @@ func strArg(s *string) any {
 	return *s
 }
 
+// RunnerIDHold is how long a deleted runner's ID stays its organization's (no other
+// may create a runner of that ID): the longest lifetime of a certificate naming it (a
+// runner certificate's, a year), and a day more.
+const RunnerIDHold = 366 * 24 * time.Hour
+
 func (rn runners) Delete(ctx context.Context, org, runnerID, etag string) error {
 	q := `DELETE FROM runners WHERE org_id = $1 AND runner_id = $2`
 	args := []any{org, runnerID}
@@ -504,7 +510,19 @@ func (rn runners) Delete(ctx context.Context, org, runnerID, etag string) error 
 		q += ` AND revision = $3 AND created_at = $4`
 		args = append(args, revision, created)
 	}
-	n, err := rn.s.d.exec(ctx, q, args...)
+	var n int64
+	err := rn.s.d.tx(ctx, func(tq querier) error {
+		var err error
+		if n, err = tq.exec(ctx, q, args...); err != nil || n == 0 {
+			return err
+		}
+		// Certificates naming the ID outlive the runner: the ID stays this
+		// organization's for as long (RunnerIDHold).
+		_, err = tq.exec(ctx, `INSERT INTO runner_id_holds (runner_id, org_id, held_until) VALUES ($1, $2, $3)
+			ON CONFLICT (runner_id) DO UPDATE SET org_id = excluded.org_id, held_until = excluded.held_until`,
+			runnerID, org, utc(now().Add(RunnerIDHold)))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("delete runner: %w", err)
 	}

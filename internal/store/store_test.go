@@ -335,9 +335,13 @@ func TestRunnersCRUD(t *testing.T) {
 		if err := rs.Delete(ctx, "o1", "r1", ""); err != nil {
 			t.Fatal(err)
 		}
-		// A deleted runner's ID is free for any organization.
-		if _, err := rs.Create(ctx, store.Runner{Org: "o2", RunnerID: "r1", ClusterID: "c7"}); err != nil {
-			t.Fatalf("o2 takes the freed r1: %v", err)
+		// A deleted runner's ID stays its organization's (certificates naming it outlive
+		// the runner: TestRunnerIDHold): another organization is refused it, its own may
+		// create it again.
+		_, err = rs.Create(ctx, store.Runner{Org: "o2", RunnerID: "r1", ClusterID: "c7"})
+		wantKey(t, err, store.KeyRunnerID)
+		if _, err := rs.Create(ctx, store.Runner{Org: "o1", RunnerID: "r1", ClusterID: "c7"}); err != nil {
+			t.Fatalf("o1 creates its deleted r1 again: %v", err)
 		}
 	})
 }
@@ -389,6 +393,38 @@ func TestRunnerIDAcrossOrgs(t *testing.T) {
 		if org, err := s.Runners().IDHolder(ctx, "dup"); err != nil || org != "o1" {
 			t.Fatalf("IDHolder(dup) = %q, %v; want o1 (created first)", org, err)
 		}
+	})
+}
+
+// TestRunnerIDHold: a deleted runner's ID is held for its organization for
+// store.RunnerIDHold (certificates naming the ID outlive the runner): another
+// organization's create is refused until the hold has passed, then succeeds; a second
+// delete renews the hold.
+func TestRunnerIDHold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, dsn string) {
+		s := openStore(t, dsn)
+		ctx := t.Context()
+		mustOrg(t, s, "o1")
+		mustOrg(t, s, "o2")
+		mustRunner(t, s, "o1", "held", "c1")
+		if err := s.Runners().Delete(ctx, "o1", "held", ""); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Runners().Create(ctx, store.Runner{Org: "o2", RunnerID: "held", ClusterID: "c2"})
+		wantKey(t, err, store.KeyRunnerID)
+		if _, err := s.Runners().IDHolder(ctx, "held"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("IDHolder of a deleted runner's ID: %v, want not found (no certificate for it)", err)
+		}
+		// The hold passes (forced here): the ID is free.
+		rawExec(t, dsn, `DELETE FROM runner_id_holds WHERE runner_id = 'held'`)
+		if _, err := s.Runners().Create(ctx, store.Runner{Org: "o2", RunnerID: "held", ClusterID: "c2"}); err != nil {
+			t.Fatalf("o2 takes the ID once its hold passed: %v", err)
+		}
+		if err := s.Runners().Delete(ctx, "o2", "held", ""); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Runners().Create(ctx, store.Runner{Org: "o1", RunnerID: "held", ClusterID: "c1"})
+		wantKey(t, err, store.KeyRunnerID) // now o2's hold
 	})
 }
 
