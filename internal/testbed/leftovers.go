@@ -34,6 +34,9 @@ func (b *Bed) leftovers(i int) []string {
 	}
 	roots, _ := filepath.Glob(filepath.Join(sbDir, ".oci", "*", "*"))
 	for _, r := range roots {
+		if strings.HasPrefix(filepath.Base(filepath.Dir(r)), ".exe-") {
+			continue // the link to the runner's sealed runc (runtime/local/runcsealed.go): no sandbox's
+		}
 		out = append(out, "OCI runtime state "+r)
 		ids[filepath.Base(r)] = true
 	}

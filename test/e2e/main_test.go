@@ -196,6 +196,9 @@ func assertNoLeaks(t *testing.T, dataDir string, ids []string) {
 	}
 	states, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".oci", "*", "*"))
 	for _, st := range states {
+		if strings.HasPrefix(filepath.Base(filepath.Dir(st)), ".exe-") {
+			continue // the link to the runner's sealed runc (runcsealed.go): no sandbox's
+		}
 		t.Errorf("leaked OCI runtime state: %s", st)
 	}
 }
