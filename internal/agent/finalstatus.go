@@ -49,6 +49,12 @@ func FinalState(st *agentv1.StatusResponse) bool {
 	return false
 }
 
+// BoundRestarts is a restart count the sandbox reported (n), held to [0, restartLimit]:
+// its agent restarts a main command at most restartLimit times.
+func BoundRestarts(n int32, restartLimit int) int32 {
+	return min(max(n, 0), int32(min(max(restartLimit, 0), math.MaxInt32)))
+}
+
 // BoundFinal is st (read from a file the sandbox can write) held to what an agent could
 // say: a final state (else nil), a known reason (else Error), restarts within
 // [0, restartLimit], a bounded printable message (StatusText), no pid, and times within
@@ -60,7 +66,7 @@ func BoundFinal(st *agentv1.StatusResponse, restartLimit int, from, to time.Time
 	if !reasons[st.GetReason()] {
 		st.Reason = ReasonError
 	}
-	st.RestartCount = min(max(st.GetRestartCount(), 0), int32(min(max(restartLimit, 0), math.MaxInt32)))
+	st.RestartCount = BoundRestarts(st.GetRestartCount(), restartLimit)
 	st.Message = StatusText(st.GetMessage())
 	st.Pid = 0
 	within := func(ts *timestamppb.Timestamp) *timestamppb.Timestamp {

@@ -35,7 +35,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"regexp"
 	"strconv"
@@ -723,7 +722,7 @@ func fromPod(st *runtime.ContainerStatus, cs *corev1.ContainerStatus) {
 // message is (boundedFinal): restarts within the container's limit, an agent's reason
 // (else Error), a bounded printable message.
 func fromAgent(st *runtime.ContainerStatus, a *agentv1.StatusResponse, restartLimit int) {
-	st.Restarts = int(min(max(a.GetRestartCount(), 0), int32(min(max(restartLimit, 0), math.MaxInt32))))
+	st.Restarts = int(agent.BoundRestarts(a.GetRestartCount(), restartLimit))
 	if a.ExitCode != nil {
 		c := a.GetExitCode()
 		st.ExitCode = &c

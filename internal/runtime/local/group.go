@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -528,8 +527,7 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 		st, _ := readStatus(m.dir)
 		if st != nil {
 			// The member's status.json is the sandbox's to write: bounded like a final one.
-			limit := int32(min(max(c.RestartLimit, 0), math.MaxInt32))
-			cs.Restarts = int(min(max(st.GetRestartCount(), 0), limit))
+			cs.Restarts = int(agent.BoundRestarts(st.GetRestartCount(), c.RestartLimit))
 			if st.ExitCode != nil {
 				c := st.GetExitCode()
 				cs.ExitCode = &c

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -87,7 +86,7 @@ func (b *Backend) computeExit(s *sandbox, lost string) runtime.Exit {
 	limit := s.spec.Container.RestartLimit
 	// status.json is the sandbox's to write: its restarts within the container's limit
 	// whatever its state, and a final one held to what its agent could say.
-	ex.Restarts = int(min(max(st.GetRestartCount(), 0), int32(min(max(limit, 0), math.MaxInt32))))
+	ex.Restarts = int(agent.BoundRestarts(st.GetRestartCount(), limit))
 	st = agent.BoundFinal(st, limit, s.info.StartedAt, ex.At)
 	final := st != nil
 	if final {
