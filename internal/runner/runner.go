@@ -401,6 +401,18 @@ func (r *Runner) oomKills(id string) (int, bool) {
 	return n, err == nil
 }
 
+// Peek returns the last recorded snapshot of one sandbox, refreshing nothing: for hot
+// paths that read only its state, address and spec (the edge's route lookups).
+func (r *Runner) Peek(id string) (Sandbox, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.sandboxes[id]
+	if !ok {
+		return Sandbox{}, false
+	}
+	return e.snapshot(), true
+}
+
 // List returns snapshots of every sandbox, oldest first. Like Get, it never waits for
 // the backend's container statuses.
 func (r *Runner) List() []Sandbox {

@@ -72,7 +72,7 @@ func StartEdge(r *runner.Runner, cfg EdgeConfig) (*Edge, error) {
 		}
 	}
 	var table edge.Table
-	e, err := edge.New(edge.Config{RunnerID: cfg.RunnerID, BaseDomain: cfg.BaseDomain, Routes: &table,
+	e, err := edge.New(edge.Config{RunnerID: cfg.RunnerID, BaseDomain: cfg.BaseDomain, Routes: liveRoutes{&table, r},
 		GetCertificate: cert, Authorize: cfg.Authorize, KeyActive: cfg.KeyActive, SessionKey: sessionKey, DialMark: cfg.DialMark, Logger: cfg.Logger,
 		Wake: r.Wake})
 	if err != nil {
@@ -137,6 +137,31 @@ func syncRoutes(ctx context.Context, r *runner.Runner, t *edge.Table, log *slog.
 			return
 		}
 	}
+}
+
+// liveRoutes is the edge's Routes: the table syncRoutes keeps, and for a name the table
+// does not know (yet) the runner's own record of the sandbox. syncRoutes follows the
+// runner's changes a moment later, so without the second look a request sent as soon as
+// a client saw RUNNING could be answered 404.
+type liveRoutes struct {
+	t *edge.Table
+	r *runner.Runner
+}
+
+func (l liveRoutes) Lookup(sandboxID string, port int) (edge.Route, bool) {
+	if rt, ok := l.t.Lookup(sandboxID, port); ok {
+		return rt, true
+	}
+	sb, ok := l.r.Peek(sandboxID)
+	if !ok {
+		return edge.Route{}, false
+	}
+	for _, rt := range routesOf(sb) {
+		if rt.Port == port && rt.Validate() == nil {
+			return rt, true
+		}
+	}
+	return edge.Route{}, false
 }
 
 // routesOf is what the edge publishes of sb: its endpoints while it runs or is paused (a

@@ -2,13 +2,16 @@ package stack
 
 import (
 	"context"
+	"log/slog"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
 type plainAuth struct{}
@@ -82,5 +85,51 @@ func TestRoutesOfPaused(t *testing.T) {
 		if got := len(routesOf(sb)); got != want {
 			t.Errorf("%s: %d routes, want %d", st, got, want)
 		}
+	}
+}
+
+// TestLiveRoutesBeforeSync: a sandbox the runner reports RUNNING has its endpoint found
+// by the edge even before syncRoutes copied it into the table (that lag answered 404 to a
+// request sent as soon as a client saw RUNNING), and an unknown sandbox or port is not.
+func TestLiveRoutesBeforeSync(t *testing.T) {
+	be := runtimetest.NewFake()
+	t.Cleanup(be.Close)
+	rr, err := runner.New(context.Background(), runner.Config{Backend: be, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rr.Close)
+	var table edge.Table // never synced here
+	l := liveRoutes{&table, rr}
+	sb, err := rr.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
+		Container: runtime.Container{Image: "busybox"},
+		Services:  []runtime.Service{{Port: 8080, Endpoint: runtime.EndpointHTTPS}},
+	}, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, _ := rr.Get(sb.ID)
+		if got.State == runner.StateRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("state %v", got.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rt, ok := l.Lookup(sb.ID, 8080)
+	if !ok || rt.Kind != edge.KindHTTPS || rt.SandboxID != sb.ID || rt.Backend.Port() != 8080 {
+		t.Fatalf("lookup of a running sandbox's endpoint: %+v %v", rt, ok)
+	}
+	if _, ok := table.Lookup(sb.ID, 8080); ok {
+		t.Fatal("the table was filled: this test no longer shows the fallback")
+	}
+	if rt, ok := l.Lookup(sb.ID, 8081); ok {
+		t.Errorf("a port with no service: %+v", rt)
+	}
+	if rt, ok := l.Lookup("nosuchsandbox123", 8080); ok {
+		t.Errorf("an unknown sandbox: %+v", rt)
 	}
 }
