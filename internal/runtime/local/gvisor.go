@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -139,27 +140,48 @@ func (r *ociRuntime) fromRunscID(rid string) string {
 }
 
 // gvisorArgs maps the container id a runsc command names to runsc's (runscID) and
-// fails, as "does not exist", when runsc has no container with exactly that id.
-func (r *ociRuntime) gvisorArgs(args []string) ([]string, error) {
+// fails, as "does not exist", when runsc has no container with exactly that id. rid is
+// the runsc id the command names ("" when it names none).
+func (r *ociRuntime) gvisorArgs(args []string) (out []string, rid string, err error) {
 	if !r.gvisor || len(args) == 0 || !gvisorByID[args[0]] {
-		return args, nil
+		return args, "", nil
 	}
 	for i, a := range args[1:] {
 		if strings.HasPrefix(a, "-") {
 			continue
 		}
 		if strings.ContainsAny(a, "*?[\\/") { // never a glob or a path: ids are [a-z0-9._-]
-			return nil, fmt.Errorf("%s %s: bad container id %q", r.class, args[0], a)
+			return nil, "", fmt.Errorf("%s %s: bad container id %q", r.class, args[0], a)
 		}
 		rid := r.runscID(a)
 		if !r.runscState(rid) {
-			return nil, fmt.Errorf("%s %s: container %q does not exist", r.class, args[0], a)
+			return nil, "", fmt.Errorf("%s %s: container %q does not exist", r.class, args[0], a)
 		}
 		out := append([]string(nil), args...)
 		out[i+1] = rid
-		return out, nil
+		return out, rid, nil
 	}
-	return args, nil
+	return args, "", nil
+}
+
+// dropStaleLocks removes runsc's lock files of container rid that have no state file
+// beside them. runsc opens a container's lock file with O_CREATE after finding its state
+// file: a command that found it just before a concurrent delete removed both recreates
+// the lock file, fails, and leaves it behind. run calls this after every such command
+// that failed, and after a delete, so whoever could have made one also removes it. (A
+// lock file is only removed while its state file is absent: a container being created
+// again under the same id writes its state file right after its lock file.)
+func (r *ociRuntime) dropStaleLocks(rid string) {
+	ents, _ := os.ReadDir(r.root)
+	for _, e := range ents {
+		n := e.Name()
+		if !strings.HasPrefix(n, rid+"_sandbox:") || !strings.HasSuffix(n, ".lock") || !e.Type().IsRegular() {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(r.root, strings.TrimSuffix(n, ".lock")+".state")); errors.Is(err, fs.ErrNotExist) {
+			_ = os.Remove(filepath.Join(r.root, n))
+		}
+	}
 }
 
 // isGVisor reports whether a runtime class is driven as runsc.

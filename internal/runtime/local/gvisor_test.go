@@ -326,3 +326,36 @@ func TestEnsureCpusetParents(t *testing.T) {
 		t.Errorf("again: %v", err)
 	}
 }
+
+// TestRunscStaleLockDropped: runsc recreates a container's lock file when a concurrent
+// delete removed its state file after the command had found it (seen as a leaked
+// "<id>+_sandbox:<id>+.lock" after a crash-recovery destroy); a failed command or a
+// delete removes such a lock file, and never one whose state file is there.
+func TestRunscStaleLockDropped(t *testing.T) {
+	root := t.TempDir()
+	fake := filepath.Join(t.TempDir(), "runsc")
+	// The fake runsc plays the race: the state file vanishes, the lock file is made again.
+	script := "#!/bin/sh\nrm -f \"" + root + "/c+_sandbox:c+.state\"\ntouch \"" + root + "/c+_sandbox:c+.lock\"\nexit 1\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := newOCIRuntime(GVisorClass, fake, root)
+	for _, cmd := range [][]string{{"state", "c"}, {"delete", "--force", "c"}, {"wait", "c"}} {
+		for _, n := range []string{"c+_sandbox:c+.state", "c+_sandbox:c+.lock", "d+_sandbox:d+.state", "d+_sandbox:d+.lock", "c+x_sandbox:c+x.lock"} {
+			if err := os.WriteFile(filepath.Join(root, n), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := r.run(context.Background(), cmd...); err == nil {
+			t.Fatalf("%v: the fake runsc failed, run did not", cmd)
+		}
+		if _, err := os.Lstat(filepath.Join(root, "c+_sandbox:c+.lock")); err == nil {
+			t.Errorf("%v: the lock file of a container whose state is gone was left", cmd)
+		}
+		for _, n := range []string{"d+_sandbox:d+.lock", "c+x_sandbox:c+x.lock"} {
+			if _, err := os.Lstat(filepath.Join(root, n)); err != nil {
+				t.Errorf("%v: %s (another container's) was removed: %v", cmd, n, err)
+			}
+		}
+	}
+}

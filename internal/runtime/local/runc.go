@@ -45,7 +45,7 @@ func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
 
 // run runs a short command and returns its combined output in the error.
 func (r *ociRuntime) run(ctx context.Context, args ...string) ([]byte, error) {
-	args, err := r.gvisorArgs(args) // runsc's ids (gvisor.go)
+	args, rid, err := r.gvisorArgs(args) // runsc's ids (gvisor.go)
 	if err != nil {
 		return nil, err
 	}
@@ -53,6 +53,9 @@ func (r *ociRuntime) run(ctx context.Context, args ...string) ([]byte, error) {
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
+	if rid != "" && (err != nil || args[0] == "delete") {
+		r.dropStaleLocks(rid)
+	}
 	if err != nil {
 		return out, fmt.Errorf("%s %s: %w: %s", r.class, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
