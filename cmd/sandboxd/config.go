@@ -329,6 +329,7 @@ type gatewayConfig struct {
 	reconcileInterval, orphanGrace          time.Duration
 	controlPlane                            string
 	dataPlaneTTL                            time.Duration
+	baseDomain                              string
 	trustedProxies                          string
 	auditRetention                          time.Duration
 	verbose                                 bool
@@ -356,6 +357,7 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.orphanGrace, "orphan-grace", gateway.DefaultOrphanGrace, "age at which a sandbox that no gateway recorded (its create was interrupted) is deleted")
 	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; without it the gateway serves the admin API and heartbeats its runners")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
+	fs.StringVar(&c.baseDomain, "base-domain", DefaultBaseDomain, "the control plane's --base-domain: a tenant organization's runner is reached directly only at RUNNER-ID.BASE-DOMAIN or a name under it")
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", trustedProxiesHelp)
 	fs.DurationVar(&c.auditRetention, "audit-retention", audit.DefaultRetention, auditRetentionHelp)
 	fs.BoolVar(&c.verbose, "v", false, "log at debug level")

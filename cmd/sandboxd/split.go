@@ -132,7 +132,11 @@ func (c runnerConfig) run(logger *slog.Logger, su *selfUpdate) error {
 			// unregistered runner has no policy: only the gateway checks).
 			dc.Policies, dc.RunnerID = creds.cache, runnerID
 			// Registered: the control plane holds the data-plane CA and signs for us.
-			if dc.Issue, dc.ClientCAs, err = enroll.DataPlaneCredentials(ctx, creds.ident); err != nil {
+			host, err := dataplane.HostOf(c.dataPlaneListen, c.dataPlaneHost)
+			if err != nil {
+				return err
+			}
+			if dc.Issue, dc.ClientCAs, err = enroll.DataPlaneCredentials(ctx, creds.ident, host); err != nil {
 				return fmt.Errorf("--data-plane-listen: %w", err)
 			}
 		} else if dc.CA, err = dataplane.LoadOrCreateCA(pkiDir); err != nil {
@@ -475,7 +479,7 @@ func (c gatewayConfig) run() error {
 	gw, err := gateway.New(gateway.Config{
 		Quota:     quotaOpts,
 		FSS:       fssOpts,
-		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, ShareTokenKey: shareKey,
+		DataPlane: &dataplane.Issuer{CA: dpCA, TTL: c.dataPlaneTTL}, BaseDomain: c.baseDomain, ShareTokenKey: shareKey,
 		// PlatformOrg: a runner registered to another organization serves only that one.
 		Auth: keys, Runners: rs, Policies: controlplane.NewPolicySource(st, defaultOrg), PlatformOrg: defaultOrg,
 		Index: metrics.Default.Index(st.Sandboxes()), Orgs: st.Orgs(), Snapshots: st.Snapshots(), Templates: st.Templates(), Volumes: st.Volumes(), Logger: logger,

@@ -97,7 +97,7 @@ type Config struct {
 
 // DefaultEndpointDomain: *.localhost names resolve to loopback, so a platform on one
 // machine needs no DNS.
-const DefaultEndpointDomain = "sandboxd.localhost"
+const DefaultEndpointDomain = pki.DefaultBaseDomain
 
 // EdgeCertTTL is the lifetime of a runner's edge certificate; runners renew it at half.
 const EdgeCertTTL = 7 * 24 * time.Hour
@@ -169,6 +169,9 @@ func New(cfg Config) (*Service, error) {
 	s.audit = audit.NewRecorder(cfg.Store.Audit(), audit.Options{Logger: cfg.Logger, PlatformOrg: cfg.PlatformOrg})
 	if s.domain == "" {
 		s.domain = DefaultEndpointDomain
+	}
+	if err := pki.CheckBaseDomain(s.domain); err != nil {
+		return nil, fmt.Errorf("controlplane: endpoint domain: %w", err)
 	}
 	if s.certTTL <= 0 {
 		s.certTTL = DefaultRunnerCertTTL

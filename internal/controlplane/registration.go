@@ -319,7 +319,7 @@ func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *conne
 	}
 	var vs violations
 	host := req.Msg.GetHost()
-	if host == "" || strings.ContainsAny(host, "/:@ ") && net.ParseIP(host) == nil {
+	if host == "" || len(host) > 253 || strings.Contains(host, "*") || strings.ContainsAny(host, "/:@ ") && net.ParseIP(host) == nil {
 		vs.add("host", "must be the DNS name or IP address clients reach the data plane by, got %q", host)
 	}
 	csr := parseCSR(&vs, req.Msg.GetCsrPem())
@@ -327,6 +327,9 @@ func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *conne
 		return nil, err
 	}
 	if err := s.checkIDHolder(ctx, org, id); err != nil {
+		return nil, err
+	}
+	if err := s.checkDataPlaneHost(org, id, host); err != nil {
 		return nil, err
 	}
 	dns, ips := pki.SplitHosts(nil, []string{host})
@@ -345,6 +348,29 @@ func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *conne
 		CertificateChainPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})),
 		CaBundlePem:         string(s.dpCA.CertPEM()),
 	}), nil
+}
+
+// checkDataPlaneHost refuses to certify host for the direct data plane of org's runner id
+// unless the control plane assigns it to that runner. Clients trust the one data-plane
+// CA for every runner and check only the host name, so a certificate for another host
+// would let the runner pose as that host's data plane to every organization. A platform
+// runner is the operator's, configured by the operator: any host. A tenant
+// organization's runner only <id>.<base-domain> and names under it
+// (pki.CheckTenantDataPlaneHost), which its unique runner ID makes its own.
+func (s *Service) checkDataPlaneHost(org, id, host string) error {
+	if org == s.platform {
+		return nil
+	}
+	why := pki.CheckTenantDataPlaneHost(host, id, s.domain)
+	if why == nil {
+		return nil
+	}
+	s.log.Warn("data-plane certificate refused: host not assigned to the runner", "org", org, "runner", id, "host", host, "err", why)
+	return apierr.WithViolations(apierr.New(apierr.PermissionDenied,
+		fmt.Sprintf("runner %s may not have a data-plane certificate for %q: a tenant organization's runner is certified only for %s and names under it (set --data-plane-host to one)",
+			id, host, pki.TenantDataPlaneHost(id, s.domain)),
+		map[string]string{"runner_id": id, "host": host, "allowed_host": pki.TenantDataPlaneHost(id, s.domain)}),
+		[]apierr.Violation{{Field: "host", Description: why.Error()}})
 }
 
 func (g *Registration) VerifyApiKey(ctx context.Context, req *connect.Request[controlplanev1.VerifyApiKeyRequest]) (*connect.Response[controlplanev1.VerifyApiKeyResponse], error) {

@@ -209,3 +209,52 @@ func TestNoCertificateForDuplicatedRunnerID(t *testing.T) {
 	_, err = dp("plat", "gone")
 	wantReason(t, "never-existing runner's data-plane certificate", err, connect.CodeNotFound, apierr.RunnerNotFound)
 }
+
+// TestDataPlaneHostOfTenantRunner: a tenant organization's runner gets a data-plane
+// certificate only for <runner_id>.<domain> and names under it (PERMISSION_DENIED with a
+// violation on host and the allowed host in the metadata otherwise); the platform's
+// runner for the host its operator set, an IP included.
+func TestDataPlaneHostOfTenantRunner(t *testing.T) {
+	b := newIDBed(t)
+	ctx := t.Context()
+	if err := b.create(b.platform, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.create(b.tenant, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	reg := b.svc.Registration()
+	dp := func(org, id, host string) (*x509.Certificate, error) {
+		res, err := reg.IssueDataPlaneCertificate(controlplane.WithRunnerCert(ctx, org, id), connect.NewRequest(&controlplanev1.IssueDataPlaneCertificateRequest{
+			CsrPem: csrPEM(t), Host: host}))
+		if err != nil {
+			return nil, err
+		}
+		return parseChain(t, res.Msg.GetCertificateChainPem()), nil
+	}
+	own := "t1." + controlplane.DefaultEndpointDomain
+	for _, h := range []string{"10.0.0.1", "p1." + controlplane.DefaultEndpointDomain, "dp.platform.internal", "T1." + controlplane.DefaultEndpointDomain, own + "."} {
+		_, err := dp("tenant", "t1", h)
+		wantReason(t, "tenant's runner for "+h, err, connect.CodePermissionDenied, apierr.PermissionDenied)
+		if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != "host" {
+			t.Errorf("%s: violations %v", h, vs)
+		}
+		if md := apierr.Info(err).GetMetadata(); md["allowed_host"] != own || md["runner_id"] != "t1" {
+			t.Errorf("%s: metadata %v", h, md)
+		}
+	}
+	for _, h := range []string{own, "dp." + own} {
+		c, err := dp("tenant", "t1", h)
+		if err != nil {
+			t.Fatalf("tenant's own %s: %v", h, err)
+		}
+		if !slices.Equal(c.DNSNames, []string{h}) || len(c.IPAddresses) != 0 {
+			t.Fatalf("tenant's certificate for %s names %v %v", h, c.DNSNames, c.IPAddresses)
+		}
+	}
+	for _, h := range []string{"10.0.0.1", "dp.platform.internal"} {
+		if _, err := dp("plat", "p1", h); err != nil {
+			t.Errorf("platform runner for %s: %v", h, err)
+		}
+	}
+}

@@ -321,22 +321,31 @@ type ListenConfig struct {
 	Interceptors []connect.Interceptor
 }
 
+// HostOf is the host clients reach a data plane listening on listen by: host when set,
+// else the listen host, 127.0.0.1 when that is empty or unspecified (ListenConfig.Host).
+func HostOf(listen, host string) (string, error) {
+	if host != "" {
+		return host, nil
+	}
+	h, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("data plane: %w", err)
+	}
+	if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+		return "127.0.0.1", nil
+	}
+	return h, nil
+}
+
 // Start serves the data plane on cfg.Listen with a certificate from cfg.CA and returns the
 // listener and the URI the runner reports (https://HOST:PORT).
 func Start(cfg ListenConfig) (*Listener, string, error) {
 	if cfg.CA == nil && (cfg.Issue == nil || cfg.ClientCAs == nil) {
 		return nil, "", errors.New("dataplane: no CA, and no issuer with client CAs")
 	}
-	host := cfg.Host
-	if host == "" {
-		h, _, err := net.SplitHostPort(cfg.Listen)
-		if err != nil {
-			return nil, "", fmt.Errorf("data plane: %w", err)
-		}
-		host = h
-		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
-			host = "127.0.0.1"
-		}
+	host, err := HostOf(cfg.Listen, cfg.Host)
+	if err != nil {
+		return nil, "", err
 	}
 	issue, clientCAs := cfg.Issue, cfg.ClientCAs
 	if cfg.CA != nil {

@@ -110,8 +110,11 @@ const (
 
 // DataPlaneCredentials are what the runner's direct data plane needs from the control
 // plane: a server certificate for host from the data-plane CA (issue, renewed by the
-// caller), and that CA to verify clients by. The first certificate is fetched at once.
-func DataPlaneCredentials(ctx context.Context, id *Identity) (issue func(host string) (tls.Certificate, error), clientCAs *x509.CertPool, err error) {
+// caller), and that CA to verify clients by. The first certificate, for host, is
+// fetched at once, so a host the control plane does not certify for this runner (a
+// tenant organization's runner gets only <runner_id>.<base-domain> and names under it)
+// shows at start-up.
+func DataPlaneCredentials(ctx context.Context, id *Identity, host string) (issue func(host string) (tls.Certificate, error), clientCAs *x509.CertPool, err error) {
 	c := id.client()
 	var caPEM string
 	issue = func(host string) (tls.Certificate, error) {
@@ -124,7 +127,7 @@ func DataPlaneCredentials(ctx context.Context, id *Identity) (issue func(host st
 			return res.Msg.GetCertificateChainPem(), nil
 		})
 	}
-	if _, err := issue("127.0.0.1"); err != nil {
+	if _, err := issue(host); err != nil {
 		return nil, nil, err
 	}
 	clientCAs = x509.NewCertPool()

@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/spec"
 )
@@ -79,6 +81,13 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 			fmt.Sprintf("runner %s of sandbox %s serves no direct data plane", r.ID(), rec.id),
 			map[string]string{"sandbox_id": rec.id, "runner_id": r.ID()})
 	}
+	if err := s.directHostAllowed(r, endpoint); err != nil {
+		s.log.Warn("direct data plane not offered: the runner announces a host the control plane does not certify for it",
+			"runner", r.ID(), "sandbox", rec.id, "endpoint", endpoint, "err", err)
+		return nil, apierr.New(apierr.NotImplemented,
+			fmt.Sprintf("runner %s of sandbox %s serves no direct data plane this gateway may hand out (%v); use the data RPCs of SandboxService", r.ID(), rec.id, err),
+			map[string]string{"sandbox_id": rec.id, "runner_id": r.ID()})
+	}
 	// The key was checked when the call arrived; check again right before signing, so that
 	// a key revoked meanwhile (or whose principal came from a cache) gets no certificate.
 	// Certificates already issued are not revocable: they live dataplane.Issuer's TTL
@@ -101,6 +110,29 @@ func (s *Server) ConnectSandbox(ctx context.Context, req *connect.Request[sandbo
 		Protocol:                  sandboxv1.SandboxDataProtocol_SANDBOX_DATA_PROTOCOL_CONNECT_H2_V1,
 		GrantedPermissions:        perms,
 	}), nil
+}
+
+// directHostAllowed reports why the gateway must not hand clients endpoint (the
+// https://HOST:PORT runner r announces) as r's direct data plane (nil: it may). The
+// runner's announcement is its own word; what clients trust is the data-plane CA, which
+// the control plane signs a tenant organization's runner only for
+// <runner_id>.<base-domain> and names under it. So a tenant's runner is offered only at
+// such a host (defence in depth: the certificate the control plane refuses is refused
+// here too); a platform runner's host is the operator's. A runner whose owner is not
+// known yet is offered nothing.
+func (s *Server) directHostAllowed(r runner.Handle, endpoint string) error {
+	owner, known := s.runnerOwner(r)
+	if !known {
+		return errors.New("its owner is not verified yet")
+	}
+	if owner == "" {
+		return nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" || u.User != nil || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("its data-plane URI %q is not https://HOST:PORT", endpoint)
+	}
+	return pki.CheckTenantDataPlaneHost(u.Hostname(), r.ID(), s.baseDomain)
 }
 
 // keyStillActive re-checks the caller's key when the authenticator can (auth.KeyChecker).

@@ -198,3 +198,69 @@ func (revokedKeys) Authenticate(string) (auth.Principal, error) {
 func (revokedKeys) KeyActive(string) (auth.Principal, error) {
 	return auth.Principal{}, auth.ErrInvalidKey
 }
+
+// ownedStateRunner is a stateRunner whose owner is vouched for (runner.OwnedHandle).
+type ownedStateRunner struct {
+	*stateRunner
+	org   string
+	known bool
+}
+
+func (r ownedStateRunner) Owner() (string, bool) { return r.org, r.known }
+
+// TestConnectSandboxTenantRunnerHost: the direct address of a tenant organization's
+// runner is handed to clients only when its announced host is one the control plane
+// certifies for it (<runner_id>.<base-domain> or a name under it); a runner announcing
+// another host (the platform's data-plane host, an IP, another runner's name) is offered
+// no direct path, so AUTO clients use the gateway. A platform runner's host is the
+// operator's: any.
+func TestConnectSandboxTenantRunnerHost(t *testing.T) {
+	bg := context.Background()
+	good := csrDER(t, func() any { k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader); return k }())
+	exec := []sandboxv1.SandboxDataPermission{sandboxv1.SandboxDataPermission_SANDBOX_DATA_PERMISSION_EXEC}
+	setup := func(org string, known bool, uri string) *Server {
+		sr := &stateRunner{scriptedRunner: scriptedRunner{id: "t1"}, states: map[string]runner.State{"run": runner.StateRunning}}
+		sr.set(runner.Capacity{DataPlaneURI: uri}, nil)
+		s := &Server{runners: []runner.Handle{ownedStateRunner{sr, org, known}}, platformOrg: "platform", baseDomain: "sbx.example.com",
+			log: slog.New(slog.DiscardHandler), index: newIndex(nil, slog.New(slog.DiscardHandler)), dataPlane: &recordingIssuer{}}
+		s.views = newRunnerViews(s, time.Second)
+		spec := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "main"}}}
+		if err := s.index.put(bg, &record{id: "run", org: "acme", runnerID: "t1", spec: spec, createdAt: time.Now()}, ""); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	call := func(s *Server) (*sandboxv1.SandboxConnection, error) {
+		res, err := s.ConnectSandbox(auth.WithPrincipal(bg, auth.Principal{Org: "acme"}), connect.NewRequest(&sandboxv1.ConnectSandboxRequest{SandboxId: "run", CsrDer: good, RequestedPermissions: exec}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+	for _, uri := range []string{"https://t1.sbx.example.com:8444", "https://dp.t1.sbx.example.com:443"} {
+		got, err := call(setup("acme", true, uri))
+		if err != nil || got.GetEndpointUri() != uri {
+			t.Errorf("tenant runner at %s: %v %v", uri, got, err)
+		}
+	}
+	for _, uri := range []string{"https://platform-dp.internal:8444", "https://127.0.0.1:8444", "https://[::1]:8444", "https://10.0.0.7:8444",
+		"https://t2.sbx.example.com:8444", "https://dp.t2.sbx.example.com:8444", "https://T1.sbx.example.com:8444", "https://t1.sbx.example.com.:8444",
+		"https://t1.sbx.example.com.evil.net:8444", "http://t1.sbx.example.com:8444", "https://u@t1.sbx.example.com:8444", "t1.sbx.example.com:8444", "://"} {
+		got, err := call(setup("acme", true, uri))
+		if connect.CodeOf(err) != connect.CodeUnimplemented || apierr.Reason(err) != apierr.NotImplemented {
+			t.Errorf("tenant runner announcing %s: %v %v, want UNIMPLEMENTED %s", uri, got, err, apierr.NotImplemented)
+		}
+	}
+	// The owner not verified yet: nothing (UNAVAILABLE, as for every call on its sandboxes).
+	if got, err := call(setup("", false, "https://t1.sbx.example.com:8444")); err == nil {
+		t.Errorf("runner of unknown owner: %v", got)
+	} else if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("runner of unknown owner: %v", err)
+	}
+	// A platform runner keeps its operator's host.
+	for _, uri := range []string{"https://127.0.0.1:8444", "https://platform-dp.internal:8444"} {
+		if got, err := call(setup("platform", true, uri)); err != nil || got.GetEndpointUri() != uri {
+			t.Errorf("platform runner at %s: %v %v", uri, got, err)
+		}
+	}
+}

@@ -46,6 +46,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/health"
 	"github.com/sandboxd/sandboxd/internal/metrics"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/policy"
 	"github.com/sandboxd/sandboxd/internal/relay"
@@ -97,6 +98,12 @@ type Config struct {
 	// DataPlane signs the client certificates of the direct data path (ConnectSandbox);
 	// nil: ConnectSandbox is UNIMPLEMENTED and clients use the gateway's data RPCs.
 	DataPlane DataPlaneIssuer
+	// BaseDomain is the base domain runners are named under (the control plane's
+	// --base-domain); default pki.DefaultBaseDomain. ConnectSandbox hands a client the
+	// direct address of a tenant organization's runner only when its host is
+	// <runner_id>.<BaseDomain> or a name under it (pki.CheckTenantDataPlaneHost), the
+	// hosts the control plane certifies for it.
+	BaseDomain string
 	// ShareTokenKey derives the endpoint share tokens of SHARE_TOKEN endpoints (see
 	// sharetoken.go). Every gateway replica needs the same key, kept across restarts, so
 	// that a replayed create returns the same token; empty: a random key per process.
@@ -195,6 +202,7 @@ type Server struct {
 	warmPoke   chan struct{} // warm.go
 	// dataPlane: see Config.DataPlane.
 	dataPlane   DataPlaneIssuer
+	baseDomain  string // Config.BaseDomain
 	shareTokens shareTokens
 	// fss: see Config.FSS (Limits with defaults).
 	fss FSSOptions
@@ -283,7 +291,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.FSS.PlatformBucket == "" {
 		cfg.FSS.PlatformBucket = "local" // a directory store's (blobconfig.Config.Bucket)
 	}
-	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, platformOrg: cfg.PlatformOrg, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane,
+	if err := pki.CheckBaseDomain(cmp.Or(cfg.BaseDomain, pki.DefaultBaseDomain)); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	s := &Server{fss: cfg.FSS, auth: cfg.Auth, runners: cfg.Runners, policies: cfg.Policies, platformOrg: cfg.PlatformOrg, index: newIndex(cfg.Index, cfg.Logger), retention: cfg.Retention, log: cfg.Logger, dataPlane: cfg.DataPlane, baseDomain: cmp.Or(cfg.BaseDomain, pki.DefaultBaseDomain),
 		shareTokens: newShareTokens(cfg.ShareTokenKey), snaps: cfg.Snapshots, blobs: cfg.Blobs, snapBucket: cfg.SnapshotBucket,
 		openBucket: blobconfig.NewBuckets(cfg.BlobConfig, cfg.Blobs, 0).Store, templates: cfg.Templates}
 	if cfg.Index != nil {

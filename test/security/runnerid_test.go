@@ -143,7 +143,7 @@ func TestTenantCannotTakeAnotherOrgsRunnerName(t *testing.T) {
 	} else {
 		wantRefused("org-b's edge certificate for r1", err, connect.CodeFailedPrecondition, apierr.RunnerIDTaken)
 	}
-	if _, _, err := enroll.DataPlaneCredentials(ctx, bID); err == nil {
+	if _, _, err := enroll.DataPlaneCredentials(ctx, bID, pki.TenantDataPlaneHost("r1", controlplane.DefaultEndpointDomain)); err == nil {
 		t.Fatal("org-b's runner r1 got a data-plane certificate")
 	} else {
 		wantRefused("org-b's data-plane certificate", err, connect.CodeFailedPrecondition, apierr.RunnerIDTaken)

@@ -597,7 +597,9 @@ func (x *CreateBootstrapTokenResponse) GetExpireTime() *timestamppb.Timestamp {
 type IssueDataPlaneCertificateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A PEM CERTIFICATE REQUEST for an ECDSA P-256 key; only the key is taken from it.
-	CsrPem        string `protobuf:"bytes,1,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	CsrPem string `protobuf:"bytes,1,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	// The DNS name or IP address clients reach the data plane by, spelt as certificates
+	// compare names (lowercase, no trailing dot).
 	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -434,6 +434,10 @@ type RunnerRegistrationServiceClient interface {
 	// IssueDataPlaneCertificate signs the server certificate of the runner's direct data
 	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
 	// returns that CA, by which the runner verifies clients (client certificate required).
+	// Every client trusts that CA for every runner, so only hosts the control plane assigns
+	// are certified: a platform runner's any host (its operator's), a tenant organization's
+	// runner only <runner_id>.<base-domain> and names under it; another host is
+	// PERMISSION_DENIED (CWSANDBOX_PERMISSION_DENIED, a field violation on host).
 	IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error)
 	// GetRelease returns one release record (signed release manifests, issue 18), with its
 	// signed manifest and signature when it was published from one, so that a runner can
@@ -572,6 +576,10 @@ type RunnerRegistrationServiceHandler interface {
 	// IssueDataPlaneCertificate signs the server certificate of the runner's direct data
 	// plane (for host, the name or address clients reach it by) with the data-plane CA, and
 	// returns that CA, by which the runner verifies clients (client certificate required).
+	// Every client trusts that CA for every runner, so only hosts the control plane assigns
+	// are certified: a platform runner's any host (its operator's), a tenant organization's
+	// runner only <runner_id>.<base-domain> and names under it; another host is
+	// PERMISSION_DENIED (CWSANDBOX_PERMISSION_DENIED, a field violation on host).
 	IssueDataPlaneCertificate(context.Context, *connect.Request[v1.IssueDataPlaneCertificateRequest]) (*connect.Response[v1.IssueDataPlaneCertificateResponse], error)
 	// GetRelease returns one release record (signed release manifests, issue 18), with its
 	// signed manifest and signature when it was published from one, so that a runner can
