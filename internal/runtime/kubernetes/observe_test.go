@@ -449,6 +449,8 @@ func TestUsageFromKubelet(t *testing.T) {
 			return nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes/proxy"}, node, errors.New("no"))
 		}
 		return io.NopCloser(strings.NewReader(summaryJSON)), nil
+	}, NodeMetrics: func(ctx context.Context, node string) (io.ReadCloser, error) {
+		return nil, errors.New("no cAdvisor here")
 	}})
 	running(b, "s1", "n1", "u1")
 	running(b, "s3", "n1", "u3")
@@ -461,6 +463,9 @@ func TestUsageFromKubelet(t *testing.T) {
 	}
 	if want := (runtime.Usage{CPUUsec: 2501500, MemoryBytes: 11534336, At: time.Date(2026, 12, 6, 7, 20, 3, 0, time.UTC)}); u.CPUUsec != want.CPUUsec || u.MemoryBytes != want.MemoryBytes || !u.At.Equal(want.At) {
 		t.Errorf("usage = %+v, want %+v (the sandbox's containers, not the gate; usage bytes, else the working set; the latest sample time)", u, want)
+	}
+	if u.MemoryPeakBytes != 0 {
+		t.Errorf("a memory peak %d without cAdvisor's metrics", u.MemoryPeakBytes)
 	}
 	if _, err := b.Usage("s3"); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("usage of a Pod without container CPU = %v, want ErrNotFound", err)
@@ -492,4 +497,123 @@ func TestUsageFromKubelet(t *testing.T) {
 	if _, err := b.Usage("s1"); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("usage of a pending Pod = %v", err)
 	}
+}
+
+// cadvisorSample is the kubelet's /metrics/cadvisor as the test cluster (v1.32.13,
+// containerd 1.6, cgroupfs, cgroup v1) serves it, cut to the memory peak lines of one Pod
+// (u1) and a few others: the pod's and its containers' cgroups, no container labels.
+const cadvisorSample = `# HELP container_memory_max_usage_bytes Maximum memory usage recorded in bytes
+# TYPE container_memory_max_usage_bytes gauge
+container_memory_max_usage_bytes{container="",id="/",image="",name="",namespace="",pod=""} 2.4495251456e+10 1796575360346
+container_memory_max_usage_bytes{container="",id="/sandboxd-k8s/kubepods/besteffort/podu1",image="",name="",namespace="sbx",pod="sbx-s1"} 4.079616e+06 1796575353419
+container_memory_max_usage_bytes{container="",id="/sandboxd-k8s/kubepods/besteffort/podu1/72f4289f906a5f17ce9a9fe732a9848febe6807f191426caffc53a58c3e4abf9",image="",name="",namespace="",pod=""} 3.006464e+06 1796575352980
+container_memory_max_usage_bytes{container="",id="/sandboxd-k8s/kubepods/besteffort/podu1/7d06d8905b16de17cfc02fe8e03bf5b7601d54d0bda47b2f4eec33a65f3e79a9",image="",name="",namespace="",pod=""} 3.817472e+06 1796575361147
+container_memory_max_usage_bytes{container="gate",id="/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu1.slice/cri-containerd-aaaa.scope",image="x",name="aaaa",namespace="sbx",pod="sbx-s1"} 1e+06
+container_memory_max_usage_bytes{container="c2-side",id="/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu1.slice/cri-containerd-bbbb.scope",image="x",name="bbbb",namespace="sbx",pod="sbx-s1",} 2e+07
+container_memory_max_usage_bytes{container="",id="/sandboxd-k8s/kubepods/besteffort/podu9/cccc",image="",name="",namespace="",pod=""} 7e+06
+container_memory_usage_bytes{container="",id="/sandboxd-k8s/kubepods/besteffort/podu1/dddd",image="",name="",namespace="",pod=""} 9e+06
+`
+
+func TestParsePeaks(t *testing.T) {
+	got, err := parsePeaks(strings.NewReader(cadvisorSample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{
+		"72f4289f906a5f17ce9a9fe732a9848febe6807f191426caffc53a58c3e4abf9": 3006464,
+		"7d06d8905b16de17cfc02fe8e03bf5b7601d54d0bda47b2f4eec33a65f3e79a9": 3817472,
+		"aaaa": 1e6, "bbbb": 2e7, "cccc": 7e6,
+	}
+	if len(got) != len(want) {
+		t.Errorf("peaks = %v, want %v (containers' cgroups only)", got, want)
+	}
+	for k, v := range want {
+		if got[k].bytes != v {
+			t.Errorf("peak of %s = %+v, want %d", k, got[k], v)
+		}
+	}
+	// A line past the bound fails the read; hostile lines are left out.
+	if _, err := parsePeaks(strings.NewReader(maxUsagePrefix + strings.Repeat("a", maxCadvisorLine+1))); err == nil {
+		t.Error("an over-long line read")
+	}
+	for _, line := range []string{
+		maxUsagePrefix + `id="/p/podu1/abcd"} NaN`,
+		maxUsagePrefix + `id="/p/podu1/abcd"} -5`,
+		maxUsagePrefix + `id="/p/podu1/abcd"} 1e300`,
+		maxUsagePrefix + `id="/p/podu1/abcd"} 1.5`,
+		maxUsagePrefix + `id="/p/podu1/abcd"} 0`,
+		maxUsagePrefix + `id="/p/podu1/abcd} 5`,
+		maxUsagePrefix + `id="/p/podu1/ABCD"} 5`,
+		maxUsagePrefix + `id="/p/podu1/` + strings.Repeat("a", 129) + `"} 5`,
+		maxUsagePrefix + `id="/p/podu1/x-abcd.scope"} 5`,
+		maxUsagePrefix + `id="/p/podu1/abcd\q"} 5`,
+		maxUsagePrefix + `id="/p/podu1/abcd"5`,
+		maxUsagePrefix + `}` + ` 5`,
+	} {
+		if got, err := parsePeaks(strings.NewReader(line + "\n")); err != nil || len(got) != 0 {
+			t.Errorf("parsePeaks(%.80q) = %v, %v; want nothing", line, got, err)
+		}
+	}
+	many := strings.Builder{}
+	for i := range maxPeaks + 10 {
+		fmt.Fprintf(&many, "%sid=\"/p/podu1/%x\"} 5\n", maxUsagePrefix, i+1)
+	}
+	if got, err := parsePeaks(strings.NewReader(many.String())); err != nil || len(got) != maxPeaks {
+		t.Errorf("%d peaks kept (%v), want the bound %d", len(got), err, maxPeaks)
+	}
+}
+
+// TestUsagePeak: a sandbox's memory peak is the sum of its running sandbox containers'
+// cgroup peaks (not the gate's), found by the container IDs of the Pod's status under
+// the Pod's own cgroup; none when one container has no peak or its cgroup lies under
+// another Pod; never below the usage.
+func TestUsagePeak(t *testing.T) {
+	b, _ := newFakeBackend(t, Config{
+		NodeStats: func(ctx context.Context, node string) (io.ReadCloser, error) {
+			return io.NopCloser(strings.NewReader(summaryJSON)), nil
+		},
+		NodeMetrics: func(ctx context.Context, node string) (io.ReadCloser, error) {
+			return io.NopCloser(strings.NewReader(cadvisorSample)), nil
+		},
+	})
+	runningC := func(id string, statuses ...string) {
+		running(b, id, "n1", "u1")
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		pod := b.sandboxes[id].pod
+		for i := 0; i < len(statuses); i += 2 {
+			pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: statuses[i], ContainerID: statuses[i+1],
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})
+		}
+	}
+	main := "containerd://72f4289f906a5f17ce9a9fe732a9848febe6807f191426caffc53a58c3e4abf9"
+	runningC("p1", containerGate, "containerd://aaaa", containerMain, main, "c2-side", "containerd://bbbb")
+	runningC("p2", containerMain, main, "c2-side", "containerd://eeee")                                            // no peak for c2-side
+	runningC("p3", containerMain, main, "c2-side", "containerd://cccc")                                            // c2-side's cgroup is another Pod's
+	runningC("p4", containerMain, "containerd://7d06d8905b16de17cfc02fe8e03bf5b7601d54d0bda47b2f4eec33a65f3e79a9") // below the usage
+	for id, want := range map[string]int64{"p1": 3006464 + 2e7, "p2": 0, "p3": 0, "p4": 11534336} {
+		u, err := b.Usage(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.MemoryPeakBytes != want {
+			t.Errorf("%s: peak %d, want %d (usage %d)", id, u.MemoryPeakBytes, want, u.MemoryBytes)
+		}
+	}
+}
+
+// FuzzParseMaxUsage: no cAdvisor line makes the parser panic or step out of its bounds.
+func FuzzParseMaxUsage(f *testing.F) {
+	for _, l := range strings.Split(cadvisorSample, "\n") {
+		f.Add(l)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		id, v, ok := parseMaxUsage(line)
+		if ok && (id == "" || len(id) > maxCgroupPath || v < 0 || v > maxStatsValue) {
+			t.Fatalf("parseMaxUsage(%q) = %q, %d", line, id, v)
+		}
+		if cid, ok := containerOfCgroup(id); ok && (len(cid) == 0 || len(cid) > 128) {
+			t.Fatalf("containerOfCgroup(%q) = %q", id, cid)
+		}
+	})
 }
