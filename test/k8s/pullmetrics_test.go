@@ -17,7 +17,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -45,7 +44,7 @@ func TestPullMetrics(t *testing.T) {
 	reg := httptest.NewServer(ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(reg.Close)
 	host := strings.TrimPrefix(reg.URL, "http://")
-	img, err := tarball.ImageFromPath(busyboxTar, nil)
+	img, err := testimage.Build(busyboxTar, image.Config{Cmd: []string{"/bin/sh"}, Env: []string{testimage.DefaultPath}})
 	if err != nil {
 		t.Fatal(err)
 	}
