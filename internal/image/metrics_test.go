@@ -40,8 +40,9 @@ func TestPullMetrics(t *testing.T) {
 		okHit   = `cwsandbox_image_pulls_total{cache="hit",result="ok"}`
 		errMiss = `cwsandbox_image_pulls_total{cache="miss",result="error"}`
 		bytes   = `cwsandbox_image_pull_bytes_total`
-		durMiss = `cwsandbox_image_pull_duration_seconds_count{cache="miss"}`
-		durHit  = `cwsandbox_image_pull_duration_seconds_count{cache="hit"}`
+		durMiss = `cwsandbox_image_pull_duration_seconds_count{cache="miss",result="ok"}`
+		durHit  = `cwsandbox_image_pull_duration_seconds_count{cache="hit",result="ok"}`
+		durErr  = `cwsandbox_image_pull_duration_seconds_count{cache="miss",result="error"}`
 	)
 	step := func(name string, want map[string]float64, pull func() error) {
 		t.Helper()
@@ -50,7 +51,7 @@ func TestPullMetrics(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		after := counters.Values()
-		for _, k := range []string{okMiss, okHit, errMiss, bytes, durMiss, durHit} {
+		for _, k := range []string{okMiss, okHit, errMiss, bytes, durMiss, durHit, durErr} {
 			if got := after[k] - before[k]; got != want[k] {
 				t.Errorf("%s: %s grew by %v, want %v", name, k, got, want[k])
 			}
@@ -64,7 +65,7 @@ func TestPullMetrics(t *testing.T) {
 		_, err := s.Pull(ctx, host+"/x/metrics:a", nil)
 		return err
 	})
-	step("missing image", map[string]float64{errMiss: 1, durMiss: 1}, func() error {
+	step("missing image", map[string]float64{errMiss: 1, durErr: 1}, func() error {
 		if _, err := s.Pull(ctx, host+"/x/absent:a", nil); err == nil {
 			t.Error("pulling an absent image succeeded")
 		}

@@ -189,7 +189,7 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	// one placement, and the running sandbox's cgroup usage.
 	vals := parseScrape(scrape)
 	if vals[`cwsandbox_image_pulls_total{cache="miss",result="ok"}`] < 1 || vals["cwsandbox_image_pull_bytes_total"] <= 0 ||
-		vals[`cwsandbox_image_pull_duration_seconds_count{cache="miss"}`] < 1 {
+		vals[`cwsandbox_image_pull_duration_seconds_count{cache="miss",result="ok"}`] < 1 {
 		t.Errorf("image pull series: %s", grepScrape(scrape, "cwsandbox_image_pull"))
 	}
 	if vals[`cwsandbox_placement_decisions_total{result="ok"}`] != 1 {

@@ -33,7 +33,7 @@ const (
 // Collectors returns every series of this package, for registration.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
-		imagePulls, imagePullBytes, imagePullDuration, imagePullFailures,
+		imagePulls, imagePullBytes, imagePullDuration, imagePullFailures, kubeletImageSize,
 		placementDecisions, placementRejections,
 		egressDecisions, storeDuration,
 		edgeRequests, edgePassthrough, edgeBytes,
@@ -51,13 +51,17 @@ var (
 	})
 	imagePullDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Name: "image_pull_duration_seconds",
-		Help:    "Duration of image pulls by cache (hit, miss): the local backend's image store's (concurrent callers of one pull share one observation), the Kubernetes backend's as the kubelet reports them.",
+		Help:    "Duration of image pulls by result (ok, error) and cache (hit, miss): the local backend's image store's (concurrent callers of one pull share one observation), the Kubernetes backend's as the kubelet reports them (a failed pull: from its Pulling to its Failed event, second resolution).",
 		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
-	}, []string{"cache"})
+	}, []string{"result", "cache"})
 	imagePullFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "image_pull_failures_total",
 		Help: "Failed image pulls of the Kubernetes backend by the kubelet's reason (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName, ImageInspectError, RegistryUnavailable, other); each also counts in image_pulls_total{result=\"error\"}.",
 	}, []string{"reason"})
+	kubeletImageSize = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "kubelet_reported_image_size_bytes_total",
+		Help: "Kubernetes backend: the sum of the image sizes the kubelet's Pulled events report for the images it pulled (misses) for sandbox containers. The size of the whole image as the node's container runtime reports it (containerd: its stored content; CRI-O: unpacked), layers the node already had included: NOT the bytes fetched (those are image_pull_bytes_total, which the kubelet does not tell). From events, which anyone allowed to create events in the namespace can forge: for dashboards only.",
+	})
 
 	placementDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "placement_decisions_total",
@@ -208,7 +212,29 @@ func ImagePull(hit bool, d time.Duration, err error) {
 		res = ResultError
 	}
 	imagePulls.WithLabelValues(res, cache).Inc()
-	imagePullDuration.WithLabelValues(cache).Observe(d.Seconds())
+	imagePullDuration.WithLabelValues(res, cache).Observe(d.Seconds())
+}
+
+// MaxReportedImageSize bounds an image size taken from the kubelet's events (16 TiB); a
+// larger one is not counted.
+const MaxReportedImageSize = 1 << 44
+
+// KubeletImageSize adds the size the kubelet reported for an image it pulled (the
+// Kubernetes backend; not bytes fetched). Sizes outside (0, MaxReportedImageSize] are
+// not counted.
+func KubeletImageSize(n int64) {
+	if n > 0 && n <= MaxReportedImageSize {
+		kubeletImageSize.Add(float64(n))
+	}
+}
+
+// ImagePullFailedDuration observes how long a failed pull took (the Kubernetes backend:
+// from the kubelet's events), in image_pull_duration_seconds{result="error",cache="miss"}.
+// The failure itself is counted by ImagePullFailed.
+func ImagePullFailedDuration(d time.Duration) {
+	if d >= 0 {
+		imagePullDuration.WithLabelValues(ResultError, CacheMiss).Observe(d.Seconds())
+	}
 }
 
 // Reasons of cwsandbox_image_pull_failures_total: the kubelet's waiting reasons of a

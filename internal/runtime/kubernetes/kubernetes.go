@@ -152,6 +152,9 @@ type Config struct {
 	// NodeStats reads a node's kubelet stats summary for the sandboxes' usage (usage.go);
 	// default: through the API server's node proxy.
 	NodeStats NodeStatsFunc
+	// NodeMetrics reads a node's kubelet cAdvisor metrics (/metrics/cadvisor, Prometheus
+	// text) for the sandboxes' memory peaks (usage.go); default: through the node proxy.
+	NodeMetrics NodeStatsFunc
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger *slog.Logger

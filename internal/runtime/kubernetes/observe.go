@@ -2,9 +2,11 @@ package kubernetes
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -83,11 +85,13 @@ func (st *createSteps) record(ctx context.Context) {
 }
 
 // pullFailures counts the image pulls pod's sandbox containers failed (the agent's own
-// image is the platform's, not counted), by the kubelet's waiting reason.
-func pullFailures(pod *corev1.Pod) {
+// image is the platform's, not counted), by the kubelet's waiting reason, and returns
+// those containers' names.
+func pullFailures(pod *corev1.Pod) map[string]bool {
 	if pod == nil {
-		return
+		return nil
 	}
+	var failed map[string]bool
 	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
 		for i := range list {
 			cs := &list[i]
@@ -95,15 +99,22 @@ func pullFailures(pod *corev1.Pod) {
 				continue
 			}
 			counters.ImagePullFailed(cs.State.Waiting.Reason)
+			if failed == nil {
+				failed = map[string]bool{}
+			}
+			failed[cs.Name] = true
 		}
 	}
+	return failed
 }
 
-// pull is what the kubelet's Pulled event of one container says.
+// pull is what the kubelet's events of one container say of its image pull.
 type pull struct {
 	container string
 	hit       bool          // already present on the node
-	d         time.Duration // the kubelet's measured pull time (0 for a hit)
+	failed    bool          // the pull failed (Failed to pull image)
+	d         time.Duration // the kubelet's measured pull time (0 for a hit); a failed pull: its Pulling to its Failed event
+	size      int64         // the image's size as the kubelet reports it (0: not said); not bytes fetched
 	at        time.Time     // the event's time (second resolution for the kubelet's events)
 }
 
@@ -113,12 +124,30 @@ const maxEventMessage = 1024
 // maxPullDuration bounds a parsed pull time (the create's own bound is far below).
 const maxPullDuration = 24 * time.Hour
 
+// Event reasons the kubelet's image manager (pkg/kubelet/images, pkg/kubelet/events) uses.
+const (
+	reasonPulling = "Pulling" // `Pulling image "REF"`
+	reasonPulled  = "Pulled"  // a hit or a miss with its time and size
+	reasonFailed  = "Failed"  // `Failed to pull image "REF": ERR` (also `Error: ErrImagePull`, not parsed)
+)
+
+// containerEvents is what one container's events say, as pullsOf gathers it.
+type containerEvents struct {
+	pulled            *pull
+	pullingAt, failAt time.Time // earliest Pulling, earliest Failed to pull (zero: none)
+}
+
 // pullsOf are the pulls of the sandbox containers in events (the kubelet's events of
-// pod): at most one per container of its spec, the first the list holds. Events of other
-// objects or sources than the kubelet, of the agent's containers or of names not in the
-// spec (anyone allowed to create events could write one), or whose message does not
-// parse are left out.
-func pullsOf(events []corev1.Event, pod *corev1.Pod) []pull {
+// pod): at most one per container of its spec, in the order the list first names them. A
+// container's Pulled event (the first the list holds) is its pull; a container of failed
+// (its waiting reason said its image could not be had) without one is a failed pull,
+// taking from its earliest Pulling event to its earliest "Failed to pull image" event
+// (the kubelet's second-resolution times; none without both). Events of other objects or
+// sources than the kubelet, of the agent's containers or of names not in the spec, or
+// whose message does not parse are left out. Anyone allowed to create events in the
+// namespace can still write one that passes (docs/observability.md): what comes out is
+// bounded and feeds metrics and spans only.
+func pullsOf(events []corev1.Event, pod *corev1.Pod, failed map[string]bool) []pull {
 	inSpec := map[string]bool{}
 	for _, c := range pod.Spec.InitContainers {
 		inSpec[c.Name] = true
@@ -126,27 +155,72 @@ func pullsOf(events []corev1.Event, pod *corev1.Pod) []pull {
 	for _, c := range pod.Spec.Containers {
 		inSpec[c.Name] = true
 	}
-	seen := map[string]bool{}
-	var out []pull
+	byName := map[string]*containerEvents{}
+	var order []string
 	for i := range events {
 		ev := &events[i]
-		if ev.Reason != "Pulled" || ev.InvolvedObject.Kind != "Pod" || ev.InvolvedObject.Name != pod.Name || ev.InvolvedObject.UID != pod.UID {
+		if ev.Reason != reasonPulled && ev.Reason != reasonPulling && ev.Reason != reasonFailed {
+			continue
+		}
+		if ev.InvolvedObject.Kind != "Pod" || ev.InvolvedObject.Name != pod.Name || ev.InvolvedObject.UID != pod.UID {
 			continue
 		}
 		if ev.Source.Component != "kubelet" && ev.ReportingController != "kubelet" {
 			continue // only the kubelet pulls
 		}
 		c, ok := containerOfField(ev.InvolvedObject.FieldPath)
-		if !ok || !inSpec[c] || c == containerGate || c == containerInstall || seen[c] {
+		if !ok || !inSpec[c] || c == containerGate || c == containerInstall {
 			continue
 		}
-		p, ok := parsePulled(ev.Message)
-		if !ok {
-			continue
+		ce := byName[c]
+		if ce == nil {
+			ce = &containerEvents{}
 		}
-		p.container, p.at = c, eventTime(ev)
-		seen[c] = true
-		out = append(out, p)
+		at := eventFirst(ev)
+		switch ev.Reason {
+		case reasonPulled:
+			if ce.pulled != nil {
+				continue
+			}
+			p, ok := parsePulled(ev.Message)
+			if !ok {
+				continue
+			}
+			p.container, p.at = c, eventTime(ev)
+			ce.pulled = &p
+		case reasonPulling:
+			if !isPulling(ev.Message) {
+				continue
+			}
+			if ce.pullingAt.IsZero() || at.Before(ce.pullingAt) {
+				ce.pullingAt = at
+			}
+		case reasonFailed:
+			if !isPullFailure(ev.Message) {
+				continue
+			}
+			if ce.failAt.IsZero() || at.Before(ce.failAt) {
+				ce.failAt = at
+			}
+		}
+		if byName[c] == nil {
+			byName[c] = ce
+			order = append(order, c)
+		}
+	}
+	var out []pull
+	for _, c := range order {
+		ce := byName[c]
+		switch {
+		case ce.pulled != nil:
+			out = append(out, *ce.pulled)
+		case failed[c] && !ce.pullingAt.IsZero() && !ce.failAt.IsZero() && !ce.failAt.Before(ce.pullingAt):
+			d := ce.failAt.Sub(ce.pullingAt)
+			if d > maxPullDuration {
+				continue
+			}
+			out = append(out, pull{container: c, failed: true, d: d, at: ce.failAt})
+		}
 	}
 	return out
 }
@@ -164,35 +238,78 @@ func containerOfField(fp string) (string, bool) {
 	return "", false
 }
 
-// parsePulled reads the kubelet's Pulled message (pkg/kubelet/images): `Container image
-// "REF" already present on machine` (a hit), or `Successfully pulled image "REF" in D
-// (D' including waiting)[. Image size: N bytes.]` (a miss that took D).
-func parsePulled(msg string) (pull, bool) {
+// clip is msg cut to maxEventMessage bytes.
+func clip(msg string) string {
 	if len(msg) > maxEventMessage {
-		msg = msg[:maxEventMessage]
+		return msg[:maxEventMessage]
 	}
-	if strings.HasPrefix(msg, "Container image ") && strings.HasSuffix(msg, " already present on machine") {
-		return pull{hit: true}, true
+	return msg
+}
+
+// isPulling: the kubelet's `Pulling image "REF"`.
+func isPulling(msg string) bool {
+	msg = clip(msg)
+	rest, ok := strings.CutPrefix(msg, `Pulling image "`)
+	return ok && strings.HasSuffix(rest, `"`)
+}
+
+// isPullFailure: the kubelet's `Failed to pull image "REF": ERR` (not its `Error:
+// ErrImagePull` nor other Failed events, such as a container that could not start).
+func isPullFailure(msg string) bool {
+	rest, ok := strings.CutPrefix(clip(msg), `Failed to pull image "`)
+	return ok && strings.Contains(rest, `": `)
+}
+
+// parsePulled reads the kubelet's Pulled message (pkg/kubelet/images): `Container image
+// "REF" already present on machine[ …]` (a hit), or `Successfully pulled image "REF" in D
+// (D' including waiting)[. Image size: N bytes.]` (a miss that took D, of an image of N
+// bytes as the container runtime counts it).
+func parsePulled(msg string) (pull, bool) {
+	msg = clip(msg)
+	if rest, ok := strings.CutPrefix(msg, `Container image "`); ok {
+		// The reference is quoted (%q); v1.33's KubeletEnsureSecretPulledImages adds words after.
+		if strings.Contains(rest, `" already present on machine`) {
+			return pull{hit: true}, true
+		}
+		return pull{}, false
 	}
-	rest, ok := strings.CutPrefix(msg, "Successfully pulled image ")
+	rest, ok := strings.CutPrefix(msg, `Successfully pulled image "`)
 	if !ok {
 		return pull{}, false
 	}
 	// The reference is quoted (%q): its closing quote is followed by " in ".
-	i := strings.Index(rest, `" in `)
+	i := strings.LastIndex(rest, `" in `)
 	if i < 0 {
 		return pull{}, false
 	}
 	rest = rest[i+len(`" in `):]
-	if j := strings.IndexByte(rest, ' '); j >= 0 {
-		rest = rest[:j]
-	}
-	rest = strings.TrimSuffix(rest, ".")
-	d, err := time.ParseDuration(rest)
+	dur, tail, _ := strings.Cut(rest, " ")
+	dur = strings.TrimSuffix(dur, ".")
+	d, err := time.ParseDuration(dur)
 	if err != nil || d < 0 || d > maxPullDuration {
 		return pull{}, false
 	}
-	return pull{d: d}, true
+	p := pull{d: d}
+	if _, sz, ok := strings.Cut(tail, "Image size: "); ok {
+		if n, ok := strings.CutSuffix(sz, " bytes."); ok && len(n) > 0 && len(n) <= 20 {
+			v, err := strconv.ParseInt(n, 10, 64)
+			if err == nil && v > 0 && v <= counters.MaxReportedImageSize {
+				p.size = v
+			}
+		}
+	}
+	return p, true
+}
+
+// eventFirst is when ev first happened, as precisely as it says.
+func eventFirst(ev *corev1.Event) time.Time {
+	switch {
+	case !ev.EventTime.IsZero():
+		return ev.EventTime.Time
+	case !ev.FirstTimestamp.IsZero():
+		return ev.FirstTimestamp.Time
+	}
+	return ev.LastTimestamp.Time
 }
 
 // eventTime is when ev last happened, as precisely as it says.
@@ -218,12 +335,13 @@ const maxPodEvents = 256
 // stored (the kubelet sends them asynchronously), between tries.
 var defaultEventsWait = []time.Duration{0, 500 * time.Millisecond, time.Second, 2 * time.Second}
 
-// recordPulls reads the kubelet's Pulled events of s's running Pod (pod, whose sandbox
-// containers are want) and records each container's pull: in the image pull series and
+// recordPulls reads the kubelet's pull events of s's Pod (pod, whose sandbox containers
+// are want; failed: those whose image could not be had, already counted) and records
+// each container's pull: in the image pull series (a failed one: its duration only) and
 // as an image.pull span of ctx's span, placed by the event (second resolution) and as
 // long as the kubelet measured, within the Pod's runtime step. Runs after Create
 // returned; gives up when the events cannot be read.
-func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st *createSteps) {
+func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, failed map[string]bool, st *createSteps) {
 	// At most maxEventReaders Pods' events are read at once: a field-selected list is
 	// served by scanning the namespace's events, so a burst of creates must not make a
 	// burst of scans.
@@ -246,7 +364,8 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st
 		}
 		lctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 		list, err := b.cfg.Client.CoreV1().Events(b.cfg.Namespace).List(lctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod.Name, "involvedObject.uid": string(pod.UID), "reason": "Pulled"}.String(),
+			// All of the Pod's events (a field selector takes one reason): Pulling, Pulled and Failed are wanted.
+			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod.Name, "involvedObject.uid": string(pod.UID)}.String(),
 			Limit:         maxPodEvents,
 		})
 		cancel()
@@ -261,13 +380,18 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st
 			return
 		}
 		b.eventsWarned.Store(false)
-		got = pullsOf(list.Items, pod)
+		got = pullsOf(list.Items, pod, failed)
 		if len(got) >= want {
 			break
 		}
 	}
 	for _, p := range got {
-		counters.ImagePull(p.hit, p.d, nil)
+		if p.failed {
+			counters.ImagePullFailedDuration(p.d)
+		} else {
+			counters.ImagePull(p.hit, p.d, nil)
+			counters.KubeletImageSize(p.size)
+		}
 		end := p.at
 		if st != nil {
 			// The event's second-resolution time, moved into the step it belongs to.
@@ -278,7 +402,11 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, st
 				end = lim
 			}
 		}
-		tracing.Step(ctx, stepPull, end.Add(-p.d), end, tracing.KeyCacheHit.Bool(p.hit), tracing.KeyContainer.String(p.container))
+		attrs := []attribute.KeyValue{tracing.KeyCacheHit.Bool(p.hit), tracing.KeyContainer.String(p.container)}
+		if p.failed {
+			attrs = append(attrs, attribute.Bool("error", true))
+		}
+		tracing.Step(ctx, stepPull, end.Add(-p.d), end, attrs...)
 	}
 }
 
@@ -319,8 +447,9 @@ func (b *Backend) reportCreate(ctx context.Context, s *sandbox, created *corev1.
 		st.ready = time.Now()
 	}
 	st.record(ctx)
+	var failed map[string]bool
 	if *errp != nil {
-		pullFailures(pod)
+		failed = pullFailures(pod)
 	}
-	go b.recordPulls(context.WithoutCancel(ctx), created, sandboxContainers(created), &st)
+	go b.recordPulls(context.WithoutCancel(ctx), created, sandboxContainers(created), failed, &st)
 }
