@@ -18,6 +18,8 @@ type ociRuntime struct {
 	// else binary.
 	exe  string
 	root string
+	// crun: the binary is crun (ocichoice.go), not runc.
+	crun bool
 	// gvisor: the binary is runsc (see gvisor.go): global flags, no inherited agent
 	// socket, no OCI seccomp, signals through the CLI, no warm pool.
 	gvisor bool
@@ -28,7 +30,7 @@ type ociRuntime struct {
 }
 
 func newOCIRuntime(class, binary, root string) *ociRuntime {
-	return &ociRuntime{class: class, binary: binary, exe: binary, root: root, gvisor: isGVisor(class, binary)}
+	return &ociRuntime{class: class, binary: binary, exe: binary, root: root, gvisor: isGVisor(class, binary), crun: isCrun(binary)}
 }
 
 func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
