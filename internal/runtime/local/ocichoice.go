@@ -1,12 +1,16 @@
 package local
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Which OCI runtime CLI runs the runc class (Config.OCIRuntime): runc (the default) or
@@ -16,13 +20,17 @@ import (
 // --pid-file --preserve-fds, state, kill, delete --force, list --format json, pause,
 // resume, exec); what differs:
 //
-//   - runc is run from a sealed in-memory copy (runcsealed.go) so that its per-init
-//     CVE-2019-5736 protection has nothing left to do; crun needs none: it has no
-//     `runc init` re-exec of its own binary into the container (its container init is
-//     a clone of the crun process, which execs the workload), and it protects the
-//     host's binary from /proc/self/exe by re-executing itself from a sealed memfd
-//     copy when it is not one already (crun's ensure_cloned_binary, as runc did
-//     before 1.2), so crun is executed from its path.
+//   - Both are run from a sealed in-memory copy (runcsealed.go). Each guards the
+//     host's binary against a container reaching it through /proc/<pid>/exe
+//     (CVE-2019-5736) the same way: anything but a memfd sealed with exactly
+//     F_SEAL_SEAL|SHRINK|GROW|WRITE is bind-mounted read-only or copied into such a
+//     memfd and re-executed from there. runc does it in every `runc init`, crun (a
+//     constructor in libcrun, ensure_cloned_binary) in every command, `crun state`
+//     and `crun delete` too; from the sealed copy neither has anything left to do.
+//   - crun 1.8 takes a config.json of ociVersion 1.0.x or 1.1.x only: the backend
+//     writes crunSpecVersion for it.
+//   - crun refuses a hybrid cgroup host whose cgroup2 mount has a controller
+//     (checkCrunCgroups); runc takes it.
 //   - Each keeps its own state format under the class's root (<StateDir>/.oci/<class>):
 //     runc a <id>/state.json, crun a <id>/status. A backend refuses a root holding
 //     the other runtime's containers (ociStateOf): switch runtimes only on a runner
@@ -82,6 +90,9 @@ func applyOCIRuntime(runtimes map[string]string, name string) (map[string]string
 	if bin == "" {
 		return nil, errors.New("local backend: OCI runtime crun: no crun binary (/usr/bin/crun or on PATH; apt install crun)")
 	}
+	if err := checkCrunCgroups(cgroupRoot); err != nil {
+		return nil, err
+	}
 	out := maps.Clone(runtimes)
 	out["runc"] = bin
 	return out, nil
@@ -106,4 +117,24 @@ func ociStateOf(root string) string {
 		}
 	}
 	return ""
+}
+
+// checkCrunCgroups fails when crun cannot put containers into cgroups on this host: a
+// cgroup v1 host ("hybrid") with a cgroup2 mount at root+"/unified" that holds a
+// controller (crun 1.8: "cgroups in hybrid mode not supported, drop all controllers
+// from cgroupv2"). root is /sys/fs/cgroup but for tests. A pure v1 or v2 host passes.
+func checkCrunCgroups(root string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil || st.Type == unix.CGROUP2_SUPER_MAGIC {
+		return nil // cgroup v2 only (or nothing crun will find either)
+	}
+	unified := filepath.Join(root, "unified")
+	if err := unix.Statfs(unified, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return nil // cgroup v1 only
+	}
+	b, err := os.ReadFile(filepath.Join(unified, "cgroup.controllers"))
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return nil
+	}
+	return fmt.Errorf("local backend: OCI runtime crun: this host mounts cgroup v1 with a cgroup2 at %s holding controllers (%s), which crun refuses: use runc, a host with cgroup v1 or v2 only, or run the runner in a mount namespace without %s (scripts/cgroup-v1-ns.sh)", unified, strings.TrimSpace(string(b)), unified)
 }

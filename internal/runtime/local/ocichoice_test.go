@@ -1,0 +1,128 @@
+package local
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+func TestValidateOCIRuntime(t *testing.T) {
+	for _, ok := range []string{"", "runc", "crun"} {
+		if err := ValidateOCIRuntime(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"runsc", "RUNC", "/usr/bin/crun", "crun ", "youki"} {
+		if err := ValidateOCIRuntime(bad); err == nil {
+			t.Errorf("%q: accepted", bad)
+		}
+	}
+}
+
+func TestApplyOCIRuntime(t *testing.T) {
+	in := map[string]string{"runc": "/usr/sbin/runc", GVisorClass: "/x/runsc"}
+	for _, name := range []string{"", "runc"} {
+		out, err := applyOCIRuntime(in, name)
+		if err != nil || out["runc"] != "/usr/sbin/runc" || out[GVisorClass] != "/x/runsc" {
+			t.Errorf("%q: %v %v", name, out, err)
+		}
+	}
+	if _, err := applyOCIRuntime(in, "youki"); err == nil {
+		t.Error("youki: accepted")
+	}
+	if FindCrun() == "" {
+		if _, err := applyOCIRuntime(in, "crun"); err == nil {
+			t.Error("crun without a crun binary: accepted")
+		}
+		return
+	}
+	if checkCrunCgroups(cgroupRoot) != nil {
+		t.Skip("this host's cgroups are not crun's (hybrid with cgroup2 controllers)")
+	}
+	out, err := applyOCIRuntime(in, "crun")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isCrun(out["runc"]) || out[GVisorClass] != "/x/runsc" {
+		t.Errorf("crun: %v", out)
+	}
+	if in["runc"] != "/usr/sbin/runc" {
+		t.Errorf("the caller's map changed: %v", in)
+	}
+}
+
+func TestOCIStateOf(t *testing.T) {
+	root := t.TempDir()
+	if got := ociStateOf(filepath.Join(root, "none")); got != "" {
+		t.Errorf("no root: %q", got)
+	}
+	if got := ociStateOf(root); got != "" {
+		t.Errorf("empty root: %q", got)
+	}
+	mk := func(id, file string) {
+		if err := os.MkdirAll(filepath.Join(root, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, id, file), []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("a", "config.json") // neither's
+	if got := ociStateOf(root); got != "" {
+		t.Errorf("unknown: %q", got)
+	}
+	mk("b", "status")
+	if got := ociStateOf(root); got != OCICrun {
+		t.Errorf("crun's: %q", got)
+	}
+	os.RemoveAll(filepath.Join(root, "b"))
+	mk("c", "state.json")
+	if got := ociStateOf(root); got != OCIRunc {
+		t.Errorf("runc's: %q", got)
+	}
+}
+
+func TestCheckCrunCgroupsNotCgroupfs(t *testing.T) {
+	// Not a cgroup mount at all: nothing for crun to refuse.
+	if err := checkCrunCgroups(t.TempDir()); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestOCIRuntimeSwitchRefused: a backend on a state dir whose runc class has
+// containers of the other OCI runtime refuses to start (it could neither see nor
+// stop them), and starts again under the runtime that made them.
+func TestOCIRuntimeSwitchRefused(t *testing.T) {
+	if FindCrun() == "" || checkCrunCgroups(cgroupRoot) != nil {
+		t.Skip("needs crun on a host whose cgroups it takes (scripts/cgroup-v1-ns.sh)")
+	}
+	e := newEnv(t)
+	e.create(runtime.Spec{ID: "switch-1"})
+	made := testOCIRuntime
+	if made == "" {
+		made = OCIRunc
+	}
+	other := OCICrun
+	if made == OCICrun {
+		other = OCIRunc
+	}
+	cfg := e.b.cfg
+	cfg.Runtimes, cfg.OCIRuntime = nil, other
+	_, err := New(cfg)
+	if err == nil || !strings.Contains(err.Error(), "started by "+made) {
+		t.Fatalf("a backend of %s on %s's containers: %v", other, made, err)
+	}
+	if err := e.b.Destroy(context.Background(), "switch-1"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Runtimes = nil
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatalf("no containers left: %v", err)
+	}
+	_ = b.Close(context.Background())
+}
