@@ -119,6 +119,10 @@ func ociStateOf(root string) string {
 	return ""
 }
 
+// CheckCrunCgroups is checkCrunCgroups on this host's /sys/fs/cgroup: nil when crun
+// can put containers into cgroups here.
+func CheckCrunCgroups() error { return checkCrunCgroups(cgroupRoot) }
+
 // checkCrunCgroups fails when crun cannot put containers into cgroups on this host: a
 // cgroup v1 host ("hybrid") with a cgroup2 mount at root+"/unified" that holds a
 // controller (crun 1.8: "cgroups in hybrid mode not supported, drop all controllers
