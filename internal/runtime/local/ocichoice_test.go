@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,4 +131,20 @@ func TestOCIRuntimeSwitchRefused(t *testing.T) {
 		t.Fatalf("no containers left: %v", err)
 	}
 	_ = b.Close(context.Background())
+}
+
+// TestNotExistCrun: crun's words for an unknown container count as "no such container",
+// as runc's and runsc's do; other missing files do not.
+func TestNotExistCrun(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"runc delete x: exit status 1: container does not exist":                                                 true,
+		"runc kill x TERM: exit status 1: error opening file `/s/.oci/runc/x/status`: No such file or directory": true,
+		"runc delete x: exit status 1: cannot open directory '/s/.oci/runc/x': No such file or directory":        true,
+		"runc run x: exit status 1: open `/s/x/bundle/config.json`: No such file or directory":                   false,
+		"runc pause x: exit status 1: permission denied":                                                         false,
+	} {
+		if got := notExist(errors.New(msg)); got != want {
+			t.Errorf("notExist(%q) = %v, want %v", msg, got, want)
+		}
+	}
 }

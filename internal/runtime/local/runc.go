@@ -165,9 +165,17 @@ func (r *ociRuntime) list(ctx context.Context) (map[string]containerState, error
 	return m, nil
 }
 
+// notExist says whether err is the runtime's "no such container": runc's "container
+// does not exist", runsc's "not found", crun's missing state file or dir ("error opening
+// file `<root>/<id>/status`: No such file or directory", or for delete "cannot open
+// directory '<root>/<id>': No such file or directory").
 func notExist(err error) bool {
 	s := err.Error()
-	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found")
+	if strings.Contains(s, "does not exist") || strings.Contains(s, "not found") {
+		return true
+	}
+	return strings.Contains(s, "No such file or directory") &&
+		(strings.Contains(s, "/status`") || strings.Contains(s, "cannot open directory '"))
 }
 
 // tailOf returns up to n trailing bytes of a file, for error messages.
