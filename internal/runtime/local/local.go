@@ -186,6 +186,9 @@ type Backend struct {
 
 	// hostCPUs are the CPUs sandboxes' cpusets are taken from (see limits.go).
 	hostCPUs []int
+	// crunCgroupDirs are the cgroup hierarchy dirs a crun container's spec keeps
+	// read-only (ocichoice.go, crunSpec).
+	crunCgroupDirs []string
 
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
@@ -388,6 +391,8 @@ func New(cfg Config) (*Backend, error) {
 		}
 		b.runtimes[class] = rt
 	}
+	self, _ := os.ReadFile("/proc/self/cgroup")
+	b.crunCgroupDirs = crunCgroupDirs(string(self))
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
@@ -1038,7 +1043,7 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 	}
 	oci := ociSpec(p)
 	if rt.crun {
-		oci.Version = crunSpecVersion // what crun 1.8 takes (ocichoice.go)
+		crunSpec(oci, b.crunCgroupDirs) // ociVersion, /sys/fs/cgroup read-only (ocichoice.go)
 	}
 	b.gvisorGroupSpec(s, oci) // a gVisor group's containers share one sentry (gvisor_group.go)
 	if err := writeJSON(filepath.Join(bundle, "config.json"), oci); err != nil {

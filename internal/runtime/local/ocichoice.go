@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,6 +31,13 @@ import (
 //     and `crun delete` too; from the sealed copy neither has anything left to do.
 //   - crun 1.8 takes a config.json of ociVersion 1.0.x or 1.1.x only: the backend
 //     writes crunSpecVersion for it.
+//   - /sys/fs/cgroup read-only on a cgroup v1 host: crun mounts each controller
+//     read-only under a tmpfs, but its readonlyPaths entry for /sys/fs/cgroup (which the
+//     backend sets: runc leaves that tmpfs writable) bind-mounts the tree recursively
+//     and remounts only its top read-only, so the controllers come out writable: root
+//     in a sandbox without a user namespace could raise its own memory limit. Every
+//     controller dir is listed in readonlyPaths too for crun (crunSpec; missing ones
+//     are skipped by crun), which makes them read-only again.
 //   - crun refuses a hybrid cgroup host whose cgroup2 mount has a controller
 //     (checkCrunCgroups); runc takes it.
 //   - Each keeps its own state format under the class's root (<StateDir>/.oci/<class>):
@@ -42,6 +51,50 @@ import (
 // refuses any but 1.0.x and 1.1.x ("unknown version specified"), and the spec uses
 // nothing newer than 1.1 (runtime-spec 1.2 added fields, changed none of ours).
 const crunSpecVersion = "1.1.0"
+
+// cgroupV1Names are the cgroup v1 hierarchies' dir names under /sys/fs/cgroup that crun
+// may mount (the kernel's v1 controllers, usual co-mounts and named hierarchies), besides
+// those the runner's own /proc/self/cgroup names (crunCgroupDirs).
+var cgroupV1Names = []string{
+	"blkio", "cpu", "cpuacct", "cpu,cpuacct", "cpuacct,cpu", "cpuset", "devices", "freezer", "hugetlb",
+	"memory", "net_cls", "net_prio", "net_cls,net_prio", "net_prio,net_cls", "perf_event", "pids", "rdma",
+	"misc", "systemd", "elogind", "unified",
+}
+
+// crunCgroupDirs is every /sys/fs/cgroup/<hierarchy> path crun may mount in a container:
+// cgroupV1Names and the hierarchies of selfCgroup (a /proc/self/cgroup's content).
+func crunCgroupDirs(selfCgroup string) []string {
+	names := slices.Clone(cgroupV1Names)
+	for _, l := range strings.Split(selfCgroup, "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 || parts[1] == "" {
+			continue // cgroup v2's 0::/path
+		}
+		names = append(names, strings.TrimPrefix(parts[1], "name="))
+		for _, c := range strings.Split(parts[1], ",") {
+			names = append(names, strings.TrimPrefix(c, "name="))
+		}
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if n == "" || n == "." || n == ".." || strings.ContainsAny(n, "/\x00") {
+			continue
+		}
+		out = append(out, "/sys/fs/cgroup/"+n)
+	}
+	return out
+}
+
+// crunSpec adapts a runc-class spec to crun: crunSpecVersion, and every cgroup
+// hierarchy dir read-only after /sys/fs/cgroup (see above), when the spec has it so.
+func crunSpec(oci *specs.Spec, cgroupDirs []string) {
+	oci.Version = crunSpecVersion
+	if oci.Linux != nil && slices.Contains(oci.Linux.ReadonlyPaths, "/sys/fs/cgroup") {
+		oci.Linux.ReadonlyPaths = append(slices.Clone(oci.Linux.ReadonlyPaths), cgroupDirs...)
+	}
+}
 
 // OCI runtime names of Config.OCIRuntime.
 const (

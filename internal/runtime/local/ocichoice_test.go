@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -146,5 +147,37 @@ func TestNotExistCrun(t *testing.T) {
 		if got := notExist(errors.New(msg)); got != want {
 			t.Errorf("notExist(%q) = %v, want %v", msg, got, want)
 		}
+	}
+}
+
+// TestCrunSpec: a spec for crun says ociVersion 1.1.0 and keeps every cgroup hierarchy
+// dir read-only after /sys/fs/cgroup (crun's recursive read-only bind of /sys/fs/cgroup
+// leaves the controllers writable otherwise); the runner's own hierarchies are listed
+// whatever their names.
+func TestCrunSpec(t *testing.T) {
+	self := "12:hugetlb:/\n11:cpu,cpuacct:/x\n3:name=openrc:/\n0::/init.scope\n"
+	dirs := crunCgroupDirs(self)
+	for _, want := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/openrc", "/sys/fs/cgroup/hugetlb"} {
+		if !slices.Contains(dirs, want) {
+			t.Errorf("%s not read-only: %v", want, dirs)
+		}
+	}
+	for _, d := range dirs {
+		if d == "/sys/fs/cgroup/" || strings.Contains(d[len("/sys/fs/cgroup/"):], "/") {
+			t.Errorf("bad dir %q", d)
+		}
+	}
+	oci := ociSpec(specParams{RootFS: "/r", Cgroups: "/p/x"})
+	orig := slices.Clone(oci.Linux.ReadonlyPaths)
+	crunSpec(oci, dirs)
+	if oci.Version != "1.1.0" {
+		t.Errorf("ociVersion %q", oci.Version)
+	}
+	i := slices.Index(oci.Linux.ReadonlyPaths, "/sys/fs/cgroup")
+	if i < 0 || !slices.Equal(oci.Linux.ReadonlyPaths[:len(orig)], orig) || !slices.Equal(oci.Linux.ReadonlyPaths[len(orig):], dirs) {
+		t.Errorf("readonlyPaths %v", oci.Linux.ReadonlyPaths)
+	}
+	if !slices.Equal(readonlyPaths, orig) {
+		t.Errorf("the shared readonlyPaths changed: %v", readonlyPaths)
 	}
 }
