@@ -3,7 +3,7 @@
 # missing. Needs root. Usage: install-deps.sh [--test]
 set -euo pipefail
 pkgs=(runc busybox-static nftables iproute2 ca-certificates debootstrap curl btrfs-progs) # btrfs-progs: mkfs.btrfs for the local backend's volume pool (file-system snapshots)
-[ "${1:-}" = "--test" ] && pkgs+=(make git postgresql haproxy chromium docker.io) # postgresql: internal/store tests start their own server; haproxy: bench/edge compares the edge with HAProxy; chromium: test/console drives the web console in it; docker.io: bench's BenchmarkDockerPeer runs its own dockerd beside sandboxd (the package's service must not run, see below)
+[ "${1:-}" = "--test" ] && pkgs+=(make git postgresql haproxy chromium docker.io crun) # postgresql: internal/store tests start their own server; haproxy: bench/edge compares the edge with HAProxy; chromium: test/console drives the web console in it; docker.io: bench's BenchmarkDockerPeer runs its own dockerd beside sandboxd (the package's service must not run, see below); crun: `make crun-test` and BenchmarkCreateCPU run the runc class with it (docs/oci-runtime.md)
 [ "${1:-}" = "--k8s" ] && pkgs+=(etcd-server containerd containernetworking-plugins iptables openssl kubectl) # test/k8s/up.sh; kubectl: test/k8s applies the runner manifests
 missing=()
 for p in "${pkgs[@]}"; do

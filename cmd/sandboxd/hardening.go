@@ -24,6 +24,8 @@ type hardeningFlags struct {
 	// forkSentries bounds the forks' sandboxes waiting for their source's checkpoint
 	// (local.Config.ForkSentries).
 	forkSentries int
+	// ociRuntime is the OCI runtime CLI of the runc class (local.Config.OCIRuntime).
+	ociRuntime string
 }
 
 func (h *hardeningFlags) register(fs *flag.FlagSet) {
@@ -32,6 +34,7 @@ func (h *hardeningFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.egressUpstreamCA, "egress-upstream-ca", "", "local backend: PEM file of the roots the egress proxy verifies the hosts it injects egress secrets for against (default: the system roots)")
 	fs.StringVar(&h.egressRoots, "egress-roots", "", "local backend: PEM bundle sandboxes with egress secrets trust besides their own CA (/etc/sandboxd-egress/bundle.pem; default: the host's system bundle)")
 	fs.IntVar(&h.forkSentries, "fork-sentries", 0, fmt.Sprintf("local backend: most forks holding a gVisor sandbox of their own before it is restored (waiting for their source's checkpoint), shared fairly by organizations; 0: max(4, 2×GOMAXPROCS), -1: no bound, at most %d", local.MaxForkSentries))
+	fs.StringVar(&h.ociRuntime, "oci-runtime", "runc", "local backend: the OCI runtime that runs the runc runtime class: runc (/usr/sbin/runc) or crun (/usr/bin/crun, cheaper per create; docs/oci-runtime.md)")
 	fs.Var(&h.openReserved, "egress-allow-reserved", "CIDR of a reserved range (private, CGNAT, link-local, …) that sandboxes' explicit cidr egress rules may reach on this runner, when their policy allows (repeatable; the sandbox subnet and the host's addresses cannot be opened; \"any\" never includes it)")
 }
 
@@ -51,9 +54,12 @@ func (h *hardeningFlags) reservedOpen() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// validate checks --disk, --fork-sentries and --egress-allow-reserved.
+// validate checks --disk, --fork-sentries, --oci-runtime and --egress-allow-reserved.
 func (h hardeningFlags) validate() error {
 	if _, err := h.diskBytes(); err != nil {
+		return err
+	}
+	if err := h.validOCIRuntime(); err != nil {
 		return err
 	}
 	if err := h.validForkSentries(); err != nil {
@@ -63,12 +69,16 @@ func (h hardeningFlags) validate() error {
 	return err
 }
 
-// apply sets cfg's disk limit, user namespace setting and fork-sentry bound.
+// apply sets cfg's disk limit, user namespace setting, fork-sentry bound and OCI runtime.
 func (h *hardeningFlags) apply(cfg *stack.Config) error {
 	v, err := h.diskBytes()
 	if err != nil {
 		return err
 	}
+	if err := h.validOCIRuntime(); err != nil {
+		return err
+	}
+	cfg.OCIRuntime = h.ociRuntime
 	if err := h.validForkSentries(); err != nil {
 		return err
 	}
@@ -76,6 +86,14 @@ func (h *hardeningFlags) apply(cfg *stack.Config) error {
 	cfg.EgressUpstreamCAFile, cfg.EgressRootsFile = h.egressUpstreamCA, h.egressRoots
 	cfg.OpenReserved, err = h.reservedOpen()
 	return err
+}
+
+// validOCIRuntime checks --oci-runtime.
+func (h *hardeningFlags) validOCIRuntime() error {
+	if err := local.ValidateOCIRuntime(h.ociRuntime); err != nil {
+		return fmt.Errorf("--oci-runtime: %w", err)
+	}
+	return nil
 }
 
 // validForkSentries checks --fork-sentries.

@@ -66,3 +66,34 @@ func TestForkSentriesFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestOCIRuntimeFlag: --oci-runtime reaches the stack's configuration and refuses any
+// runtime but runc and crun.
+func TestOCIRuntimeFlag(t *testing.T) {
+	for _, tc := range []struct {
+		arg, want string
+		ok        bool
+	}{{"", "runc", true}, {"runc", "runc", true}, {"crun", "crun", true}, {"runsc", "", false}, {"/usr/bin/crun", "", false}, {"CRUN", "", false}} {
+		var h hardeningFlags
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		h.register(fs)
+		args := []string{}
+		if tc.arg != "" {
+			args = []string{"--oci-runtime=" + tc.arg}
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		var cfg stack.Config
+		err := h.apply(&cfg)
+		if verr := h.validate(); (verr == nil) != tc.ok {
+			t.Errorf("%q: validate %v", tc.arg, verr)
+		}
+		switch {
+		case tc.ok && (err != nil || cfg.OCIRuntime != tc.want):
+			t.Errorf("%q: OCIRuntime %q, %v, want %q", tc.arg, cfg.OCIRuntime, err, tc.want)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "--oci-runtime")):
+			t.Errorf("%q: %v, want a refusal naming the flag", tc.arg, err)
+		}
+	}
+}

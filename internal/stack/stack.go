@@ -68,7 +68,10 @@ type Config struct {
 	NoUserNS bool
 	// ForkSentries bounds the forks' sandboxes not restored yet (local.Config.ForkSentries).
 	ForkSentries int
-	Logger       *slog.Logger
+	// OCIRuntime runs the runc class with runc ("", "runc") or crun
+	// (local.Config.OCIRuntime).
+	OCIRuntime string
+	Logger     *slog.Logger
 	// Blobs, BlobConfig and the snapshot limits: see runner.Config (nil: no file-system
 	// snapshots).
 	Blobs                                   blob.Store
@@ -168,6 +171,7 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		DiskBytes:    cfg.DiskBytes,
 		NoUserNS:     cfg.NoUserNS,
 		ForkSentries: cfg.ForkSentries,
+		OCIRuntime:   cfg.OCIRuntime,
 
 		EgressRootsFile: cfg.EgressRootsFile,
 	})

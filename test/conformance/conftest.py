@@ -9,6 +9,7 @@ Environment:
   SANDBOXD_DATA_DIR               data dir for ``sandboxd dev`` (default: a fresh temp dir)
   SANDBOXD_READY_TIMEOUT          seconds to wait for GET /readyz (default 60)
   SANDBOXD_CONFORMANCE_REQUIRED   1 = a missing binary/root fails instead of skipping
+  SANDBOXD_TEST_OCI_RUNTIME       runc (default) or crun: ``sandboxd dev --oci-runtime`` (docs/oci-runtime.md)
 
 The server's stdout/stderr go to a file (its path is printed in the report header). When a test
 fails, the part of that log written during the test (at most the last 200 lines) is attached to
@@ -144,6 +145,8 @@ def sandboxd(tmp_path_factory: pytest.TempPathFactory):
     # -v: the direct data plane's connection lines (test_direct.py) are DEBUG (no INFO lines per exec).
     cmd = [str(binary), "dev", "-v", "--data-dir", str(data_dir), "--listen", listen, "--data-plane-listen", data_plane, "--edge-listen", edge,
            "--bridge", bridge, "--subnet", subnet, "--cgroup-parent", cgroup_parent]
+    if os.environ.get("SANDBOXD_TEST_OCI_RUNTIME"):
+        cmd += ["--oci-runtime", os.environ["SANDBOXD_TEST_OCI_RUNTIME"]]
     ready_timeout = float(os.environ.get("SANDBOXD_READY_TIMEOUT", "60"))
 
     log_f = open(log_path, "wb")

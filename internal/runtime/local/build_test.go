@@ -129,7 +129,7 @@ func TestBuildInGVisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := e.withNetwork(t, buildTestNetwork)
-	b, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+	b, err := New(Config{OCIRuntime: testOCIRuntime, StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
 		Images: &buildImages{builder: rootfs, store: store}, Runtimes: e.b.cfg.Runtimes, Network: e.b.cfg.Network})
 	if err != nil {
 		t.Fatal(err)

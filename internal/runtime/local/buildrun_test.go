@@ -55,7 +55,7 @@ func TestBuildRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	b, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+	b, err := New(Config{OCIRuntime: testOCIRuntime, StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
 		Images: &buildImages{builder: rootfs}, Runtimes: e.b.cfg.Runtimes})
 	if err != nil {
 		t.Fatal(err)

@@ -57,7 +57,7 @@ func (c *crashCase) netConfig() network.Config {
 // state, a Backend on the state dir.
 func (c *crashCase) backend(tb testing.TB) (*Backend, *network.Manager) {
 	tb.Helper()
-	cfg := Config{StateDir: c.State, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+	cfg := Config{StateDir: c.State, AgentBinary: agentBin, CgroupParent: testCgroupParent, OCIRuntime: testOCIRuntime,
 		Images: testImages{layers: []string{busyboxDir}}, DiskBytes: c.Disk}
 	if c.Pool {
 		cfg.Pool = PoolConfig{Size: 1, Idle: time.Minute}

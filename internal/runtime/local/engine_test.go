@@ -105,7 +105,7 @@ func TestEngineSandbox(t *testing.T) {
 		t.Fatalf("unpack %s: %v: %s", engineTar, err, out)
 	}
 	ei := &engineImages{rootfs: rootfs, busybox: imgs.Busybox}
-	b, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: ei, Runtimes: e.b.cfg.Runtimes})
+	b, err := New(Config{OCIRuntime: testOCIRuntime, StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: ei, Runtimes: e.b.cfg.Runtimes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestEngineSandbox(t *testing.T) {
 	}
 	// A restarted backend adopts the engine sandbox (its runsc flags are no longer in
 	// memory) and destroys it without leaks.
-	b2, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: ei, Runtimes: e.b.cfg.Runtimes})
+	b2, err := New(Config{OCIRuntime: testOCIRuntime, StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: ei, Runtimes: e.b.cfg.Runtimes})
 	if err != nil {
 		t.Fatal(err)
 	}

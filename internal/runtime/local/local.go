@@ -94,6 +94,9 @@ type Config struct {
 	Runtimes map[string]string
 	// DefaultRuntime is the class for specs without one; default "runc".
 	DefaultRuntime string
+	// OCIRuntime is the OCI runtime CLI of the runc class: "runc" (or "", the default:
+	// Runtimes' binary) or "crun" (FindCrun's binary replaces it). See ocichoice.go.
+	OCIRuntime string
 	// CgroupParent names the cgroup every sandbox's cgroup is made under: cgroupsPath is
 	// /<CgroupParent>/<id> (cgroupfs). Default "sandboxd".
 	CgroupParent string
@@ -183,6 +186,9 @@ type Backend struct {
 
 	// hostCPUs are the CPUs sandboxes' cpusets are taken from (see limits.go).
 	hostCPUs []int
+	// crunCgroupDirs are the cgroup hierarchy dirs a crun container's spec keeps
+	// read-only (ocichoice.go, crunSpec).
+	crunCgroupDirs []string
 
 	// trace, when set (tests, benchmarks), receives the duration of each Create step.
 	trace func(step string, d time.Duration)
@@ -324,6 +330,9 @@ func New(cfg Config) (*Backend, error) {
 	if len(cfg.Runtimes) == 0 {
 		cfg.Runtimes = DefaultRuntimes()
 	}
+	if cfg.Runtimes, err = applyOCIRuntime(cfg.Runtimes, cfg.OCIRuntime); err != nil {
+		return nil, err
+	}
 	if cfg.DefaultRuntime == "" {
 		cfg.DefaultRuntime = "runc"
 	}
@@ -359,19 +368,31 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: runtime %q binary %q must be an absolute path", class, bin)
 		}
 		rt := newOCIRuntime(class, bin, filepath.Join(cfg.StateDir, ociRootDir, class))
+		if !rt.gvisor {
+			// runc and crun keep their states apart and cannot read each other's.
+			want := OCIRunc
+			if rt.crun {
+				want = OCICrun
+			}
+			if got := ociStateOf(rt.root); got != "" && got != want {
+				return nil, fmt.Errorf("local backend: runtime %q: %s holds containers started by %s, not %s: destroy them first, or keep the OCI runtime %s", class, rt.root, got, want, got)
+			}
+		}
 		if !rt.gvisor && usesSealedCopy(bin) {
 			exe, err := sealedExe(bin)
 			if err == nil {
 				exe, err = linkExe(filepath.Join(cfg.StateDir, ociRootDir, ".exe-"+class), filepath.Base(bin), exe)
 			}
 			if err != nil {
-				cfg.Logger.Warn("runc runs from its path: each create copies or bind-mounts it", "runtime", class, "err", err)
+				cfg.Logger.Warn("the OCI runtime runs from its path: each run copies or bind-mounts it", "runtime", class, "binary", bin, "err", err)
 			} else {
 				rt.exe = exe
 			}
 		}
 		b.runtimes[class] = rt
 	}
+	self, _ := os.ReadFile("/proc/self/cgroup")
+	b.crunCgroupDirs = crunCgroupDirs(string(self))
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
@@ -1021,6 +1042,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 		}
 	}
 	oci := ociSpec(p)
+	if rt.crun {
+		crunSpec(oci, b.crunCgroupDirs) // ociVersion, /sys/fs/cgroup read-only (ocichoice.go)
+	}
 	b.gvisorGroupSpec(s, oci) // a gVisor group's containers share one sentry (gvisor_group.go)
 	if err := writeJSON(filepath.Join(bundle, "config.json"), oci); err != nil {
 		return nil, nil, err

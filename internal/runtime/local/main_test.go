@@ -29,6 +29,10 @@ import (
 // time, and their sandboxes must not look like this run's leaks.
 var testCgroupParent = "sandboxd-localtest-" + strconv.Itoa(os.Getpid())
 
+// testOCIRuntime is the OCI runtime of the runc class the tests' backends use
+// (Config.OCIRuntime): SANDBOXD_TEST_OCI_RUNTIME, "" (runc) by default.
+var testOCIRuntime = os.Getenv("SANDBOXD_TEST_OCI_RUNTIME")
+
 var (
 	agentBin   string // the agent the tests run
 	busyboxDir string // a one-layer busybox rootfs
@@ -225,6 +229,7 @@ func (e *env) backend() *Backend {
 		AgentBinary:  agentBin,
 		CgroupParent: testCgroupParent,
 		Images:       testImages{layers: []string{busyboxDir}},
+		OCIRuntime:   testOCIRuntime,
 	}
 	if e.cfg != nil {
 		e.cfg(&cfg)

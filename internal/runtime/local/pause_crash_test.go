@@ -31,7 +31,7 @@ const pauseCrashEnv = "SBXL_PAUSE_CRASH"
 const pauseCrashID = "pc-1"
 
 func (c *pauseCrash) backend(tb testing.TB) *Backend {
-	b, err := New(Config{StateDir: c.State, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+	b, err := New(Config{OCIRuntime: testOCIRuntime, StateDir: c.State, AgentBinary: agentBin, CgroupParent: testCgroupParent,
 		Images: testImages{layers: []string{busyboxDir}}})
 	if err != nil {
 		tb.Fatal(err)

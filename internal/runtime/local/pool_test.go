@@ -29,7 +29,7 @@ func poolEnv(t *testing.T, size int, idle time.Duration) *env {
 func poolEnvCfg(t *testing.T, cfg PoolConfig) *env {
 	t.Helper()
 	e := newEnv(t)
-	b, err := New(Config{
+	b, err := New(Config{OCIRuntime: testOCIRuntime,
 		StateDir:     e.state,
 		AgentBinary:  agentBin,
 		CgroupParent: testCgroupParent,
@@ -379,7 +379,7 @@ func (c *countingImages) count(ref string) int {
 func TestPoolNoRepullAfterFailure(t *testing.T) {
 	e := newEnv(t)
 	imgs := &countingImages{testImages: testImages{layers: []string{busyboxDir}}, pulls: map[string]int{}}
-	b, err := New(Config{
+	b, err := New(Config{OCIRuntime: testOCIRuntime,
 		StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: imgs,
 		Pool:   PoolConfig{Size: 2, Idle: time.Minute},
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),

@@ -253,7 +253,7 @@ func TestPrepullIntoImageStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+	b, err := New(Config{OCIRuntime: testOCIRuntime, StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
 		Images: storeImages{store}, Pool: PoolConfig{Size: 0, MaxTargeted: 4},
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	if err != nil {

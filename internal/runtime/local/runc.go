@@ -18,6 +18,8 @@ type ociRuntime struct {
 	// else binary.
 	exe  string
 	root string
+	// crun: the binary is crun (ocichoice.go), not runc.
+	crun bool
 	// gvisor: the binary is runsc (see gvisor.go): global flags, no inherited agent
 	// socket, no OCI seccomp, signals through the CLI, no warm pool.
 	gvisor bool
@@ -28,7 +30,7 @@ type ociRuntime struct {
 }
 
 func newOCIRuntime(class, binary, root string) *ociRuntime {
-	return &ociRuntime{class: class, binary: binary, exe: binary, root: root, gvisor: isGVisor(class, binary)}
+	return &ociRuntime{class: class, binary: binary, exe: binary, root: root, gvisor: isGVisor(class, binary), crun: isCrun(binary)}
 }
 
 func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
@@ -166,9 +168,17 @@ func (r *ociRuntime) list(ctx context.Context) (map[string]containerState, error
 	return m, nil
 }
 
+// notExist says whether err is the runtime's "no such container": runc's "container
+// does not exist", runsc's "not found", crun's missing state file or dir ("error opening
+// file `<root>/<id>/status`: No such file or directory", or for delete "cannot open
+// directory '<root>/<id>': No such file or directory").
 func notExist(err error) bool {
 	s := err.Error()
-	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found")
+	if strings.Contains(s, "does not exist") || strings.Contains(s, "not found") {
+		return true
+	}
+	return strings.Contains(s, "No such file or directory") &&
+		(strings.Contains(s, "/status`") || strings.Contains(s, "cannot open directory '"))
 }
 
 // tailOf returns up to n trailing bytes of a file, for error messages.

@@ -51,8 +51,16 @@ var sealedCopies struct {
 }
 
 // usesSealedCopy says whether binary (a runtime class's) is run from a sealed copy:
-// runc's only (gVisor's runsc and others do not clone themselves).
-func usesSealedCopy(binary string) bool { return filepath.Base(binary) == "runc" }
+// runc's and crun's (gVisor's runsc and others do not clone themselves). crun (1.8)
+// clones itself the same way as runc 1.1, and on every command, not only the
+// container's init: a constructor (libcrun's ensure_cloned_binary) takes anything but a
+// memfd sealed with exactly runc's seals for unsafe, bind-mounts /proc/self/exe
+// read-only on a mkstemp file in /tmp (or copies it to a memfd) and fexecve()s itself
+// from there, before it parses its arguments: `crun state` pays it as `crun run` does.
+func usesSealedCopy(binary string) bool {
+	b := filepath.Base(binary)
+	return b == "runc" || b == OCICrun
+}
 
 // sealedExe returns the path to exec for binary: its sealed copy, made on first use
 // (and again when the file changed), checked to run (`--version`).
@@ -123,14 +131,15 @@ func sealedCopy(binary string) (*os.File, error) {
 	defer src.Close()
 	// MFD_EXEC (Linux 6.3+) keeps the memfd executable under vm.memfd_noexec=1; older
 	// kernels refuse the flag, and their memfds are executable anyway.
-	fd, err := unix.MemfdCreate("runc", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
+	name := filepath.Base(binary)
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
 	if errors.Is(err, unix.EINVAL) {
-		fd, err = unix.MemfdCreate("runc", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "memfd:runc")
+	f := os.NewFile(uintptr(fd), "memfd:"+name)
 	if _, err := io.Copy(f, src); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("copy %s: %w", binary, err)

@@ -11,17 +11,22 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// TestSealedRunc: the backend runs runc from one sealed copy (runc's own seals, so runc
-// init does not clone itself again), which cannot be written to, through a symlink named
-// runc in the state dir; sandboxes start and run from it.
+// TestSealedRunc: the backend runs runc (or crun, SANDBOXD_TEST_OCI_RUNTIME=crun) from
+// one sealed copy (the runtime's own seals, so neither clones itself again), which
+// cannot be written to, through a symlink named as the binary in the state dir;
+// sandboxes start and run from it.
 func TestSealedRunc(t *testing.T) {
 	e := newEnv(t)
 	rt := e.b.runtimes["runc"]
 	if rt == nil {
 		t.Fatal("no runc class")
 	}
-	want := filepath.Join(e.state, ociRootDir, ".exe-runc", "runc")
-	if rt.exe != want || rt.binary != "/usr/sbin/runc" {
+	bin := "/usr/sbin/runc"
+	if testOCIRuntime == OCICrun {
+		bin = FindCrun()
+	}
+	want := filepath.Join(e.state, ociRootDir, ".exe-runc", filepath.Base(bin))
+	if rt.exe != want || rt.binary != bin {
 		t.Fatalf("runc runs from %q (binary %q), want %q", rt.exe, rt.binary, want)
 	}
 	again, err := sealedExe(rt.binary)
@@ -57,9 +62,9 @@ func TestSealedRunc(t *testing.T) {
 	}
 }
 
-// TestSealedRuncNotForOthers: only a binary named runc is run from a sealed copy.
+// TestSealedRuncNotForOthers: only a binary named runc or crun is run from a sealed copy.
 func TestSealedRuncNotForOthers(t *testing.T) {
-	for bin, want := range map[string]bool{"/usr/sbin/runc": true, "/usr/local/bin/runsc": false, "/usr/bin/crun": false} {
+	for bin, want := range map[string]bool{"/usr/sbin/runc": true, "/usr/local/bin/runsc": false, "/usr/bin/crun": true, "/usr/bin/youki": false} {
 		if got := usesSealedCopy(bin); got != want {
 			t.Errorf("usesSealedCopy(%q) = %v, want %v", bin, got, want)
 		}

@@ -169,7 +169,7 @@ func TestUserNamespace(t *testing.T) {
 
 func TestUserNamespaceOff(t *testing.T) {
 	e := newEnv(t)
-	b, err := New(Config{StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+	b, err := New(Config{OCIRuntime: testOCIRuntime, StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
 		Images: testImages{layers: []string{busyboxDir}}, NoUserNS: true})
 	if err != nil {
 		t.Fatal(err)

@@ -123,7 +123,7 @@ func (r *regImages) passwords() []string {
 func TestPoolWarmTargetCredentialsPerOrg(t *testing.T) {
 	e := newEnv(t)
 	imgs := &regImages{testImages: testImages{layers: []string{busyboxDir}}}
-	b, err := New(Config{
+	b, err := New(Config{OCIRuntime: testOCIRuntime,
 		StateDir: e.state, AgentBinary: agentBin, CgroupParent: testCgroupParent, Images: imgs,
 		Pool:       PoolConfig{Size: 0, Idle: time.Minute, MaxTargeted: 4},
 		MaxPrepull: -1, // the pulls counted here are the pool's (prepull_test.go)

@@ -116,5 +116,7 @@ func (e *Env) stackConfig(dataDir string) stack.Config {
 		// Test sandboxes talk to nothing beyond this machine.
 		NoEgress:    true,
 		Nameservers: []string{},
+		// SANDBOXD_TEST_OCI_RUNTIME=crun runs the runc class with crun (docs/oci-runtime.md).
+		OCIRuntime: os.Getenv("SANDBOXD_TEST_OCI_RUNTIME"),
 	}
 }
