@@ -13,8 +13,10 @@ import (
 // owner comes from what vouches for the runner, never from its own report: a remote
 // runner's certificate, issued by the control plane at registration from its record
 // (runner.OwnedHandle, pinned at the first handshake). A certificate naming the platform
-// organization, or none (a runner holding the platform CA), and an in-process runner
-// are the platform's: they serve every organization.
+// organization, or marked as a platform runner's (pki.PlatformRunnerURI: a runner
+// holding the platform CA), and an in-process runner are the platform's: they serve
+// every organization. A certificate naming no runner belongs to nobody (refused at the
+// handshake: the runner stays unverified and takes nothing).
 
 // runnerOwner is runner h's owner as placement sees it ("" = a platform runner), and
 // whether it is known yet (until it is, the runner takes nothing).
