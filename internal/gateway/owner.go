@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -56,4 +57,29 @@ func (s *Server) serves(h runner.Handle, org string) bool {
 func (s *Server) servesLoaded(ctx context.Context, h runner.Handle, org string) bool {
 	s.views.ensureLoaded(ctx)
 	return s.serves(h, org)
+}
+
+// warnNoPlatformOrg warns, loudly and once, of a gateway with remote runners
+// (runner.OwnedHandle) and no platform organization: every runner registered through the
+// control plane, the platform organization's own included, then serves only the
+// organization its certificate names. It is a warning, not a refusal: it fails closed (no
+// runner serves more organizations than it should), a runner holding the platform CA is
+// the platform's without it (its certificate's explicit mark), and which remote runners
+// are registered ones is known only at their handshakes, after New; sandboxd's dev and
+// split modes always set it (the default organization).
+func warnNoPlatformOrg(log *slog.Logger, platformOrg string, runners []runner.Handle) {
+	if platformOrg != "" {
+		return
+	}
+	var remote []string
+	for _, h := range runners {
+		if _, ok := h.(runner.OwnedHandle); ok {
+			remote = append(remote, h.ID())
+		}
+	}
+	if len(remote) == 0 {
+		return
+	}
+	log.Warn("gateway: no platform organization (Config.PlatformOrg) and remote runners: a runner registered to any organization, the platform's included, will serve only that organization; set the platform organization",
+		"remote_runners", remote)
 }

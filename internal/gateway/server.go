@@ -73,7 +73,9 @@ type Config struct {
 	Runners []runner.Handle
 	// PlatformOrg is the platform operator's organization: a runner whose certificate
 	// names it (runner.OwnedHandle) is a platform runner and serves every organization.
-	// A runner that names another organization serves that one only (owner.go).
+	// A runner that names another organization serves that one only (owner.go). Empty
+	// with remote runners: New warns (warnNoPlatformOrg); a runner registered to the
+	// platform's organization then serves that organization only.
 	PlatformOrg string
 	// Policies gives each runner's policy; nil means every runner has the empty policy.
 	Policies policy.Source
@@ -295,6 +297,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.registryCreds = cfg.RegistryCredentials
+	warnNoPlatformOrg(cfg.Logger, cfg.PlatformOrg, cfg.Runners)
 	s.health = s.newHealth(cfg.Health, cfg.healthClock)
 	s.index.observe = s.observeHealth
 	s.quota, s.orgs = cfg.Quota, cfg.Orgs
