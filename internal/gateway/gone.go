@@ -112,7 +112,7 @@ func (s *Server) endedWithoutRunner(ctx context.Context, id string, err error) (
 // refreshLast re-reads rec's last status from the store when the store has it ended and
 // this gateway's copy has not (another replica ended it).
 func (x *index) refreshLast(ctx context.Context, rec *record) {
-	if x.st == nil {
+	if x.st == nil || x.lastOf(rec).State.Terminal() {
 		return
 	}
 	st, err := x.st.Get(ctx, rec.org, rec.id)

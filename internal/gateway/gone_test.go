@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ type calledRunner struct {
 	known   bool
 	calls   []string
 	deleted []string
+	down    bool // unreachable: Get fails as a transport error
 }
 
 func (r *calledRunner) Owner() (string, bool) {
@@ -49,7 +51,11 @@ func (r *calledRunner) called() []string {
 func (r *calledRunner) Get(ctx context.Context, id string) (runner.Sandbox, error) {
 	r.omu.Lock()
 	r.calls = append(r.calls, "Get "+id)
+	down := r.down
 	r.omu.Unlock()
+	if down {
+		return runner.Sandbox{}, errors.New("connection refused")
+	}
 	return r.acceptingRunner.Get(ctx, id)
 }
 
@@ -249,5 +255,62 @@ func TestPurgeWithoutRunner(t *testing.T) {
 	}
 	if calls := tenant.called(); len(calls) != 0 {
 		t.Fatalf("the re-registered runner was sent %v", calls)
+	}
+}
+
+// TestDeletedWithoutRunnerSeenByAnotherReplica: a replica whose copy of the record is
+// older (it still reaches the runner under its old owner, pinned at its handshake; now
+// unreachable for it) shows the sandbox ended once another replica deleted it without
+// its runner, rather than its own last status.
+func TestDeletedWithoutRunnerSeenByAnotherReplica(t *testing.T) {
+	dir := t.TempDir()
+	ctx := t.Context()
+	st, err := store.Open(ctx, filepath.Join(dir, "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Orgs().Create(ctx, store.Org{ID: testOrg, Name: testOrg}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.OpenKeyring(filepath.Join(dir, "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateway := func(r runner.Handle) *Server {
+		s, err := New(Config{Auth: keys, Runners: []runner.Handle{r}, PlatformOrg: "platform", Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: quietLog()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	pinned := &calledRunner{acceptingRunner: acceptingRunner{id: "t-1"}, org: testOrg, known: true}
+	b := gateway(pinned)
+	res, err := b.CreateSandbox(asOrg(ctx), connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Image: "python:3.11"}}}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Msg.GetSandboxId()
+	get := func(s *Server) sandboxv1.State {
+		g, err := s.GetSandbox(asOrg(ctx), connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g.Msg.GetStatus().GetState()
+	}
+	if st := get(b); st == sandboxv1.State_STATE_TERMINATED {
+		t.Fatalf("state %s before the delete", st)
+	}
+	a := gateway(&calledRunner{acceptingRunner: acceptingRunner{id: "t-1"}, org: "org-x", known: true})
+	if _, err := a.DeleteSandbox(asOrg(ctx), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})); err != nil {
+		t.Fatal(err)
+	}
+	pinned.omu.Lock()
+	pinned.down = true
+	pinned.omu.Unlock()
+	if st := get(b); st != sandboxv1.State_STATE_TERMINATED {
+		t.Fatalf("the other replica shows %s, want TERMINATED", st)
 	}
 }

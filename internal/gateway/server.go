@@ -513,6 +513,11 @@ func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runn
 		s.index.setLast(ctx, rec, sb)
 		return sb
 	}
+	if !errors.Is(err, runtime.ErrNotFound) {
+		// Unreachable (for this gateway): another replica may have ended the record
+		// meanwhile (deleted without its runner, gone.go).
+		s.index.refreshLast(ctx, rec)
+	}
 	last := s.index.lastOf(rec)
 	if !errors.Is(err, runtime.ErrNotFound) || last.State.Terminal() {
 		return last
