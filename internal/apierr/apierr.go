@@ -153,8 +153,11 @@ const (
 	// RunnerIDTaken: the runner's runner_id is also held by an earlier-created runner of
 	// another organization (a duplicate from before runner IDs were unique across
 	// organizations), so no certificate naming it is issued to this runner.
-	RunnerIDTaken   = "CWSANDBOX_RUNNER_ID_TAKEN"
-	ReleaseNotFound = "CWSANDBOX_RELEASE_NOT_FOUND"
+	RunnerIDTaken = "CWSANDBOX_RUNNER_ID_TAKEN"
+	// RunnerIDReserved: runner IDs beginning "platform-" are the platform organization's
+	// (controlplane.ReservedRunnerIDPrefix); another organization may not create one.
+	RunnerIDReserved = "CWSANDBOX_RUNNER_ID_RESERVED"
+	ReleaseNotFound  = "CWSANDBOX_RELEASE_NOT_FOUND"
 	// ReleaseNotPromotable: the release is not on RAPID, or STABLE offers a higher version.
 	ReleaseNotPromotable = "CWSANDBOX_RELEASE_NOT_PROMOTABLE"
 	// ReleaseSignatureInvalid: the release manifest's signature does not verify with any
@@ -287,6 +290,7 @@ var table = []reasonCode{
 	{ControlPlaneUnavailable, connect.CodeUnavailable, "the control plane's store cannot answer now; retry"},
 	{BootstrapTokenInvalid, connect.CodeUnauthenticated, "the bootstrap token is used, expired or unknown"},
 	{RunnerIdentityMismatch, connect.CodePermissionDenied, "the runner's client certificate names another runner, or none"},
+	{RunnerIDReserved, connect.CodePermissionDenied, "runner IDs beginning platform- are reserved for the platform organization's runners; choose another runner_id"},
 	{RunnerIDTaken, connect.CodeFailedPrecondition, "the runner's runner_id is also held by an earlier-created runner of another organization: no certificate naming it (registration, edge, data plane) is issued; delete the runner and create one with another runner_id"},
 	{RegistrationDisabled, connect.CodeFailedPrecondition, "this control plane has no CA for what is asked (registration, edge or data-plane certificates)"},
 	{ReleaseNotFound, connect.CodeNotFound, "no release of that version"},

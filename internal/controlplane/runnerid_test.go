@@ -133,6 +133,31 @@ func TestCreateRefusesRunnerIDOfAnotherOrg(t *testing.T) {
 	}
 }
 
+// TestReservedRunnerIDPrefix: runner IDs beginning "platform-" are the platform
+// organization's: a tenant's admin is refused (PERMISSION_DENIED
+// CWSANDBOX_RUNNER_ID_RESERVED naming managed_runner.runner_id, nothing created), even
+// for an ID no one has; the platform's admin creates it; an ID merely containing the
+// word is anyone's.
+func TestReservedRunnerIDPrefix(t *testing.T) {
+	b := newIDBed(t)
+	err := b.create(b.tenant, "platform-edge-1")
+	wantReason(t, "tenant's platform-edge-1", err, connect.CodePermissionDenied, apierr.RunnerIDReserved)
+	if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != "managed_runner.runner_id" {
+		t.Errorf("violations %v, want one on managed_runner.runner_id", vs)
+	}
+	if _, err := b.st.Runners().Get(t.Context(), "tenant", "platform-edge-1"); err == nil {
+		t.Fatal("the tenant's platform-edge-1 was created")
+	}
+	if err := b.create(b.platform, "platform-edge-1"); err != nil {
+		t.Fatalf("the platform's platform-edge-1: %v", err)
+	}
+	for _, id := range []string{"my-platform-1", "platform", "platformx-1"} {
+		if err := b.create(b.tenant, id); err != nil {
+			t.Errorf("tenant's %s: %v", id, err)
+		}
+	}
+}
+
 // TestNoCertificateForDuplicatedRunnerID: with a runner ID both the platform's and (a
 // duplicate from older data) the tenant's runner have, only the earlier (the
 // platform's) gets certificates naming it: edge (*.r1.<domain>), data plane and

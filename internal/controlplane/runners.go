@@ -64,6 +64,24 @@ func checkRunnerID(vs *violations, field, id string) {
 	}
 }
 
+// ReservedRunnerIDPrefix begins the runner IDs only the platform organization may
+// create. Runner IDs are unique across organizations and first come, first served
+// (they name endpoint hosts and certificates platform-wide), so without it a tenant could
+// take the name the operator means to give a platform runner.
+const ReservedRunnerIDPrefix = "platform-"
+
+// checkReservedRunnerID refuses org a runner ID of the reserved prefix unless org is the
+// platform's: PERMISSION_DENIED CWSANDBOX_RUNNER_ID_RESERVED naming
+// managed_runner.runner_id.
+func (s *Service) checkReservedRunnerID(org, id string) error {
+	if !strings.HasPrefix(id, ReservedRunnerIDPrefix) || org == s.platform {
+		return nil
+	}
+	msg := fmt.Sprintf("runner IDs beginning %q are reserved for the platform organization's runners", ReservedRunnerIDPrefix)
+	return apierr.WithViolations(apierr.New(apierr.RunnerIDReserved, msg+"; choose another runner_id", nil),
+		[]apierr.Violation{{Field: "managed_runner.runner_id", Description: fmt.Sprintf("%s (got %q)", msg, id)}})
+}
+
 func checkGroup(vs *violations, field, g string) {
 	if g != "" && !groupPattern.MatchString(g) {
 		vs.add(field, "must be 1-63 lowercase letters, digits or '-' and not start or end with '-' (got %q)", g)
@@ -283,6 +301,9 @@ func (s *Service) CreateManagedRunner(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	rec.Org = principal(ctx).Org
+	if err := s.checkReservedRunnerID(rec.Org, rec.RunnerID); err != nil {
+		return nil, err
+	}
 	targets, err := s.channelTargets(ctx) // before the write: a create that succeeds answers
 	if err != nil {
 		return nil, err

@@ -22,7 +22,7 @@ func toCreateRequest(s *sandboxv1.SandboxSpec, restore spec.Restorer, secrets sp
 }
 
 // toProto renders a sandbox for the wire. sp is the spec as the caller sent it.
-func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
+func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r runnerName) *sandboxv1.Sandbox {
 	st := &sandboxv1.SandboxStatus{
 		State:                       sandboxv1.State(sb.State),
 		CreateTime:                  ts(sb.CreatedAt),
@@ -72,8 +72,22 @@ func sandboxProto(id string, sp *sandboxv1.SandboxSpec, sb runner.Sandbox, r run
 	return out
 }
 
+// runnerName is what a sandbox's public form says of its runner (a runner.Handle, or
+// absentRunner for one this gateway does not have).
+type runnerName interface {
+	ID() string
+	Group() string
+}
+
+// absentRunner names a runner this gateway does not have (a sandbox's record naming it
+// is served from its last status: gone.go).
+type absentRunner string
+
+func (a absentRunner) ID() string  { return string(a) }
+func (absentRunner) Group() string { return "" }
+
 // toProto is the public form of a sandbox of runner r, with its services' addresses.
-func (s *Server) toProto(rec *record, sb runner.Sandbox, r runner.Handle) *sandboxv1.Sandbox {
+func (s *Server) toProto(rec *record, sb runner.Sandbox, r runnerName) *sandboxv1.Sandbox {
 	p := sandboxProto(rec.id, rec.spec, sb, r)
 	p.SourceTemplateId, p.SourceTemplateRevision = rec.sourceTemplateID, rec.sourceTemplateRevision
 	p.DisplayName = rec.displayName

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"path/filepath"
 	"strings"
@@ -313,4 +314,60 @@ func TestMoveStaysWithItsOwner(t *testing.T) {
 	if len(platform.imports) != 0 || strings.Contains(err.Error(), "p-1") {
 		t.Errorf("the platform runner was asked (%d imports) or named: %v", len(platform.imports), err)
 	}
+}
+
+// TestNoPlatformOrgWarns: a gateway with remote runners and no platform organization
+// starts (sandboxd's modes always set one; one holding only in-process runners needs
+// none) but warns once, naming the remote runners; such a gateway fails closed: a runner
+// registered to the would-be platform organization serves that organization only.
+func TestNoPlatformOrgWarns(t *testing.T) {
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(platformOrg string, runners ...runner.Handle) (*Server, string) {
+		var buf syncBuffer
+		s, err := New(Config{Auth: keys, Runners: runners, PlatformOrg: platformOrg, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s, buf.String()
+	}
+	const warning = "no platform organization"
+
+	_, log := start("", newOwned("inproc", "", true).warmRunner)
+	if strings.Contains(log, warning) {
+		t.Errorf("in-process runners only: warned: %s", log)
+	}
+	_, log = start("platform", newOwned("p-1", "platform", true))
+	if strings.Contains(log, warning) {
+		t.Errorf("platform organization set: warned: %s", log)
+	}
+	registered := newOwned("p-1", "platform", true)
+	s, log := start("", registered, newOwned("b-runner", "org-b", true))
+	if strings.Count(log, warning) != 1 || !strings.Contains(log, "level=WARN") || !strings.Contains(log, "p-1") || !strings.Contains(log, "b-runner") {
+		t.Fatalf("remote runners, no platform organization: log %q, want one warning naming both runners", log)
+	}
+	if !s.serves(registered, "platform") || s.serves(registered, "org-a") {
+		t.Error("without a platform organization, a runner registered to it serves other organizations")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -49,7 +49,22 @@ func (s *Server) Reconcile(ctx context.Context) int {
 				}
 				continue
 			}
-			if sb.State == runner.StateTerminating || time.Since(sb.CreatedAt) < s.orphanGrace {
+			if sb.State == runner.StateTerminating {
+				continue
+			}
+			if rec, known := s.index.get(ctx, sb.Spec.Meta[runtime.MetaOrg], sb.ID); known && s.index.runnerOf(rec) == r.ID() &&
+				deletedWithoutRunner(s.index.lastOf(rec)) && s.serves(r, rec.org) {
+				// Deleted while its runner was gone (gone.go), and the runner serves its
+				// organization again: what the caller asked for is done now.
+				s.log.Warn("reconcile: deleting a sandbox deleted while its runner was gone", "sandbox", sb.ID, "runner", r.ID(), "org", rec.org)
+				if _, err := r.Delete(ctx, sb.ID, 0); err != nil {
+					s.log.Warn("reconcile: delete", "sandbox", sb.ID, "err", err)
+				} else {
+					deleted++
+				}
+				continue
+			}
+			if time.Since(sb.CreatedAt) < s.orphanGrace {
 				continue
 			}
 			if rec, known := s.index.get(ctx, sb.Spec.Meta[runtime.MetaOrg], sb.ID); known {

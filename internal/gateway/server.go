@@ -74,7 +74,9 @@ type Config struct {
 	Runners []runner.Handle
 	// PlatformOrg is the platform operator's organization: a runner whose certificate
 	// names it (runner.OwnedHandle) is a platform runner and serves every organization.
-	// A runner that names another organization serves that one only (owner.go).
+	// A runner that names another organization serves that one only (owner.go). Empty
+	// with remote runners: New warns (warnNoPlatformOrg); a runner registered to the
+	// platform's organization then serves that organization only.
 	PlatformOrg string
 	// Policies gives each runner's policy; nil means every runner has the empty policy.
 	Policies policy.Source
@@ -306,6 +308,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.registryCreds = cfg.RegistryCredentials
+	warnNoPlatformOrg(cfg.Logger, cfg.PlatformOrg, cfg.Runners)
 	s.health = s.newHealth(cfg.Health, cfg.healthClock)
 	s.index.observe = s.observeHealth
 	s.quota, s.orgs = cfg.Quota, cfg.Orgs
@@ -507,6 +510,9 @@ func (s *Server) lookup(ctx context.Context, id string) (*record, runner.Handle,
 // state was wiped, or the sandbox vanished while it was down): the sandbox is FAILED with
 // reason Lost, so clients stop waiting for it.
 func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runner.Sandbox {
+	if last := s.index.lastOf(rec); deletedWithoutRunner(last) {
+		return last // its runner was gone; should it have the sandbox again, Reconcile deletes it
+	}
 	sb, err := r.Get(ctx, rec.id)
 	if err == nil && sb.Reason == runner.ReasonMoved {
 		err = runtime.ErrNotFound // as a runner that forgot it
@@ -517,6 +523,11 @@ func (s *Server) current(ctx context.Context, rec *record, r runner.Handle) runn
 	if err == nil {
 		s.index.setLast(ctx, rec, sb)
 		return sb
+	}
+	if !errors.Is(err, runtime.ErrNotFound) {
+		// Unreachable (for this gateway): another replica may have ended the record
+		// meanwhile (deleted without its runner, gone.go).
+		s.index.refreshLast(ctx, rec)
 	}
 	last := s.index.lastOf(rec)
 	if !errors.Is(err, runtime.ErrNotFound) || last.State.Terminal() {
@@ -712,6 +723,9 @@ func (s *Server) created(rec *record, sb runner.Sandbox, r runner.Handle) *sandb
 func (s *Server) GetSandbox(ctx context.Context, req *connect.Request[sandboxv1.GetSandboxRequest]) (*connect.Response[sandboxv1.Sandbox], error) {
 	rec, r, err := s.lookup(ctx, req.Msg.GetSandboxId())
 	if err != nil {
+		if out, ok := s.endedWithoutRunner(ctx, req.Msg.GetSandboxId(), err); ok {
+			return connect.NewResponse(out), nil
+		}
 		return nil, err
 	}
 	sb := s.current(ctx, rec, r)
@@ -758,11 +772,19 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 		if len(m.GetRunnerIds()) > 0 && !slices.Contains(m.GetRunnerIds(), s.index.runnerOf(rec)) {
 			continue
 		}
-		r := s.runnerByID(s.index.runnerOf(rec))
-		if r == nil {
+		var sb runner.Sandbox
+		var name runnerName
+		if r := s.runnerByID(s.index.runnerOf(rec)); r != nil && s.servesLoaded(ctx, r, rec.org) {
+			sb, name = s.current(ctx, rec, r), r
+		} else if r != nil {
+			// Its runner is not verified yet, or serves another organization now (gone.go):
+			// it is sent nothing; the sandbox is listed as last seen.
+			sb, name = s.index.lastOf(rec), r
+		} else if last := s.index.lastOf(rec); last.State.Terminal() {
+			sb, name = last, absentRunner(s.index.runnerOf(rec)) // ended (deleted without its runner)
+		} else {
 			continue
 		}
-		sb := s.current(ctx, rec, r)
 		if sb.State.Terminal() && !m.GetShowTerminated() && !terminalFilter {
 			continue
 		}
@@ -773,7 +795,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *connect.Request[sandbox
 			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Sandboxes[size-1].GetSandboxId()))
 			break
 		}
-		out.Sandboxes = append(out.Sandboxes, s.toProto(rec, sb, r))
+		out.Sandboxes = append(out.Sandboxes, s.toProto(rec, sb, name))
 	}
 	if skipping {
 		// The token names no sandbox of this organization: garbage (or a sandbox forgotten
@@ -814,6 +836,12 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *connect.Request[sandbox
 		if m.GetAllowMissing() && connect.CodeOf(err) == connect.CodeNotFound {
 			return connect.NewResponse(&sandboxv1.DeleteSandboxResponse{}), nil
 		}
+		if out, gone, err := s.deleteWithoutRunner(ctx, m, err); gone {
+			if err != nil {
+				return nil, err
+			}
+			return connect.NewResponse(out), nil
+		}
 		return nil, err
 	}
 	grace := min(time.Duration(m.GetGracePeriodSeconds())*time.Second, maxGracePeriod)
@@ -852,8 +880,23 @@ func (s *Server) PurgeSandboxes(ctx context.Context, req *connect.Request[sandbo
 			continue
 		}
 		r := s.runnerByID(s.index.runnerOf(rec))
-		if r == nil {
-			out.RetryableFailedSandboxIds = append(out.RetryableFailedSandboxIds, rec.id)
+		if r == nil || !s.servesLoaded(ctx, r, rec.org) {
+			// Nothing of the sandbox's goes to such a runner (gone.go): a gone one's
+			// sandbox ends here; one not verified yet is retried.
+			name, gone := s.goneRunner(ctx, rec)
+			if !gone {
+				out.RetryableFailedSandboxIds = append(out.RetryableFailedSandboxIds, rec.id)
+				continue
+			}
+			s.index.refreshLast(ctx, rec)
+			last := s.index.lastOf(rec)
+			if last.State.Terminal() {
+				continue
+			}
+			if !m.GetDryRun() {
+				s.endWithoutRunner(ctx, rec, last, name)
+			}
+			out.PurgeCount++
 			continue
 		}
 		if sb := s.current(ctx, rec, r); sb.State.Terminal() || sb.State == runner.StateTerminating {

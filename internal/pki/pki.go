@@ -189,13 +189,25 @@ func (ca *CA) Pool() *x509.CertPool {
 // IssueServer issues a TLS server certificate (ExtKeyUsage serverAuth) for the
 // given DNS names and IPs, with a new P-256 key, valid for ttl (capped at the CA's expiry).
 func (ca *CA) IssueServer(commonName string, dnsNames []string, ips []net.IP, ttl time.Duration) (tls.Certificate, error) {
+	return ca.IssueServerURIs(commonName, dnsNames, ips, nil, ttl)
+}
+
+// IssueServerURIs is IssueServer with URI SANs as well (e.g. a runner's
+// PlatformRunnerURI).
+func (ca *CA) IssueServerURIs(commonName string, dnsNames []string, ips []net.IP, uris []*url.URL, ttl time.Duration) (tls.Certificate, error) {
 	if len(dnsNames) == 0 && len(ips) == 0 {
 		return tls.Certificate{}, errors.New("pki: a server certificate needs at least one DNS name or IP address")
+	}
+	for _, u := range uris {
+		if u == nil || u.Scheme == "" {
+			return tls.Certificate{}, fmt.Errorf("pki: server certificate URI %v: want an absolute URI", u)
+		}
 	}
 	return ca.issue(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: commonName},
 		DNSNames:    dnsNames,
 		IPAddresses: ips,
+		URIs:        uris,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}, ttl)
 }

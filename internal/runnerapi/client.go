@@ -101,9 +101,9 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
 // Owner is the organization the runner's certificate names (pki.RunnerOwner: "" for a
-// certificate without one), known once a connection to it was verified. The first
-// verified owner is kept: a later certificate naming another organization (or none) is
-// refused at the handshake.
+// certificate marked as a platform runner's), known once a connection to it was
+// verified. The first verified owner is kept: a later certificate naming another owner
+// is refused at the handshake, and so is any naming no runner (it belongs to nobody).
 func (c *Client) Owner() (string, bool) { return c.owner.get() }
 
 func (c *Client) ID() string    { return c.id }
@@ -445,24 +445,36 @@ func (p *ownerPin) get() (string, bool) {
 	return p.org, p.known
 }
 
-// verify runs after the runner's chain and name are verified: its runner URI SAN, if
-// any, must name this runner, and its organization the one seen first.
+// verify runs after the runner's chain and name are verified: its one runner URI SAN
+// (pki.RunnerOwner: an organization's runner, or explicitly the platform's) must name
+// this runner, and its owner be the one seen first. A certificate naming no runner
+// belongs to nobody: refused, so the runner takes nothing.
 func (p *ownerPin) verify(cs tls.ConnectionState) error {
 	if len(cs.PeerCertificates) == 0 {
 		return errors.New("runnerapi: the runner presented no certificate")
 	}
-	org, id, err := pki.RunnerOwner(cs.PeerCertificates[0])
+	org, id, platform, err := pki.RunnerOwner(cs.PeerCertificates[0])
 	if err != nil {
 		return fmt.Errorf("runnerapi: runner %s: %w", p.runnerID, err)
 	}
-	if id != "" && id != p.runnerID {
+	if id != p.runnerID {
+		if platform {
+			return fmt.Errorf("runnerapi: the certificate of runner %s names platform runner %s", p.runnerID, id)
+		}
 		return fmt.Errorf("runnerapi: the certificate of runner %s names runner %s of organization %s", p.runnerID, id, org)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.known && org != p.org {
-		return fmt.Errorf("runnerapi: runner %s's certificate names organization %q, earlier %q: refused (restart the gateway after moving a runner between organizations)", p.runnerID, org, p.org)
+		return fmt.Errorf("runnerapi: runner %s's certificate names %s, earlier %s: refused (restart the gateway after moving a runner between organizations)", p.runnerID, ownerName(org), ownerName(p.org))
 	}
 	p.org, p.known = org, true
 	return nil
+}
+
+func ownerName(org string) string {
+	if org == "" {
+		return "the platform"
+	}
+	return fmt.Sprintf("organization %q", org)
 }

@@ -36,15 +36,16 @@ func GatewayName(cert *x509.Certificate) string {
 
 // ServerTLSConfig is a runner's mTLS configuration: TLS 1.3, a server certificate from ca
 // for the DNS name runnerID (what gateways verify) and hosts (IP addresses or DNS names
-// the runner is reached at), and a required client certificate from ca that names a
-// gateway. The certificate is reissued from ca as it ages.
+// the runner is reached at) marked as a platform runner's (pki.PlatformRunnerURI: it
+// holds the platform CA, so it serves every organization), and a required client
+// certificate from ca that names a gateway. The certificate is reissued from ca as it ages.
 func ServerTLSConfig(ca *pki.CA, runnerID string, hosts []string) (*tls.Config, error) {
 	if runnerID == "" {
 		return nil, errors.New("runnerapi: runner ID is required")
 	}
 	dns, ips := pki.SplitHosts([]string{runnerID}, hosts)
 	get := pki.Renewing(func() (tls.Certificate, error) {
-		return ca.IssueServer("sandboxd runner "+runnerID, dns, ips, CertTTL)
+		return ca.IssueServerURIs("sandboxd runner "+runnerID, dns, ips, []*url.URL{pki.PlatformRunnerURI(runnerID)}, CertTTL)
 	})
 	cert, err := get()
 	if err != nil {

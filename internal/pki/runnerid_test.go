@@ -1,0 +1,47 @@
+package pki
+
+import (
+	"crypto/x509"
+	"errors"
+	"net/url"
+	"testing"
+)
+
+// TestRunnerOwner: a runner's owner comes only from an explicit runner URI SAN: an
+// organization's (RunnerURI) or the platform's mark (PlatformRunnerURI). A certificate
+// with no runner URI belongs to nobody (the old code took it for the platform's), and
+// a malformed or ambiguous one is refused.
+func TestRunnerOwner(t *testing.T) {
+	certWith := func(uris ...*url.URL) *x509.Certificate { return &x509.Certificate{URIs: uris} }
+	spiffe := func(path string) *url.URL { return &url.URL{Scheme: "spiffe", Host: "sandboxd", Path: path} }
+
+	org, id, platform, err := RunnerOwner(certWith(RunnerURI("org-b", "r1")))
+	if err != nil || org != "org-b" || id != "r1" || platform {
+		t.Errorf("organization's runner: %q %q %v %v", org, id, platform, err)
+	}
+	org, id, platform, err = RunnerOwner(certWith(PlatformRunnerURI("r1"), spiffe("/gateway/g")))
+	if err != nil || org != "" || id != "r1" || !platform {
+		t.Errorf("platform runner: %q %q %v %v", org, id, platform, err)
+	}
+
+	for name, tc := range map[string]struct {
+		cert *x509.Certificate
+		want error
+	}{
+		"no URI":               {certWith(), ErrNoRunnerIdentity},
+		"a gateway's URI":      {certWith(spiffe("/gateway/r1")), ErrNoRunnerIdentity},
+		"another trust domain": {certWith(&url.URL{Scheme: "spiffe", Host: "other", Path: "/platform-runner/r1"}), ErrNoRunnerIdentity},
+		"no runner ID":         {certWith(spiffe("/runner/org-b")), ErrRunnerIdentity},
+		"empty org":            {certWith(spiffe("/runner//r1")), ErrRunnerIdentity},
+		"empty platform ID":    {certWith(spiffe("/platform-runner/")), ErrRunnerIdentity},
+		"nested platform ID":   {certWith(spiffe("/platform-runner/a/b")), ErrRunnerIdentity},
+		"two organizations":    {certWith(RunnerURI("a", "r1"), RunnerURI("b", "r1")), ErrRunnerIdentity},
+		"an org and the mark":  {certWith(RunnerURI("a", "r1"), PlatformRunnerURI("r1")), ErrRunnerIdentity},
+		"the mark twice":       {certWith(PlatformRunnerURI("r1"), PlatformRunnerURI("r2")), ErrRunnerIdentity},
+	} {
+		org, id, platform, err := RunnerOwner(tc.cert)
+		if !errors.Is(err, tc.want) || org != "" || id != "" || platform {
+			t.Errorf("%s: %q %q %v %v, want %v", name, org, id, platform, err, tc.want)
+		}
+	}
+}
