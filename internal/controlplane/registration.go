@@ -359,7 +359,7 @@ func (g *Registration) IssueDataPlaneCertificate(ctx context.Context, req *conne
 // (pki.CheckTenantDataPlaneHost), which its unique runner ID makes its own.
 func (s *Service) checkDataPlaneHost(org, id, host string) error {
 	if org == s.platform {
-		return nil
+		return s.checkPlatformDataPlaneHost(id, host)
 	}
 	why := pki.CheckTenantDataPlaneHost(host, id, s.domain)
 	if why == nil {
@@ -371,6 +371,32 @@ func (s *Service) checkDataPlaneHost(org, id, host string) error {
 			id, host, pki.TenantDataPlaneHost(id, s.domain)),
 		map[string]string{"runner_id": id, "host": host, "allowed_host": pki.TenantDataPlaneHost(id, s.domain)}),
 		[]apierr.Violation{{Field: "host", Description: why.Error()}})
+}
+
+// checkPlatformDataPlaneHost: a platform runner may be certified for any host, except a
+// name in the base domain that a tenant's runner could be certified for too: under the
+// base domain, only names under the runner's own ID or under a label with the reserved
+// prefix (ReservedRunnerIDPrefix: no tenant runner has such an ID). Otherwise an
+// operator's "dp.<base-domain>" would be the data-plane host of whichever tenant first
+// created a runner named "dp".
+func (s *Service) checkPlatformDataPlaneHost(id, host string) error {
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
+	if h != s.domain && !strings.HasSuffix(h, "."+s.domain) {
+		return nil
+	}
+	if pki.CheckTenantDataPlaneHost(h, id, s.domain) == nil {
+		return nil
+	}
+	labels := strings.Split(strings.TrimSuffix(h, s.domain), ".")
+	if len(labels) >= 2 && strings.HasPrefix(labels[len(labels)-2], ReservedRunnerIDPrefix) {
+		return nil // <...>.platform-x.<base-domain>
+	}
+	why := fmt.Sprintf("in the base domain %s a platform runner is certified only under its own ID (%s) or a label beginning %q, which no tenant's runner can be named", s.domain, pki.TenantDataPlaneHost(id, s.domain), ReservedRunnerIDPrefix)
+	s.log.Warn("data-plane certificate refused: a platform runner's host in the base domain that a tenant's runner could hold", "runner", id, "host", host)
+	return apierr.WithViolations(apierr.New(apierr.PermissionDenied,
+		fmt.Sprintf("runner %s may not have a data-plane certificate for %q: %s", id, host, why),
+		map[string]string{"runner_id": id, "host": host, "allowed_host": pki.TenantDataPlaneHost(id, s.domain)}),
+		[]apierr.Violation{{Field: "host", Description: why}})
 }
 
 func (g *Registration) VerifyApiKey(ctx context.Context, req *connect.Request[controlplanev1.VerifyApiKeyRequest]) (*connect.Response[controlplanev1.VerifyApiKeyResponse], error) {

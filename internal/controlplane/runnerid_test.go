@@ -277,9 +277,19 @@ func TestDataPlaneHostOfTenantRunner(t *testing.T) {
 			t.Fatalf("tenant's certificate for %s names %v %v", h, c.DNSNames, c.IPAddresses)
 		}
 	}
-	for _, h := range []string{"10.0.0.1", "dp.platform.internal"} {
+	d := controlplane.DefaultEndpointDomain
+	for _, h := range []string{"10.0.0.1", "dp.platform.internal", "p1." + d, "dp.p1." + d, "platform-dp." + d, "x.platform-dp." + d} {
 		if _, err := dp("plat", "p1", h); err != nil {
 			t.Errorf("platform runner for %s: %v", h, err)
+		}
+	}
+	// In the base domain, a platform runner's name must be one no tenant's runner can hold:
+	// "dp.<domain>" would be the host of a tenant runner named "dp".
+	for _, h := range []string{"dp." + d, "DP." + d, "dp." + d + ".", d, "t1." + d, "x.t1." + d, "x.dp." + d} {
+		_, err := dp("plat", "p1", h)
+		wantReason(t, "platform runner for "+h, err, connect.CodePermissionDenied, apierr.PermissionDenied)
+		if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != "host" {
+			t.Errorf("%s: violations %v", h, vs)
 		}
 	}
 }
