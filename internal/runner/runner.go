@@ -401,16 +401,28 @@ func (r *Runner) oomKills(id string) (int, bool) {
 	return n, err == nil
 }
 
-// Peek returns the last recorded snapshot of one sandbox, refreshing nothing: for hot
-// paths that read only its state, address and spec (the edge's route lookups).
-func (r *Runner) Peek(id string) (Sandbox, bool) {
+// ServiceOf is, for the edge's route lookups, what a running or paused sandbox publishes
+// on port: a Sandbox holding only its ID, state, address, organization, share-token hash
+// and that one service (false: no such sandbox, not running or paused, or no service on
+// port). It refreshes and deep-copies nothing: the edge calls it for names any client
+// sends, before authentication.
+func (r *Runner) ServiceOf(id string, port int) (Sandbox, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.sandboxes[id]
-	if !ok {
+	if !ok || (e.sb.State != StateRunning && e.sb.State != StatePaused) {
 		return Sandbox{}, false
 	}
-	return e.snapshot(), true
+	for _, svc := range e.sb.Spec.Services {
+		if svc.Port == port {
+			return Sandbox{ID: e.sb.ID, State: e.sb.State, IP: e.sb.IP, Spec: runtime.Spec{
+				Services:       []runtime.Service{svc},
+				ShareTokenHash: e.sb.Spec.ShareTokenHash,
+				Meta:           map[string]string{runtime.MetaOrg: e.sb.Spec.Meta[runtime.MetaOrg]},
+			}}, true
+		}
+	}
+	return Sandbox{}, false
 }
 
 // List returns snapshots of every sandbox, oldest first. Like Get, it never waits for

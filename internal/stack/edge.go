@@ -140,9 +140,10 @@ func syncRoutes(ctx context.Context, r *runner.Runner, t *edge.Table, log *slog.
 }
 
 // liveRoutes is the edge's Routes: the table syncRoutes keeps, and for a name the table
-// does not know (yet) the runner's own record of the sandbox. syncRoutes follows the
-// runner's changes a moment later, so without the second look a request sent as soon as
-// a client saw RUNNING could be answered 404.
+// does not know (yet) the runner's own record of the sandbox (runner.Runner.ServiceOf:
+// one map lookup, nothing copied but that service). syncRoutes follows the runner's
+// changes a moment later, so without the second look a request sent as soon as a client
+// saw RUNNING could be answered 404.
 type liveRoutes struct {
 	t *edge.Table
 	r *runner.Runner
@@ -152,7 +153,7 @@ func (l liveRoutes) Lookup(sandboxID string, port int) (edge.Route, bool) {
 	if rt, ok := l.t.Lookup(sandboxID, port); ok {
 		return rt, true
 	}
-	sb, ok := l.r.Peek(sandboxID)
+	sb, ok := l.r.ServiceOf(sandboxID, port)
 	if !ok {
 		return edge.Route{}, false
 	}

@@ -132,4 +132,10 @@ func TestLiveRoutesBeforeSync(t *testing.T) {
 	if rt, ok := l.Lookup("nosuchsandbox123", 8080); ok {
 		t.Errorf("an unknown sandbox: %+v", rt)
 	}
+	if _, err := rr.Delete(sb.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if rt, ok := l.Lookup(sb.ID, 8080); ok {
+		t.Errorf("a sandbox being deleted: %+v", rt)
+	}
 }
