@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 )
@@ -168,9 +170,10 @@ func (r *ociRuntime) gvisorArgs(args []string) (out []string, rid string, err er
 // beside them. runsc opens a container's lock file with O_CREATE after finding its state
 // file: a command that found it just before a concurrent delete removed both recreates
 // the lock file, fails, and leaves it behind. run calls this after every such command
-// that failed, and after a delete, so whoever could have made one also removes it. (A
-// lock file is only removed while its state file is absent: a container being created
-// again under the same id writes its state file right after its lock file.)
+// that failed, and after a delete, so whoever could have made one also removes it. A
+// create under the same id holds its lock file (flock) from before its state file
+// exists until it is written: a lock file is removed only while it can be locked at once
+// and no state file is beside it.
 func (r *ociRuntime) dropStaleLocks(rid string) {
 	ents, _ := os.ReadDir(r.root)
 	for _, e := range ents {
@@ -178,9 +181,20 @@ func (r *ociRuntime) dropStaleLocks(rid string) {
 		if !strings.HasPrefix(n, rid+"_sandbox:") || !strings.HasSuffix(n, ".lock") || !e.Type().IsRegular() {
 			continue
 		}
-		if _, err := os.Lstat(filepath.Join(r.root, strings.TrimSuffix(n, ".lock")+".state")); errors.Is(err, fs.ErrNotExist) {
-			_ = os.Remove(filepath.Join(r.root, n))
+		state := filepath.Join(r.root, strings.TrimSuffix(n, ".lock")+".state")
+		if _, err := os.Lstat(state); !errors.Is(err, fs.ErrNotExist) {
+			continue
 		}
+		f, err := os.OpenFile(filepath.Join(r.root, n), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			if _, err := os.Lstat(state); errors.Is(err, fs.ErrNotExist) {
+				_ = os.Remove(filepath.Join(r.root, n))
+			}
+		}
+		f.Close() // releases the lock
 	}
 }
 

@@ -358,4 +358,22 @@ func TestRunscStaleLockDropped(t *testing.T) {
 			}
 		}
 	}
+	// A lock file someone holds (a create under the same id, before its state file) stays.
+	held := filepath.Join(root, "e+_sandbox:e+.lock")
+	f, err := os.Create(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	r.dropStaleLocks("e+")
+	if _, err := os.Lstat(held); err != nil {
+		t.Errorf("a held lock file was removed: %v", err)
+	}
+	f.Close()
+	r.dropStaleLocks("e+")
+	if _, err := os.Lstat(held); err == nil {
+		t.Error("a stale lock file, no longer held, was left")
+	}
 }
