@@ -532,9 +532,15 @@ func TestParsePeaks(t *testing.T) {
 			t.Errorf("peak of %s = %+v, want %d", k, got[k], v)
 		}
 	}
-	// A line past the bound fails the read; hostile lines are left out.
-	if _, err := parsePeaks(strings.NewReader(maxUsagePrefix + strings.Repeat("a", maxCadvisorLine+1))); err == nil {
-		t.Error("an over-long line read")
+	// A line past the bound is skipped, the lines around it still read; hostile lines are
+	// left out.
+	long := "x_other_family{" + strings.Repeat("a", 3*maxCadvisorLine) + "} 1\n"
+	good := maxUsagePrefix + `id="/kubepods/podu1/aaaa"} 1000000` + "\n"
+	if got, err := parsePeaks(strings.NewReader(good + long + strings.Replace(good, "aaaa", "bbbb", 1))); err != nil || got["aaaa"].bytes != 1e6 || got["bbbb"].bytes != 1e6 {
+		t.Errorf("around an over-long line: %v %v", got, err)
+	}
+	if got, err := parsePeaks(strings.NewReader(good + long[:len(long)-1])); err != nil || len(got) != 1 {
+		t.Errorf("an over-long last line: %v %v", got, err)
 	}
 	for _, line := range []string{
 		maxUsagePrefix + `id="/p/podu1/abcd"} NaN`,

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -164,11 +165,11 @@ func podPeak(pod *corev1.Pod, peaks map[string]memPeak) int64 {
 			if !ok || !(strings.Contains(p.cgroup, "pod"+uid) || strings.Contains(p.cgroup, "pod"+uidSystemd)) {
 				return 0
 			}
-			sum += p.bytes
-			n++
-			if sum > maxStatsValue {
+			if p.bytes > maxStatsValue-sum {
 				return 0
 			}
+			sum += p.bytes
+			n++
 		}
 	}
 	if n == 0 {
@@ -292,33 +293,39 @@ const maxUsagePrefix = "container_memory_max_usage_bytes{"
 // container_memory_max_usage_bytes by its container ID (the last element of the cgroup
 // path: ID, cri-containerd-ID.scope, crio-ID.scope or docker-ID.scope), at most maxPeaks;
 // lines that do not parse, zero peaks and cgroups that are not a container's are left out.
-// A line over maxCadvisorLine fails the read.
+// A line over maxCadvisorLine is skipped (one long line of another metric family must
+// not cost every sandbox of the node its peak).
 func parsePeaks(r io.Reader) (map[string]memPeak, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), maxCadvisorLine)
+	br := bufio.NewReaderSize(r, maxCadvisorLine)
 	out := map[string]memPeak{}
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte(maxUsagePrefix)) {
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			for errors.Is(err, bufio.ErrBufferFull) { // the rest of the over-long line
+				_, err = br.ReadSlice('\n')
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("kubelet cAdvisor metrics: %w", err)
+			}
+			if err != nil {
+				return out, nil
+			}
 			continue
 		}
-		id, v, ok := parseMaxUsage(string(line))
-		if !ok || v <= 0 {
-			continue
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("kubelet cAdvisor metrics: %w", err)
 		}
-		cid, ok := containerOfCgroup(id)
-		if !ok {
-			continue
+		if len(out) < maxPeaks && bytes.HasPrefix(line, []byte(maxUsagePrefix)) {
+			if id, v, ok := parseMaxUsage(strings.TrimRight(string(line), "\r\n")); ok && v > 0 {
+				if cid, ok := containerOfCgroup(id); ok {
+					out[cid] = memPeak{cgroup: id, bytes: v}
+				}
+			}
 		}
-		if len(out) >= maxPeaks {
-			break
+		if err != nil { // io.EOF
+			return out, nil
 		}
-		out[cid] = memPeak{cgroup: id, bytes: v}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("kubelet cAdvisor metrics: %w", err)
-	}
-	return out, nil
 }
 
 // parseMaxUsage reads one sample line `container_memory_max_usage_bytes{L="V",…} VALUE
