@@ -9,8 +9,15 @@
 # and limited exactly as under runc; nothing changes outside the namespace. A host
 # with cgroup v2 only, or v1 only, needs none of this. See docs/oci-runtime.md.
 set -eu
-if [ "${SBX_CGROUP_V1_NS:-}" != 1 ]; then
-	SBX_CGROUP_V1_NS=1 exec unshare --mount --propagation private -- "$0" "$@"
+if [ "${SBX_CGROUP_V1_NS:-}" != "$$" ]; then
+	# The re-exec'd shell keeps this pid (exec), and the variable names it: a variable set
+	# by hand or inherited never skips the unshare.
+	SBX_CGROUP_V1_NS=$$ exec unshare --mount --propagation private -- "$0" "$@"
+fi
+# Never touch the host's own /sys/fs/cgroup: refuse unless in a mount namespace of our own.
+if [ "$(readlink /proc/self/ns/mnt)" = "$(readlink /proc/1/ns/mnt)" ]; then
+	echo "cgroup-v1-ns.sh: not in a private mount namespace; refusing to replace /sys/fs/cgroup" >&2
+	exit 1
 fi
 tmp=$(mktemp -d)
 # Keep the host's hierarchies reachable while /sys/fs/cgroup is replaced.
