@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
@@ -44,6 +45,7 @@ type densityResult struct {
 	wall                           time.Duration
 	rate, lastRate                 float64   // creates/s overall and over the last tenth
 	tenths                         []float64 // creates/s in each tenth of n (n ≥ 100)
+	cpuTenths                      []float64 // CPU ms per create in each tenth (this process and its reaped children: runc)
 	availPer, cgroupPer, runnerPer float64   // MiB per sandbox
 	exec10p50, exec10p99, execNp50 float64
 	execNp99, rule10p50, rule10p99 float64
@@ -108,6 +110,7 @@ func runDensity(b *testing.B) densityResult {
 		mu   sync.Mutex
 		ids  []string
 		done []time.Time
+		cpu  []time.Duration // this process's and its reaped children's CPU at each done
 		errs []error
 	)
 	create := func(count int) {
@@ -129,6 +132,7 @@ func runDensity(b *testing.B) densityResult {
 					} else {
 						ids = append(ids, id)
 						done = append(done, time.Now())
+						cpu = append(cpu, cpuUsed())
 					}
 					mu.Unlock()
 				}
@@ -148,7 +152,7 @@ func runDensity(b *testing.B) densityResult {
 	create(n - 10)
 	r.wall = at10 + time.Since(t1)
 	r.rate = float64(n) / r.wall.Seconds()
-	slices.SortFunc(done, func(a, c time.Time) int { return a.Compare(c) })
+	// Appended under one lock, done and cpu are in order already.
 	k := max(n/10, min(10, n-1)) // the last tenth, at least 10 creates (they finish in clumps of conc)
 	r.lastRate = float64(k) / done[n-1].Sub(done[n-k-1]).Seconds()
 	if n >= 100 { // where the rate goes as the host fills
@@ -167,6 +171,9 @@ func runDensity(b *testing.B) densityResult {
 		for i := range 10 {
 			lo, hi := i*n/10, (i+1)*n/10-1
 			r.tenths = append(r.tenths, float64(hi-lo+1)/(at(hi)-at(lo-1)).Seconds())
+			if lo > 0 { // the first tenth's start is not sampled
+				r.cpuTenths = append(r.cpuTenths, float64((cpu[hi]-cpu[lo-1]).Microseconds())/1000/float64(hi-lo+1))
+			}
 		}
 	}
 	idleSettle()
@@ -182,6 +189,7 @@ func runDensity(b *testing.B) densityResult {
 		n, conc, r.wall.Seconds(), r.rate, r.lastRate)
 	if r.tenths != nil {
 		fmt.Printf("density: creates/s in each tenth of the %d: %.1f\n", n, r.tenths)
+		fmt.Printf("density: CPU ms per create (the runner and the runc processes it reaped) in the 2nd to the last tenth: %.1f\n", r.cpuTenths)
 	}
 	fmt.Printf("density: host memory per idle sandbox at %d: MemAvailable drop %.2f MiB; cgroups %.2f + runner PSS growth %.2f = %.2f MiB (target ≤ 5 MiB)\n",
 		n, r.availPer, r.cgroupPer, r.runnerPer, r.cgroupPer+r.runnerPer)
@@ -289,4 +297,13 @@ func quantiles(d []time.Duration) (p50, p99 float64) {
 	slices.Sort(d)
 	at := func(q float64) float64 { return float64(d[int(q*float64(len(d)-1))]) / float64(time.Millisecond) }
 	return at(0.50), at(0.99)
+}
+
+// cpuUsed is the CPU time of this process and of its children it has reaped.
+func cpuUsed() time.Duration {
+	var self, kids unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &self)
+	_ = unix.Getrusage(unix.RUSAGE_CHILDREN, &kids)
+	tv := func(t unix.Timeval) time.Duration { return time.Duration(t.Nano()) }
+	return tv(self.Utime) + tv(self.Stime) + tv(kids.Utime) + tv(kids.Stime)
 }

@@ -349,11 +349,8 @@ func (b *Bed) removeLeftovers(i int) {
 	for _, m := range mounts {
 		_ = exec.Command("umount", "-l", m).Run()
 	}
-	nsFiles, _ := filepath.Glob(filepath.Join(b.RunnerDataDir(i), "network", "netns", "*"))
-	for _, f := range nsFiles {
-		_ = exec.Command("umount", "-l", f).Run()
-	}
-	_ = exec.Command("umount", "-l", filepath.Join(b.RunnerDataDir(i), "network", "netns")).Run()
+	// The holder of network namespaces, and with it every one it holds.
+	_ = exec.Command("umount", "-l", filepath.Join(b.RunnerDataDir(i), "network", "mntns")).Run()
 	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/" + b.cgroupParent(i))
 	for _, cg := range cgs {
 		subs, _ := filepath.Glob(filepath.Join(cg, "*", "cgroup.procs"))

@@ -333,17 +333,20 @@ func checkHostClean(t *testing.T, c crashCase, id string, anyAlive bool, when st
 	if !c.Network {
 		return
 	}
-	nsDir := filepath.Join(c.NetState, "netns")
-	ents, _ := os.ReadDir(nsDir)
-	for _, e := range ents {
-		if id == "" || e.Name() == id {
-			sub.Errorf("leaked network namespace file %s", e.Name())
+	// Held in the network's holder (network/holder.go), whether a runner is up or not.
+	held, err := network.HeldNetNS(c.NetState)
+	if err != nil {
+		sub.Errorf("network namespaces: %v", err)
+	}
+	for _, name := range held {
+		if id == "" || name == id {
+			sub.Errorf("leaked network namespace %s", name)
 		}
 	}
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, l := range strings.Split(string(mi), "\n") {
-		if (id == "" && strings.Contains(l, nsDir+"/")) || (id != "" && strings.Contains(l, nsDir+"/"+id+" ")) {
-			sub.Errorf("leaked network namespace mount: %s", l)
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], c.NetState+"/") && f[4] != filepath.Join(c.NetState, "mntns") {
+			sub.Errorf("leaked mount in the network state dir: %s", l)
 		}
 	}
 	if br, err := netlink.LinkByName(crashBridge); err == nil && !anyAlive {

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -344,4 +345,30 @@ func childPIDs(t testing.TB) []string {
 		out = append(out, strings.Fields(string(b))...)
 	}
 	return out
+}
+
+// TestRootfsBaseGoesAtClose: a backend whose state dir sits below a private dir mounts
+// root filesystems in a dir of its own under /run/sandboxd (rootfsBase); Close removes
+// it (it is named by the state dir, so each test's temporary dir would leave one).
+func TestRootfsBaseGoesAtClose(t *testing.T) {
+	testenv.RequireRoot(t, "a backend with user namespaces")
+	state := filepath.Join(t.TempDir(), "state") // t.TempDir's parent is 0700
+	b, err := New(Config{StateDir: state, AgentBinary: agentBin, CgroupParent: testCgroupParent,
+		Images: testImages{layers: []string{busyboxDir}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := b.RootfsDir()
+	if !strings.HasPrefix(rd, "/run/sandboxd/rootfs-") {
+		t.Fatalf("RootfsDir %q: want a dir under /run/sandboxd", rd)
+	}
+	if _, err := os.Stat(rd); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rd); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left after Close: %v", rd, err)
+	}
 }

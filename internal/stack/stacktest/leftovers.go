@@ -13,11 +13,13 @@ import (
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
 // Leftovers lists what sandboxes left on the host under a runner's data dir once every
 // one of them was deleted: sandbox dirs (<dataDir>/sandboxes/<id>), mounts below dataDir
-// (but the network's netns dir itself, which stays mounted for the next start), and loop
+// (but the network's holder of network namespaces, which stays mounted for the next
+// start), and loop
 // devices backed by files below it. Tests call it before their temporary dir is removed,
 // so a leak is reported as what leaked, not as an unlinkat error.
 func Leftovers(dataDir string) []string {
@@ -28,14 +30,21 @@ func Leftovers(dataDir string) []string {
 			out = append(out, "sandbox dir "+e.Name())
 		}
 	}
-	netns := filepath.Join(dataDir, "network", "netns")
+	holder := filepath.Join(dataDir, "network", "mntns")
 	for _, mp := range MountsUnder(dataDir) {
-		if mp != netns {
+		if mp != holder {
 			out = append(out, "mount "+mp)
 		}
 	}
 	for _, l := range LingeringLoops(dataDir) {
 		out = append(out, "loop device "+l)
+	}
+	held, err := network.HeldNetNS(filepath.Join(dataDir, "network"))
+	if err != nil {
+		out = append(out, "network namespaces: "+err.Error())
+	}
+	for _, id := range held {
+		out = append(out, "network namespace "+id)
 	}
 	return out
 }

@@ -386,8 +386,3 @@ func linkedNS(t testing.TB, nsPath string, hostAddr netip.Addr, addrs []netip.Pr
 	}
 	return name
 }
-
-func mountinfoContains(s string) bool {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	return strings.Contains(string(b), s)
-}

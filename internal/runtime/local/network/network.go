@@ -15,8 +15,10 @@
 //
 // Layout under Config.StateDir (persistent, survives runner restarts):
 //
-//	netns/<id>          nsfs bind mount of the sandbox's network namespace;
-//	                    netns/ itself is a shared bind mount (like /run/netns)
+//	mntns               bind mount of the holder, the mount namespace where the
+//	                    sandboxes' network namespaces are bind-mounted (holder.go)
+//	netns               symlink to the holder's dir of them, as seen by the runner:
+//	netns/<id>          the sandbox's network namespace
 //	ips/<ip>            one file per allocated address, containing the sandbox id
 //	sandboxes/<id>.json the Attachment, for Lookup after a restart
 //	rules/<id>.json     the sandbox's Rules (SetRules), restored by New
@@ -143,6 +145,7 @@ type Manager struct {
 	nameservers []string
 
 	stateDir, netnsDir, ipsDir, recDir, rulesDir string
+	holder                                       *holder
 
 	// secrets are the egress secrets by sandbox address (SetEgressSecrets), in memory only.
 	secrets sync.Map // netip.Addr -> *egress.SandboxSecrets
@@ -216,12 +219,12 @@ func New(cfg Config) (*Manager, error) {
 	m.ipsDir = filepath.Join(sd, "ips")
 	m.recDir = filepath.Join(sd, "sandboxes")
 	m.rulesDir = filepath.Join(sd, "rules")
-	for _, d := range []string{m.netnsDir, m.ipsDir, m.recDir, m.rulesDir} {
+	for _, d := range []string{m.ipsDir, m.recDir, m.rulesDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("network: state dir: %w", err)
 		}
 	}
-	if err := ensureSharedMount(m.netnsDir); err != nil {
+	if m.holder, err = openHolder(sd); err != nil {
 		return nil, err
 	}
 	// Temporary files of an address claim that a crash interrupted (one Manager owns a
@@ -232,12 +235,17 @@ func New(cfg Config) (*Manager, error) {
 		}
 	}
 
+	ok := false
+	defer func() {
+		if !ok {
+			m.holder.close()
+		}
+	}()
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("network: netlink: %w", err)
 	}
 	m.h = h
-	ok := false
 	defer func() {
 		if !ok {
 			h.Close()
@@ -327,13 +335,13 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 	}()
 
 	nsPath := m.NetNSPath(id)
-	if err := createNetNS(nsPath); err != nil {
+	if err := m.holder.createNetNS(id); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return nil, ErrExists
 		}
 		return nil, err
 	}
-	undo = append(undo, func() { _ = deleteNetNS(nsPath) })
+	undo = append(undo, func() { _ = m.holder.deleteNetNS(id) })
 	failpoint.Hit("network.setup.netns")
 
 	ip, err := m.allocIP(id)
@@ -477,8 +485,8 @@ func (m *Manager) Lookup(id string) (*Attachment, error) {
 	if err != nil {
 		return nil, err
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(att.NetNSPath, &st); err != nil || st.Type != unix.NSFS_MAGIC {
+	att.NetNSPath = m.NetNSPath(id) // (a record of the previous layout has the same path)
+	if !isNSFS(att.NetNSPath) {
 		return nil, fmt.Errorf("%w: netns of %s is not mounted", ErrNotFound, id)
 	}
 	return att, nil
@@ -495,14 +503,14 @@ func (m *Manager) List() ([]string, error) {
 			ids = append(ids, id)
 		}
 	}
-	ents, err := os.ReadDir(m.netnsDir)
+	names, err := m.holder.list()
 	if err != nil {
 		return nil, err
 	}
-	for _, e := range ents {
-		add(e.Name())
+	for _, n := range names {
+		add(n)
 	}
-	ents, err = os.ReadDir(m.recDir)
+	ents, err := os.ReadDir(m.recDir)
 	if err != nil {
 		return nil, err
 	}
@@ -540,7 +548,7 @@ func (m *Manager) Teardown(id string) error {
 	} else if !isLinkNotFound(err) {
 		errs = append(errs, fmt.Errorf("find veth %s: %w", hostName, err))
 	}
-	if err := deleteNetNS(m.NetNSPath(id)); err != nil {
+	if err := m.holder.deleteNetNS(id); err != nil {
 		errs = append(errs, err)
 	}
 	var ip netip.Addr
@@ -589,11 +597,12 @@ func (m *Manager) Close() error {
 	m.pinNl.close()
 	m.pinMu.Unlock()
 	m.StopServices()
+	m.holder.close()
 	return nil
 }
 
 // Cleanup tears down every sandbox network under StateDir and removes the host
-// setup: the nftables table, the bridge and the netns directory mount, and it
+// setup: the nftables table, the bridge and the holder of network namespaces, and it
 // restores net.ipv4.ip_forward if New changed it. For tests and uninstall.
 func (m *Manager) Cleanup() error {
 	h, err := m.handle()
@@ -623,8 +632,8 @@ func (m *Manager) Cleanup() error {
 	} else if !isLinkNotFound(err) {
 		errs = append(errs, err)
 	}
-	if err := unix.Unmount(m.netnsDir, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
-		errs = append(errs, fmt.Errorf("unmount %s: %w", m.netnsDir, err))
+	if err := m.holder.destroy(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := m.restoreForwarding(); err != nil {
 		errs = append(errs, err)

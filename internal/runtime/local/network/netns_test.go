@@ -10,11 +10,10 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sandboxd/sandboxd/internal/mountinfo"
 )
 
-// createNetNS creates a new network namespace and bind-mounts it on path (which
+// createNetNS (tests: namespaces of their own, outside a Manager) creates a new
+// network namespace and bind-mounts it on path (which
 // must not exist). The namespace is created on a dedicated OS thread that is
 // never handed back to the Go scheduler: the goroutine exits while still locked,
 // so the runtime discards the thread instead of reusing it in the wrong netns.
@@ -57,26 +56,6 @@ func deleteNetNS(path string) error {
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove netns file: %w", err)
-	}
-	return nil
-}
-
-// ensureSharedMount makes dir a mount point with shared propagation, as
-// iproute2 does for /run/netns: netns bind mounts made below it then propagate
-// into mount namespaces created later (e.g. runc's, which are slaves), and so do
-// their unmounts, so a torn-down namespace is not kept alive by a stale copy.
-func ensureSharedMount(dir string) error {
-	mounted, err := mountinfo.IsMountPoint(dir)
-	if err != nil {
-		return err
-	}
-	if !mounted {
-		if err := unix.Mount(dir, dir, "none", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("network: bind-mount %s: %w", dir, err)
-		}
-	}
-	if err := unix.Mount("none", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("network: make %s shared: %w", dir, err)
 	}
 	return nil
 }
