@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"syscall"
@@ -77,7 +78,7 @@ func Start() (stop func(), dsn string, err error) {
 		return c
 	}
 	t0 := time.Now()
-	if err := command("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync").Run(); err != nil {
+	if err := onKeptThread(command("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync").Run, nil); err != nil {
 		log, _ := os.ReadFile(logPath)
 		cleanup()
 		return nil, "", fmt.Errorf("initdb: %w\n%s", err, log)
@@ -86,11 +87,11 @@ func Start() (stop func(), dsn string, err error) {
 	srv := command("postgres", "-D", data, "-k", sock, "-h", "", "-p", port,
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200")
-	if err := srv.Start(); err != nil {
+	exited := make(chan struct{})
+	if err := onKeptThread(srv.Start, exited); err != nil {
 		cleanup()
 		return nil, "", fmt.Errorf("start postgres: %w", err)
 	}
-	exited := make(chan struct{})
 	go func() { _ = srv.Wait(); close(exited) }()
 	stop = func() {
 		_ = srv.Process.Signal(syscall.SIGINT) // fast shutdown
@@ -129,6 +130,25 @@ func Start() (stop func(), dsn string, err error) {
 	}
 	fmt.Fprintf(os.Stderr, "pgtest: started PostgreSQL from %s in %v\n", binDir, time.Since(t0).Round(time.Millisecond))
 	return stop, dsn, nil
+}
+
+// onKeptThread runs f (which starts a child process with Pdeathsig) on an OS thread kept
+// locked until until is closed (nil: until f returns). Pdeathsig fires when the thread
+// that forked the child exits, not the process: on an unlocked thread, any locked
+// goroutine ending there later (the network package ends every thread it moves into
+// another namespace) would stop PostgreSQL in the middle of a test.
+func onKeptThread(f func() error, until <-chan struct{}) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		err := f()
+		errc <- err
+		if err == nil && until != nil {
+			<-until
+		}
+		runtime.UnlockOSThread()
+	}()
+	return <-errc
 }
 
 func pgMajor(bin string) int {

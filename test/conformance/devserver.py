@@ -50,12 +50,14 @@ def mounts_under(path: pathlib.Path) -> list[str]:
 def remove_data_dir(data_dir: pathlib.Path) -> None:
     """Remove our temp data dir once the server has stopped.
 
-    A stopped sandboxd may leave empty mount points behind (e.g. the shared bind mount of
-    network/netns); those are unmounted. Anything else still mounted (a sandbox's rootfs) means
-    something is still running: then the directory is left alone and reported.
+    A stopped sandboxd leaves network/mntns mounted (the mount namespace holding its sandboxes'
+    network namespaces, kept across restarts) and may leave empty mount points; those are
+    unmounted. Anything else still mounted (a sandbox's rootfs) means something is still
+    running: then the directory is left alone and reported.
     """
     mounts = mounts_under(data_dir)
-    busy = [m for m in mounts if not (os.path.isdir(m) and not os.listdir(m))]
+    holder = str(data_dir / "network" / "mntns")
+    busy = [m for m in mounts if m != holder and not (os.path.isdir(m) and not os.listdir(m))]
     if busy:
         print(f"\nleaving {data_dir}: still has mounts {busy[:5]}")
         return

@@ -177,17 +177,22 @@ func (x *xcrashRunner) leftovers() []string {
 	for _, e := range staged {
 		out = append(out, "import staging dir "+e.Name())
 	}
-	netnsDir := filepath.Join(x.dataDir, "network", "netns")
+	holder := filepath.Join(x.dataDir, "network", "mntns") // the namespaces' holder (network/holder.go)
 	for _, mp := range stacktest.MountsUnder(x.dataDir) {
-		if mp != netnsDir {
+		if mp != holder {
 			out = append(out, "mount "+mp)
 		}
 	}
-	for _, dir := range []string{netnsDir, filepath.Join(x.dataDir, "network", "sandboxes")} {
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			out = append(out, "network "+filepath.Base(dir)+" "+e.Name())
-		}
+	held, err := network.HeldNetNS(filepath.Join(x.dataDir, "network")) // not through netns: a dead runner's link
+	if err != nil {
+		out = append(out, "network namespaces: "+err.Error())
+	}
+	for _, id := range held {
+		out = append(out, "network netns "+id)
+	}
+	ents, _ = os.ReadDir(filepath.Join(x.dataDir, "network", "sandboxes"))
+	for _, e := range ents {
+		out = append(out, "network sandboxes "+e.Name())
 	}
 	for _, d := range []string{"lifetimes", "paused", "moved"} { // the runner's records
 		ents, _ := os.ReadDir(filepath.Join(x.dataDir, "runner", d))

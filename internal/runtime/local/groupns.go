@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/failpoint"
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
 // The namespaces a group's containers share (group.go) are made by the backend before
@@ -142,15 +143,13 @@ func (g *groupNS) close() {
 // inNamespaceFD is inNamespace for a namespace held by fd.
 func inNamespaceFD(fd, nstype int, fn func() error) error {
 	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread dies with the goroutine (see inNamespace).
-		goruntime.LockOSThread()
+	network.SpoilThread(func() { // the thread dies with the goroutine (see inNamespace)
 		if err := unix.Setns(fd, nstype); err != nil {
 			errc <- fmt.Errorf("setns: %w", err)
 			return
 		}
 		errc <- fn()
-	}()
+	})
 	return <-errc
 }
 

@@ -3,9 +3,10 @@ package local
 import (
 	"fmt"
 	"os"
-	goruntime "runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
 // inNamespace runs fn on an OS thread that has joined the namespace (of kind nstype, a
@@ -18,13 +19,12 @@ func inNamespace(path string, nstype int, fn func() error) error {
 	}
 	defer f.Close()
 	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
+	network.SpoilThread(func() { // never the main thread, which Go would keep, wedged there
 		if err := unix.Setns(int(f.Fd()), nstype); err != nil {
 			errc <- fmt.Errorf("setns %s: %w", path, err)
 			return
 		}
 		errc <- fn()
-	}()
+	})
 	return <-errc
 }

@@ -3,12 +3,15 @@
 package network
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -40,6 +43,7 @@ type holder struct {
 
 	mu     sync.RWMutex // fd while in use; Lock to close
 	fd     int          // the holder's nsfs file, -1 once closed
+	nsDir  string       // in the holder: the namespaces' dir, holderNSPrefix + 32 random hex digits
 	anchor *anchor
 }
 
@@ -57,8 +61,13 @@ var anchors struct {
 }
 
 const (
-	holderNSDir   = "/ns"   // in the holder: the namespaces' bind mounts
-	holderProcDir = "/proc" // in the holder: a procfs (sources of the bind mounts)
+	// holderNSPrefix begins the name of the holder's dir of the namespaces' bind mounts,
+	// /ns-<32 random hex digits>: the netns link goes through /proc/<pid>/task/<tid>/root,
+	// and should the runner die and both numbers be reused by another process before a
+	// runtime it started follows the link, that process's root (a sandbox's, say) cannot
+	// hold a path no one outside the holder knows.
+	holderNSPrefix = "/ns-"
+	holderProcDir  = "/proc" // in the holder: a procfs (sources of the bind mounts)
 )
 
 // openHolder opens the holder of stateDir, making it first when there is none (or
@@ -82,13 +91,18 @@ func openHolder(stateDir string) (*holder, error) {
 			h.close()
 		}
 	}()
+	if h.nsDir == "" { // an existing holder: find its dir
+		if err := h.findNSDir(); err != nil {
+			return nil, err
+		}
+	}
 	if err := h.startAnchor(); err != nil {
 		return nil, err
 	}
 	if err := h.migrate(); err != nil {
 		return nil, err
 	}
-	target := filepath.Join("/proc", strconv.Itoa(os.Getpid()), "task", strconv.Itoa(h.anchor.tid), "root", holderNSDir)
+	target := filepath.Join("/proc", strconv.Itoa(os.Getpid()), "task", strconv.Itoa(h.anchor.tid), "root", h.nsDir)
 	tmp := h.link + ".tmp"
 	_ = os.Remove(tmp)
 	if err := os.Symlink(target, tmp); err != nil {
@@ -114,26 +128,32 @@ func (h *holder) create(stateDir string) error {
 		err error
 	}
 	resc := make(chan res, 1)
-	spoilThread(func() {
-		fd, err := makeHolderNS(stateDir)
+	var rnd [16]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return err
+	}
+	nsDir := holderNSPrefix + hex.EncodeToString(rnd[:])
+	SpoilThread(func() {
+		fd, err := makeHolderNS(stateDir, nsDir)
 		resc <- res{fd, err}
 	})
 	r := <-resc
 	if r.err != nil {
 		return fmt.Errorf("network: make holder: %w", r.err)
 	}
-	h.fd = r.fd
 	// From the host's namespace: the holder is newer, so binding it here makes no loop.
 	if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(r.fd), h.file, "", unix.MS_BIND, ""); err != nil {
+		unix.Close(r.fd)
 		return fmt.Errorf("network: bind holder on %s: %w", h.file, err)
 	}
+	h.fd, h.nsDir = r.fd, nsDir
 	return nil
 }
 
 // makeHolderNS, on a locked thread it then spoils: a new mount namespace, private
 // throughout, whose root is a new tmpfs (mounted on dir there) with ns/ and a procfs.
 // It returns an fd of it.
-func makeHolderNS(dir string) (int, error) {
+func makeHolderNS(dir, nsDir string) (int, error) {
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
 		return -1, fmt.Errorf("unshare: %w", err)
 	}
@@ -143,7 +163,7 @@ func makeHolderNS(dir string) (int, error) {
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=1m"); err != nil {
 		return -1, fmt.Errorf("mount tmpfs: %w", err)
 	}
-	for _, d := range []string{holderNSDir, holderProcDir} {
+	for _, d := range []string{nsDir, holderProcDir} {
 		if err := os.Mkdir(dir+d, 0o711); err != nil {
 			return -1, err
 		}
@@ -171,17 +191,17 @@ func makeHolderNS(dir string) (int, error) {
 	return fd, nil
 }
 
-// spoilThread runs fn on a goroutine locked to an OS thread that ends with it (fn may
+// SpoilThread runs fn on a goroutine locked to an OS thread that ends with it (fn may
 // move the thread into other namespaces), never the process's main thread: Go keeps
 // that one (wedged) instead of ending it, and /proc/<pid> (mountinfo, ns/, root) shows
 // the main thread's namespaces.
-func spoilThread(fn func()) {
+func SpoilThread(fn func()) {
 	go func() {
 		runtime.LockOSThread() // never unlocked but on the main thread
 		if unix.Gettid() == unix.Getpid() {
 			// Held here until fn's goroutine is on a thread: not this one.
 			started := make(chan struct{})
-			spoilThread(func() { close(started); fn() })
+			SpoilThread(func() { close(started); fn() })
 			<-started
 			runtime.UnlockOSThread()
 			return
@@ -221,7 +241,7 @@ func (h *holder) startAnchor() error {
 	a := &anchor{key: st.Ino, refs: 1, stop: make(chan struct{}), done: make(chan struct{})}
 	errc := make(chan error, 1)
 	tidc := make(chan int, 1)
-	spoilThread(func() {
+	SpoilThread(func() {
 		defer close(a.done)
 		if err := h.enter(); err != nil {
 			errc <- err
@@ -248,7 +268,7 @@ func (h *holder) in(fn func() error) error {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	errc := make(chan error, 1)
-	spoilThread(func() {
+	SpoilThread(func() {
 		if err := h.enter(); err != nil {
 			errc <- err
 			return
@@ -258,10 +278,32 @@ func (h *holder) in(fn func() error) error {
 	return <-errc
 }
 
+// findNSDir sets h.nsDir from an existing holder's root: its one holderNSPrefix dir.
+func (h *holder) findNSDir() error {
+	var found []string
+	err := h.in(func() error {
+		ents, err := os.ReadDir("/")
+		for _, e := range ents {
+			if n := "/" + e.Name(); e.IsDir() && strings.HasPrefix(n, holderNSPrefix) && len(n) == len(holderNSPrefix)+32 {
+				found = append(found, n)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("network: holder %s: %w", h.file, err)
+	}
+	if len(found) != 1 {
+		return fmt.Errorf("network: holder %s: %d namespace dirs, want 1", h.file, len(found))
+	}
+	h.nsDir = found[0]
+	return nil
+}
+
 // createNetNS makes a new network namespace held as id.
 func (h *holder) createNetNS(id string) error {
 	return h.in(func() error {
-		p := holderNSDir + "/" + id
+		p := h.nsDir + "/" + id
 		f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 		if err != nil {
 			return err
@@ -282,7 +324,7 @@ func (h *holder) createNetNS(id string) error {
 // hold binds the namespace open as fd (of this process) as id.
 func (h *holder) hold(id string, fd int) error {
 	return h.in(func() error {
-		p := holderNSDir + "/" + id
+		p := h.nsDir + "/" + id
 		f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE, 0o444)
 		if err != nil {
 			return err
@@ -303,7 +345,7 @@ func (h *holder) hold(id string, fd int) error {
 // goes away with its last reference (processes inside it, open fds).
 func (h *holder) deleteNetNS(id string) error {
 	return h.in(func() error {
-		p := holderNSDir + "/" + id
+		p := h.nsDir + "/" + id
 		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 			return fmt.Errorf("unmount netns %s: %w", id, err)
 		}
@@ -319,7 +361,7 @@ func (h *holder) deleteNetNS(id string) error {
 func (h *holder) list() ([]string, error) {
 	var names []string
 	err := h.in(func() error {
-		ents, err := os.ReadDir(holderNSDir)
+		ents, err := os.ReadDir(h.nsDir)
 		for _, e := range ents {
 			names = append(names, e.Name())
 		}
@@ -421,7 +463,10 @@ func HeldNetNS(stateDir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &holder{fd: fd}
+	h := &holder{file: file, fd: fd}
 	defer h.close()
+	if err := h.findNSDir(); err != nil {
+		return nil, err
+	}
 	return h.list()
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -67,6 +68,12 @@ func TestHolderKeepsHostMountTable(t *testing.T) {
 	if err != nil || !slices.Equal(held, ids) {
 		t.Errorf("HeldNetNS: %v %v, want %v", held, err, ids)
 	}
+	// The link goes through the anchor thread's root to a dir named at random (a
+	// recycled pid and tid's root cannot hold it); a later Manager finds the same dir.
+	target, err := os.Readlink(filepath.Join(m.stateDir, "netns"))
+	if err != nil || !regexp.MustCompile(`^/proc/[0-9]+/task/[0-9]+/root/ns-[0-9a-f]{32}$`).MatchString(target) {
+		t.Fatalf("netns link %q %v", target, err)
+	}
 	// The runner goes (its anchor thread and fds with it): the namespaces stay.
 	m.Close()
 	m2, err := New(cfg)
@@ -74,6 +81,9 @@ func TestHolderKeepsHostMountTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m2.Close()
+	if t2, _ := os.Readlink(filepath.Join(m.stateDir, "netns")); filepath.Base(t2) != filepath.Base(target) {
+		t.Errorf("after restart the link names %s, before %s", t2, target)
+	}
 	for _, id := range ids {
 		a, err := m2.Lookup(id)
 		if err != nil {
