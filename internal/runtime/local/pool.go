@@ -807,7 +807,7 @@ func (b *Backend) Close(ctx context.Context) error {
 	}
 	// A dir of its own under /run/sandboxd (rootfsBase) goes once no mount point is left
 	// in it (sandboxes kept running keep theirs, and the next start makes it again).
-	if b.rootfsBase != "" && !strings.HasPrefix(b.rootfsBase, b.cfg.StateDir+"/") {
+	if b.rootfsBase != "" && filepath.Dir(b.rootfsBase) == "/run/sandboxd" {
 		_ = os.Remove(b.rootfsBase)
 	}
 	return errors.Join(err, b.vols.close())

@@ -76,6 +76,16 @@ const (
 // into the holder.
 func openHolder(stateDir string) (*holder, error) {
 	h := &holder{file: filepath.Join(stateDir, "mntns"), link: filepath.Join(stateDir, "netns"), fd: -1}
+	// One opener at a time per state dir (two runners or Managers starting on one dir
+	// must not both make a holder).
+	dir, err := os.Open(stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	defer dir.Close() // releases the lock
+	if err := unix.Flock(int(dir.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("network: lock %s: %w", stateDir, err)
+	}
 	if isNSFS(h.file) {
 		fd, err := unix.Open(h.file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
