@@ -334,10 +334,38 @@ func (b *Backend) mountManagedLocked(dir string) (string, error) {
 	} else if mounted {
 		return mnt, nil
 	}
-	if err := mountLoopFSWith(filepath.Join(dir, fileManagedImage), mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable", true); err != nil {
+	img := filepath.Join(dir, fileManagedImage)
+	if err := awaitImageReleased(img, 10*time.Second); err != nil {
+		return "", fmt.Errorf("managed volume: %w", err)
+	}
+	if err := mountLoopFSWith(img, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable", true); err != nil {
 		return "", fmt.Errorf("managed volume: %w", err)
 	}
 	return mnt, nil
+}
+
+// awaitImageReleased waits, up to d, until no loop device backs the image img. An
+// unmounted filesystem lives on while another mount namespace still holds a copy of
+// its mount (one made a moment ago copies the whole table: runc's, the network
+// holder's), and its loop device with it; mounting the image again meanwhile would make
+// a second filesystem instance of one image, which reads what the first has not yet
+// written back (seen: a file written before the unmount read empty) and corrupts it when
+// both write.
+func awaitImageReleased(img string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		held := false
+		for _, l := range LoopDevicesUnder(filepath.Dir(img)) {
+			held = held || l.File == img
+		}
+		if !held {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the image %s is still attached to a loop device from an earlier mount (held elsewhere); try again", img)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // bindManaged binds managed volume name's filesystem onto root (made here, a host-only
