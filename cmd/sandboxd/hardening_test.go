@@ -43,19 +43,8 @@ func TestForkSentriesFlag(t *testing.T) {
 		want int
 		ok   bool
 	}{{"", 0, true}, {"8", 8, true}, {"-1", -1, true}, {"4096", 4096, true}, {"4097", 0, false}, {"-2", 0, false}} {
-		var h hardeningFlags
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		h.register(fs)
-		args := []string{}
-		if tc.arg != "" {
-			args = []string{"--fork-sentries=" + tc.arg}
-		}
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		var cfg stack.Config
-		err := h.apply(&cfg)
-		if verr := h.validate(); (verr == nil) != tc.ok {
+		cfg, err, verr := applyHardeningFlag(t, "--fork-sentries", tc.arg)
+		if (verr == nil) != tc.ok {
 			t.Errorf("%q: validate %v", tc.arg, verr)
 		}
 		switch {
@@ -67,6 +56,24 @@ func TestForkSentriesFlag(t *testing.T) {
 	}
 }
 
+// applyHardeningFlag parses flag=arg (nothing when arg is "") into hardeningFlags and
+// returns what apply makes of it and what validate says.
+func applyHardeningFlag(t *testing.T, flagName, arg string) (cfg stack.Config, applyErr, validateErr error) {
+	t.Helper()
+	var h hardeningFlags
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	h.register(fs)
+	args := []string{}
+	if arg != "" {
+		args = []string{flagName + "=" + arg}
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	applyErr = h.apply(&cfg)
+	return cfg, applyErr, h.validate()
+}
+
 // TestOCIRuntimeFlag: --oci-runtime reaches the stack's configuration and refuses any
 // runtime but runc and crun.
 func TestOCIRuntimeFlag(t *testing.T) {
@@ -74,19 +81,8 @@ func TestOCIRuntimeFlag(t *testing.T) {
 		arg, want string
 		ok        bool
 	}{{"", "runc", true}, {"runc", "runc", true}, {"crun", "crun", true}, {"runsc", "", false}, {"/usr/bin/crun", "", false}, {"CRUN", "", false}} {
-		var h hardeningFlags
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		h.register(fs)
-		args := []string{}
-		if tc.arg != "" {
-			args = []string{"--oci-runtime=" + tc.arg}
-		}
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		var cfg stack.Config
-		err := h.apply(&cfg)
-		if verr := h.validate(); (verr == nil) != tc.ok {
+		cfg, err, verr := applyHardeningFlag(t, "--oci-runtime", tc.arg)
+		if (verr == nil) != tc.ok {
 			t.Errorf("%q: validate %v", tc.arg, verr)
 		}
 		switch {

@@ -366,11 +366,17 @@ func (s *Service) checkDataPlaneHost(org, id, host string) error {
 		return nil
 	}
 	s.log.Warn("data-plane certificate refused: host not assigned to the runner", "org", org, "runner", id, "host", host, "err", why)
+	return s.refuseDataPlaneHost(id, host, fmt.Sprintf("a tenant organization's runner is certified only for %s and names under it (set --data-plane-host to one)",
+		pki.TenantDataPlaneHost(id, s.domain)), why.Error())
+}
+
+// refuseDataPlaneHost is the PERMISSION_DENIED of a data-plane host not certified for
+// runner id: the message's reason, and why as the violation on host.
+func (s *Service) refuseDataPlaneHost(id, host, reason, why string) error {
 	return apierr.WithViolations(apierr.New(apierr.PermissionDenied,
-		fmt.Sprintf("runner %s may not have a data-plane certificate for %q: a tenant organization's runner is certified only for %s and names under it (set --data-plane-host to one)",
-			id, host, pki.TenantDataPlaneHost(id, s.domain)),
+		fmt.Sprintf("runner %s may not have a data-plane certificate for %q: %s", id, host, reason),
 		map[string]string{"runner_id": id, "host": host, "allowed_host": pki.TenantDataPlaneHost(id, s.domain)}),
-		[]apierr.Violation{{Field: "host", Description: why.Error()}})
+		[]apierr.Violation{{Field: "host", Description: why}})
 }
 
 // checkPlatformDataPlaneHost: a platform runner may be certified for any host, except a
@@ -393,10 +399,7 @@ func (s *Service) checkPlatformDataPlaneHost(id, host string) error {
 	}
 	why := fmt.Sprintf("in the base domain %s a platform runner is certified only under its own ID (%s) or a label beginning %q, which no tenant's runner can be named", s.domain, pki.TenantDataPlaneHost(id, s.domain), ReservedRunnerIDPrefix)
 	s.log.Warn("data-plane certificate refused: a platform runner's host in the base domain that a tenant's runner could hold", "runner", id, "host", host)
-	return apierr.WithViolations(apierr.New(apierr.PermissionDenied,
-		fmt.Sprintf("runner %s may not have a data-plane certificate for %q: %s", id, host, why),
-		map[string]string{"runner_id": id, "host": host, "allowed_host": pki.TenantDataPlaneHost(id, s.domain)}),
-		[]apierr.Violation{{Field: "host", Description: why}})
+	return s.refuseDataPlaneHost(id, host, why, why)
 }
 
 func (g *Registration) VerifyApiKey(ctx context.Context, req *connect.Request[controlplanev1.VerifyApiKeyRequest]) (*connect.Response[controlplanev1.VerifyApiKeyResponse], error) {
