@@ -65,8 +65,9 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.startswith("/set/"):
             state["value"] = self.path[5:]
-        log.write("%d\n" % state["count"])
-        body = json.dumps({"token": token, "count": state["count"], "value": state["value"], "ip": my_ip(), "pid": os.getpid()}).encode()
+        count = state["count"]  # read once: the tick thread may move it between the log line and the answer
+        log.write("%d\n" % count)
+        body = json.dumps({"token": token, "count": count, "value": state["value"], "ip": my_ip(), "pid": os.getpid()}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
