@@ -142,7 +142,11 @@ func (c *storeCheck) ready(context.Context) error {
 	if c.verified {
 		return nil
 	}
-	return fmt.Errorf("not yet known that the control plane (%s) uses this gateway's store: %v", c.addr, c.last)
+	why := c.last
+	if why == nil {
+		why = errors.New("not asked yet")
+	}
+	return fmt.Errorf("not yet known that the control plane (%s) uses this gateway's store: %w", c.addr, why)
 }
 
 // describeStore names a --store value without its secrets: a PostgreSQL DSN by host and
