@@ -417,6 +417,9 @@ func (c gatewayConfig) run() error {
 			return err
 		}
 		if err := c.checkStore(ctx, st, cpTransport, logger, serveCtx, stopServing); err != nil {
+			if ctx.Err() != nil {
+				return nil // a signal while it waited for the control plane: a clean stop
+			}
 			return err
 		}
 	}
