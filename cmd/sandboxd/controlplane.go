@@ -126,21 +126,28 @@ func (c controlPlaneConfig) run() error {
 	return serveUntilDone(ctx, srv, ln, logger, "control plane shutting down; runners keep their last-known policy")
 }
 
-// controlPlaneProxy forwards the admin API to the control plane at addr over TLS
-// (trusting ca). While it is unreachable the calls fail UNAVAILABLE (HTTP 503, which
-// gRPC and Connect clients read as UNAVAILABLE) with a message that says so.
-func controlPlaneProxy(addr string, ca *pki.CA, log *slog.Logger) (http.Handler, error) {
+// controlPlaneTransport is how a gateway reaches the control plane at addr (--control-plane):
+// over TLS, trusting ca. The admin API is forwarded on it and the store check
+// (storecheck.go) asks on it, so both use the same connections.
+func controlPlaneTransport(addr string, ca *pki.CA) (*http.Transport, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("--control-plane: %w", err)
 	}
 	tc := pki.ClientTLSConfig(nil, ca.Pool(), host)
-	rp := &httputil.ReverseProxy{
+	return &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, IdleConnTimeout: time.Minute}, nil
+}
+
+// controlPlaneProxy forwards the admin API to the control plane at addr over tr. While it
+// is unreachable the calls fail UNAVAILABLE (HTTP 503, which gRPC and Connect clients read
+// as UNAVAILABLE) with a message that says so.
+func controlPlaneProxy(addr string, tr http.RoundTripper, log *slog.Logger) http.Handler {
+	return &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.Out.URL.Scheme, r.Out.URL.Host = "https", addr
 			r.Out.Host = addr
 		},
-		Transport:     &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, IdleConnTimeout: time.Minute},
+		Transport:     tr,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			log.Warn("control plane unreachable", "path", r.URL.Path, "err", err)
@@ -151,5 +158,4 @@ func controlPlaneProxy(addr string, ca *pki.CA, log *slog.Logger) (http.Handler,
 			_, _ = fmt.Fprintf(w, `{"code":"unavailable","message":%q}`, msg)
 		},
 	}
-	return rp, nil
 }

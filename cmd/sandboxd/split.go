@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/local"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/stack"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // platformCAName names the CA that --pki-dir holds when `runner` or `gateway` creates it.
@@ -405,6 +406,23 @@ func (c gatewayConfig) run() error {
 	}
 	defer stopTracing()
 	defer func() { _ = st.Close() }()
+	// With a control plane: one store for both (storecheck.go), checked before anything
+	// but the metrics listener starts (/livez answers while it waits), and again while
+	// serving: another store then stops the gateway with serveCtx's cause.
+	serveCtx, stopServing := context.WithCancelCause(ctx)
+	defer stopServing(nil)
+	var cpTransport *http.Transport
+	if c.controlPlane != "" {
+		if cpTransport, err = controlPlaneTransport(c.controlPlane, ca); err != nil {
+			return err
+		}
+		if err := c.checkStore(ctx, st, cpTransport, logger, serveCtx, stopServing); err != nil {
+			if ctx.Err() != nil {
+				return nil // a signal while it waited for the control plane: a clean stop
+			}
+			return err
+		}
+	}
 	blobs, blobCfg, closeBlobs, err := c.blob.open(ctx, "")
 	if err != nil {
 		return err
@@ -501,9 +519,7 @@ func (c gatewayConfig) run() error {
 	// runner ID doubles as cluster ID) and heartbeats what it sees of them.
 	var admin http.Handler
 	if c.controlPlane != "" {
-		if admin, err = controlPlaneProxy(c.controlPlane, ca, logger); err != nil {
-			return err
-		}
+		admin = controlPlaneProxy(c.controlPlane, cpTransport, logger)
 	} else {
 		for _, r := range rs {
 			if err := registerRunner(ctx, st, r.ID(), r.ID(), "local", logger); err != nil {
@@ -525,5 +541,28 @@ func (c gatewayConfig) run() error {
 	srv.Handler = withRegistry(srv.Handler, reg)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(c.dataDir, adminKeyFile))
-	return serveUntilDone(ctx, srv, ln, logger, "")
+	if err := serveUntilDone(serveCtx, srv, ln, logger, ""); err != nil {
+		return err
+	}
+	if cause := context.Cause(serveCtx); errors.Is(cause, controlplane.ErrStoreMismatch) {
+		return cause
+	}
+	return nil
+}
+
+// checkStore checks at start that the control plane uses st (storecheck.go), registers
+// the readiness check, and keeps checking until serveCtx ends (stop: another store).
+func (c gatewayConfig) checkStore(ctx context.Context, st store.Store, tr http.RoundTripper, logger *slog.Logger, serveCtx context.Context, stop func(error)) error {
+	id, err := st.Identity(ctx)
+	if err != nil {
+		return err
+	}
+	chk := &storeCheck{addr: c.controlPlane, hc: &http.Client{Transport: tr}, identity: id,
+		storeDesc: describeStore(c.dataDir, c.storeDSN), log: logger, wait: storeCheckWait, interval: storeCheckInterval}
+	if err := chk.start(ctx); err != nil {
+		return err
+	}
+	metrics.Default.SetReady("control_plane_store", chk.ready)
+	go chk.run(serveCtx, stop)
+	return nil
 }

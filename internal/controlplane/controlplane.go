@@ -132,6 +132,7 @@ type Service struct {
 	sealer    *Sealer
 	inst      *installer
 	audit     *audit.Recorder
+	storeID   storeIdentity
 }
 
 // New returns a Service.

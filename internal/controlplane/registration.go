@@ -497,12 +497,16 @@ func (s *Service) RegistrationHandler() http.Handler {
 }
 
 // TLSHandler serves everything the control plane offers on one TLS listener: the
-// registration service, and the admin services (API key) for every other path, behind
-// the API's front (the key is checked from the headers before any body is read, bodies
+// registration service, the store proof gateways check (storeproof.go), and the admin
+// services (API key) for every other path, behind the API's front (the key is checked from the headers before any body is read, bodies
 // in flight are capped: issue 15 §2).
 func (s *Service) TLSHandler() http.Handler {
 	reg, admin, artifacts := s.RegistrationHandler(), s.adminFront(), s.ArtifactsHandler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == StoreProofPath {
+			s.serveStoreProof(w, r)
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, "/"+controlplanev1connect.RunnerRegistrationServiceName+"/") {
 			reg.ServeHTTP(w, r)
 			return

@@ -40,6 +40,9 @@ type Store interface {
 	Quotas() Quotas
 	SecretStores() SecretStores
 	Audit() Audit
+	// Identity is the store's persistent random identity (identity.go), created on the
+	// first call: processes that open one database get one identity.
+	Identity(ctx context.Context) (string, error)
 	// Backend is "sqlite" or "postgres".
 	Backend() string
 	Close() error

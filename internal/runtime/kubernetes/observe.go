@@ -328,8 +328,12 @@ const maxEventReaders = 4
 
 var eventReaders = make(chan struct{}, maxEventReaders)
 
-// maxPodEvents bounds the events read of one Pod.
-const maxPodEvents = 256
+// maxPodEvents bounds a page of one Pod's events of one reason, and maxPodEventPages the
+// pages read of one reason: at most 1 024 events of each reason wanted per read.
+const (
+	maxPodEvents     = 256
+	maxPodEventPages = 4
+)
 
 // defaultEventsWait is how long recordPulls waits for the kubelet's Pulled events to be
 // stored (the kubelet sends them asynchronously), between tries.
@@ -351,6 +355,11 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, fa
 	case <-b.ctx.Done():
 		return
 	}
+	// Pulling and Failed events matter only for the pulls that failed (pullsOf).
+	reasons := []string{reasonPulled}
+	if len(failed) > 0 {
+		reasons = append(reasons, reasonPulling, reasonFailed)
+	}
 	var got []pull
 	waits := b.eventsWait
 	if waits == nil {
@@ -362,13 +371,7 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, fa
 		case <-b.ctx.Done():
 			return
 		}
-		lctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
-		list, err := b.cfg.Client.CoreV1().Events(b.cfg.Namespace).List(lctx, metav1.ListOptions{
-			// All of the Pod's events (a field selector takes one reason): Pulling, Pulled and Failed are wanted.
-			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod.Name, "involvedObject.uid": string(pod.UID)}.String(),
-			Limit:         maxPodEvents,
-		})
-		cancel()
+		events, err := b.podEvents(pod, reasons)
 		if err != nil {
 			if b.eventsWarned.CompareAndSwap(false, true) {
 				hint := ""
@@ -380,7 +383,7 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, fa
 			return
 		}
 		b.eventsWarned.Store(false)
-		got = pullsOf(list.Items, pod, failed)
+		got = pullsOf(events, pod, failed)
 		if len(got) >= want {
 			break
 		}
@@ -408,6 +411,35 @@ func (b *Backend) recordPulls(ctx context.Context, pod *corev1.Pod, want int, fa
 		}
 		tracing.Step(ctx, stepPull, end.Add(-p.d), end, attrs...)
 	}
+}
+
+// podEvents lists pod's events of each of reasons. Each reason is field-selected, so a Pod's
+// other events (probe failures, back-offs, however many) never push the pull events off a
+// page, and read page by page: at most maxPodEventPages pages, and maxPodEventPages *
+// maxPodEvents events of each reason kept (also from a server that ignores the page limit).
+func (b *Backend) podEvents(pod *corev1.Pod, reasons []string) ([]corev1.Event, error) {
+	var out []corev1.Event
+	for _, reason := range reasons {
+		sel := fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod.Name, "involvedObject.uid": string(pod.UID), "reason": reason}.String()
+		cont, kept := "", 0
+		for range maxPodEventPages {
+			lctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+			list, err := b.cfg.Client.CoreV1().Events(b.cfg.Namespace).List(lctx, metav1.ListOptions{FieldSelector: sel, Limit: maxPodEvents, Continue: cont})
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			items := list.Items
+			if left := maxPodEventPages*maxPodEvents - kept; len(items) > left {
+				items = items[:left]
+			}
+			out, kept = append(out, items...), kept+len(items)
+			if cont = list.Continue; cont == "" || kept == maxPodEventPages*maxPodEvents {
+				break
+			}
+		}
+	}
+	return out, nil
 }
 
 // readyOrRunning is the end of the runtime step.
