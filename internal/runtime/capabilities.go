@@ -50,6 +50,12 @@ type Support struct {
 	// runners without it. On the wire an older runner that does not say it can is taken
 	// to lack it.
 	NoGlobalVolumes bool
+	// NoGlobalVolumeWriters: the runner mounts GLOBAL volumes read-only only: its backend
+	// cannot commit a writer's copy when the sandbox ends (the Kubernetes backend: set by
+	// the backend). The runner refuses read-write mounts at create; placement sends a
+	// sandbox mounting one read-write only to runners without it (nor NoGlobalVolumes).
+	// On the wire an older runner that does not say is taken to commit them.
+	NoGlobalVolumeWriters bool
 }
 
 // Optional interfaces of a Backend. The runner asserts them when it runs; each backend
