@@ -168,3 +168,10 @@ func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
 	}
 	return nil
 }
+
+// helperContainer reports whether a Pod container is the runner's own (the gate, the
+// install init container, the GLOBAL volume filler), not one running the sandbox's
+// images: left out of its usage, counted pulls and container reports.
+func helperContainer(name string) bool {
+	return name == containerGate || name == containerInstall || name == containerFiller
+}
