@@ -139,6 +139,9 @@ func TestGlobalVolumeFiller(t *testing.T) {
 	if n := len(pod.Spec.Containers); n != 3 {
 		t.Errorf("single: %d containers, want gate, sandbox, filler", n)
 	}
+	if n := sandboxContainers(pod); n != 1 {
+		t.Errorf("single: %d containers counted as the sandbox's, want 1 (the filler is the runner's)", n)
+	}
 
 	// A group: the filler beside the sidecars; a sidecar may mount the copy writable too.
 	gspec := globalSpec(d)
