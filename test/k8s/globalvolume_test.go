@@ -191,6 +191,27 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A sandbox whose command ends (one container, and a group with a sidecar that also
+	// mounts the copy read-only) ends as one without a filler: COMPLETED once its command
+	// exits 0, which it does only when it found generation 1's file.
+	for _, group := range []bool{false, true} {
+		c := &sandboxv1.Container{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `grep -q "from the blob store" /data/hello.txt`},
+			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: true}}}
+		containers := []*sandboxv1.Container{c}
+		if group {
+			containers = append(containers, &sandboxv1.Container{Name: "side", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `test -f /data/hello.txt && sleep 3600`},
+				VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: true}}})
+		}
+		res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+			Containers: containers,
+			Volumes:    []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
+		}}}))
+		if err != nil {
+			t.Fatalf("group %v: %v", group, err)
+		}
+		gwWait(t, api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	}
+
 	// Read-write: the writer's copy would have to be committed when the sandbox ends,
 	// which this runner cannot do (no container outlives the workload to archive it).
 	// Its runner says so (Support.NoGlobalVolumeWriters, no_global_volume_writers on the
