@@ -34,12 +34,12 @@ func TestPlaceRestoringPrefersTheCache(t *testing.T) {
 		s := newTestGateway(t, t.TempDir(), rs...)
 		spec := &sandboxv1.SandboxSpec{Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox", Resources: &sandboxv1.Resources{Cpu: "1", Memory: "1Gi"}}}}
 		for range 5 { // ties are broken randomly: the cache must win every time
-			cands, err := s.placeRestoring(asOrg(t.Context()), spec, nil, []string{"d1"}, nil, nil)
+			cands, err := s.placeRestoring(asOrg(t.Context()), spec, nil, []string{"d1"}, nil, nil, nil)
 			if err != nil || len(cands) != 2 || cands[0].RunnerID != "warm" {
 				t.Fatalf("candidates %+v, %v; want warm first", cands, err)
 			}
 		}
-		if cands, err := s.place(asOrg(t.Context()), spec, nil, nil, nil); err != nil || len(cands) != 2 {
+		if cands, err := s.place(asOrg(t.Context()), spec, nil, nil, nil, nil); err != nil || len(cands) != 2 {
 			t.Fatalf("place: %+v, %v", cands, err)
 		}
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob/dir"
 	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
@@ -87,5 +89,86 @@ func TestGlobalVolumePlacement(t *testing.T) {
 	sb, err := create(spec(false, "no-blobs"))
 	if err != nil || sb.GetStatus().GetRunnerId() != "no-blobs" {
 		t.Fatalf("plain sandbox pinned to no-blobs: %v on %q", err, sb.GetStatus().GetRunnerId())
+	}
+}
+
+// roGlobalBackend mounts GLOBAL volumes read-only only (as the Kubernetes backend does).
+type roGlobalBackend struct{ *runtimetest.Fake }
+
+func (roGlobalBackend) Support() runtime.Support { return runtime.Support{NoGlobalVolumeWriters: true} }
+
+// writerBackend takes GLOBAL writers (a VolumeCapturer, as the local backend); this
+// test only places them, and a capture at their end fails (the commit is logged, not made).
+type writerBackend struct{ *runtimetest.Fake }
+
+func (writerBackend) CaptureVolume(context.Context, string, string) (runtime.VolumeCapture, error) {
+	return nil, errors.New("not captured in this test")
+}
+
+// TestGlobalVolumeWriterPlacement: beside a runner that commits GLOBAL writers, one that
+// mounts them read-only only (Support.NoGlobalVolumeWriters, a Kubernetes runner) takes
+// readers (pinned there, it is placed there), while a read-write mount pinned to it is
+// refused at placement naming placement.ConstraintGlobalVolumeWriters, and unpinned goes
+// to the other runner every time.
+func TestGlobalVolumeWriterPlacement(t *testing.T) {
+	blobs, err := dir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	realRunner := func(id string, ro bool) runner.Handle {
+		f := runtimetest.NewFake()
+		t.Cleanup(f.Close)
+		var be runtime.Backend = writerBackend{f}
+		if ro {
+			be = roGlobalBackend{f}
+		}
+		rr, err := runner.New(context.Background(), runner.Config{Backend: be, DataDir: t.TempDir(), Blobs: blobs, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rr.Close)
+		return runner.NewLocal(id, rr)
+	}
+	s := newGlobalGateway(t, blobs, realRunner("local", false), realRunner("kube", true))
+	user := tmplUser(testOrg)
+	if _, err := s.CreateVolume(tmplAdmin(testOrg), connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: pvcVolume("g", "*", "shared")})); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitVolume(t, s, user, "g"); v.GetStatus().GetState() != sandboxv1.VolumeState_VOLUME_STATE_READY {
+		t.Fatalf("volume = %v", v)
+	}
+	create := func(readOnly bool, runnerIDs ...string) (*sandboxv1.Sandbox, error) {
+		sp := &sandboxv1.SandboxSpec{RunnerIds: runnerIDs, Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox",
+			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/data", ReadOnly: readOnly}}}},
+			Volumes: []*sandboxv1.SandboxVolume{{Name: "v", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "g"}}}}
+		res, err := s.CreateSandbox(user, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+	if sb, err := create(true, "kube"); err != nil || sb.GetStatus().GetRunnerId() != "kube" {
+		t.Fatalf("reader pinned to the read-only runner: %v on %q", err, sb.GetStatus().GetRunnerId())
+	}
+	_, err = create(false, "kube")
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner ||
+		!strings.Contains(err.Error(), placement.ConstraintGlobalVolumeWriters) {
+		t.Fatalf("writer pinned to the read-only runner: %v, want FAILED_PRECONDITION %s naming %s", err, apierr.NoSuitableRunner, placement.ConstraintGlobalVolumeWriters)
+	}
+	want := "runner[kube].sandbox.spec.volumes[0].volume_id"
+	if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != want {
+		t.Errorf("violations %v, want one on %s", vs, want)
+	}
+	for i := range 5 { // ties are random; each writer must go to the runner that commits
+		sb, err := create(false)
+		if err != nil {
+			t.Fatalf("writer %d: %v", i, err)
+		}
+		if got := sb.GetStatus().GetRunnerId(); got != "local" {
+			t.Fatalf("writer %d placed on %q, want local", i, got)
+		}
+		if _, err := s.DeleteSandbox(user, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: sb.GetSandboxId()})); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -121,6 +121,8 @@ type globalSession struct {
 	// placement sends the sandbox only to runners that mount them
 	// (placement.Request.GlobalVolumeFields).
 	fields []string
+	// writers are those of fields mounted read-write (placement.Request.GlobalWriterFields).
+	writers []string
 }
 
 // placementFields are the fields placement keeps to runners that mount GLOBAL volumes
@@ -130,6 +132,14 @@ func (g *globalSession) placementFields() []string {
 		return nil
 	}
 	return g.fields
+}
+
+// writerFields are those of placementFields the create mounts read-write.
+func (g *globalSession) writerFields() []string {
+	if g == nil {
+		return nil
+	}
+	return g.writers
 }
 
 type globalPlansKey struct{}
@@ -290,6 +300,9 @@ func (s *Server) prepareGlobals(ctx context.Context, org string, sp *sandboxv1.S
 		plan.manifest = m
 		g.plans[id] = plan
 		g.fields = append(g.fields, field) // one per spec volume: bounded with the spec
+		if plan.writer {
+			g.writers = append(g.writers, field)
+		}
 	}
 	if len(g.plans) == 0 {
 		return nil, nil

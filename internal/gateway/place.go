@@ -27,8 +27,8 @@ const viewTimeout = 2 * time.Second
 // package placement for the errors). secretRefs are the fields of spec's references to
 // KUBERNETES secret stores (byReference): only runners that read them are candidates;
 // globals the fields of its GLOBAL volumes: only runners that mount them are.
-func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, secretRefs, globals []string) ([]placement.Candidate, error) {
-	return s.placeRestoring(ctx, spec, engine, nil, secretRefs, globals)
+func (s *Server) place(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, secretRefs, globals, globalWriters []string) ([]placement.Candidate, error) {
+	return s.placeRestoring(ctx, spec, engine, nil, secretRefs, globals, globalWriters)
 }
 
 // byReference wraps resolve to note the fields (store_name) of the references it
@@ -119,7 +119,7 @@ func (s *Server) forkEgressSecretValues(ctx context.Context, org string, rec *re
 // placeRestoring is place for a sandbox that restores snapshots: digests are the sha256
 // of their archives (one per restored volume), and a runner that has them cached comes
 // first among those that accept the sandbox (placement.PreferCached).
-func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs, globals []string) (_ []placement.Candidate, err error) {
+func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec, engine *runtime.Engine, digests, secretRefs, globals, globalWriters []string) (_ []placement.Candidate, err error) {
 	ctx, sp := tracing.Child(ctx, "gateway.place")
 	defer func() { tracing.End(sp, err) }()
 	runners := s.placementRunners(ctx)
@@ -137,6 +137,8 @@ func (s *Server) placeRestoring(ctx context.Context, spec *sandboxv1.SandboxSpec
 		SecretRefFields: secretRefs,
 		// The fields of its GLOBAL volumes (one per spec volume at most).
 		GlobalVolumeFields: globals,
+		// Those mounted read-write: only runners that commit a writer's copy.
+		GlobalWriterFields: globalWriters,
 	})
 	if err != nil {
 		return nil, err

@@ -661,7 +661,7 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 			return nil, connect.NewError(connect.CodeInternal, err)
 		}
 	}
-	cands, err := s.place(ctx, asked, a.engine, secretRefs(), globals.placementFields())
+	cands, err := s.place(ctx, asked, a.engine, secretRefs(), globals.placementFields(), globals.writerFields())
 	if err != nil {
 		return nil, err
 	}

@@ -70,3 +70,44 @@ func TestPlaceGlobalVolumes(t *testing.T) {
 		t.Errorf("pinned to the Kubernetes runner: %v (%v), want %s naming %s", err, apierr.Violations(err), apierr.NoSuitableRunner, ConstraintGlobalVolumes)
 	}
 }
+
+// TestPlaceGlobalVolumeWriters: a runner that mounts GLOBAL volumes read-only only
+// (Support.NoGlobalVolumeWriters: a Kubernetes runner) takes a sandbox whose GLOBAL
+// mounts are all read-only, and not one mounting one read-write (its copy must be
+// committed): that goes to a runner that commits it, or is refused naming
+// ConstraintGlobalVolumeWriters on the read-write volume's field only.
+func TestPlaceGlobalVolumeWriters(t *testing.T) {
+	local := rn("local", nil)
+	kube := rn("kube", nil)
+	kube.NoGlobalVolumeWriters = true
+	fields := []string{"sandbox.spec.volumes[0].volume_id", "sandbox.spec.volumes[2].volume_id"}
+	writers := fields[1:]
+
+	// Read-only mounts only: both runners.
+	cands, err := Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{kube, local}, Platform: policy.RunnerPlatform(nil), GlobalVolumeFields: fields})
+	if err != nil || len(cands) != 2 {
+		t.Fatalf("read-only GLOBAL mounts: %v, %v; want both runners", ids(cands), err)
+	}
+	for range 20 { // ties are random
+		cands, err := Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{kube, local}, Platform: policy.RunnerPlatform(nil),
+			GlobalVolumeFields: fields, GlobalWriterFields: writers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ids(cands); len(got) != 1 || got[0] != "local" {
+			t.Fatalf("a read-write GLOBAL mount: candidates %v, want only the runner that commits it", got)
+		}
+	}
+	before := counters.Values()
+	_, err = Place(Request{Spec: spec("1", "1Gi"), Runners: []Runner{kube}, Platform: policy.RunnerPlatform(nil), GlobalVolumeFields: fields, GlobalWriterFields: writers})
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner {
+		t.Fatalf("only the read-only runner: %v, want FAILED_PRECONDITION %s", err, apierr.NoSuitableRunner)
+	}
+	if vs := apierr.Violations(err); len(vs) != 1 || !hasField(err, "runner[kube]."+writers[0], ConstraintGlobalVolumeWriters) {
+		t.Errorf("violations %v, want one on runner[kube].%s naming %s", vs, writers[0], ConstraintGlobalVolumeWriters)
+	}
+	k := `cwsandbox_placement_rejections_total{constraint="` + ConstraintGlobalVolumeWriters + `"}`
+	if got := counters.Values()[k] - before[k]; got != 1 {
+		t.Errorf("%s grew by %v, want 1", k, got)
+	}
+}

@@ -174,6 +174,10 @@ type Request struct {
 	// the blob store, so only runners that can (no Support.NoGlobalVolumes: a blob store
 	// and a backend that fills and commits them) are candidates.
 	GlobalVolumeFields []string
+	// GlobalWriterFields are those of GlobalVolumeFields the spec mounts read-write: the
+	// sandbox commits their copy when it ends, so only runners that can (no
+	// Support.NoGlobalVolumeWriters either) are candidates.
+	GlobalWriterFields []string
 }
 
 // ConstraintSecretRefs: a sandbox that references a KUBERNETES secret store runs only on
@@ -208,6 +212,24 @@ func globalVolumeViolations(r Runner, fields []string) []apierr.Violation {
 	for i, f := range fields {
 		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
 			Description: "is a GLOBAL volume, which this runner cannot mount (" + ConstraintGlobalVolumes + "): it has no blob store, or its backend cannot fill and commit the volume's copy"}
+	}
+	return vs
+}
+
+// ConstraintGlobalVolumeWriters: a sandbox that mounts a GLOBAL volume read-write runs
+// only on a runner that commits a writer's copy when the sandbox ends.
+const ConstraintGlobalVolumeWriters = "platform.global_volume_writers"
+
+// globalWriterViolations are runner r's refusals of the spec's read-write GLOBAL mounts
+// (none when it commits them or there are none).
+func globalWriterViolations(r Runner, fields []string) []apierr.Violation {
+	if !r.NoGlobalVolumeWriters {
+		return nil
+	}
+	vs := make([]apierr.Violation, len(fields))
+	for i, f := range fields {
+		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
+			Description: "is a GLOBAL volume mounted read-write, which this runner mounts read-only only (" + ConstraintGlobalVolumeWriters + "): its backend cannot commit a writer's copy; mount it read-only"}
 	}
 	return vs
 }
@@ -375,6 +397,12 @@ func place(req Request, rej *[]string) ([]Candidate, error) {
 			shareOnly = false
 			rejected = append(rejected, vs...)
 			*rej = append(*rej, ConstraintGlobalVolumes)
+			continue
+		}
+		if vs := globalWriterViolations(r, req.GlobalWriterFields); len(vs) > 0 {
+			shareOnly = false
+			rejected = append(rejected, vs...)
+			*rej = append(*rej, ConstraintGlobalVolumeWriters)
 			continue
 		}
 		// Runners sharing a policy (a group) share its resolution.

@@ -77,3 +77,42 @@ func TestSupportGlobalVolumes(t *testing.T) {
 		}
 	}
 }
+
+// roGlobalFake mounts GLOBAL volumes read-only only (as the Kubernetes backend does).
+type roGlobalFake struct{ *runtimetest.Fake }
+
+func (roGlobalFake) Support() runtime.Support { return runtime.Support{NoGlobalVolumeWriters: true} }
+
+// TestSupportGlobalVolumeWriters: a runner whose backend mounts GLOBAL volumes read-only
+// only says so in its capacity (placement sends writers elsewhere), takes a reader's
+// copy, and refuses a writer's at create with CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming
+// the volume and why.
+func TestSupportGlobalVolumeWriters(t *testing.T) {
+	f := runtimetest.NewFake()
+	t.Cleanup(f.Close)
+	r, err := New(context.Background(), Config{Backend: roGlobalFake{f}, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), Blobs: openStore(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	if s := r.Support(); s.NoGlobalVolumes || !s.NoGlobalVolumeWriters {
+		t.Errorf("support %+v, want GLOBAL volumes read-only only", s)
+	}
+	if capa, err := NewLocal("r1", r).Capacity(context.Background()); err != nil || capa.NoGlobalVolumes || !capa.NoGlobalVolumeWriters {
+		t.Errorf("capacity %+v (%v), want GLOBAL volumes read-only only", capa.Support, err)
+	}
+	reader := globalSpec()
+	if err := r.checkGlobals(&reader); err != nil {
+		t.Errorf("a reader's copy: %v", err)
+	}
+	writer := globalSpec()
+	writer.Container.VolumeMounts[0].ReadOnly = false
+	writer.Volumes[0].Global.CommitGeneration = 1
+	_, err = r.Create(context.Background(), CreateRequest{Spec: writer})
+	if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), `volume "data"`) || !strings.Contains(err.Error(), "read-only only") {
+		t.Errorf("a writer's copy: %v, want %s naming the volume and read-only only", err, apierr.VolumeTypeNotSupported)
+	}
+	if len(r.List()) != 0 {
+		t.Error("a refused sandbox was made")
+	}
+}

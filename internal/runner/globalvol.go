@@ -212,6 +212,9 @@ func (r *Runner) checkGlobals(spec *runtime.Spec) error {
 		if v.Global.CommitGeneration == 0 {
 			continue
 		}
+		if b, ok := r.backend.(runtime.SupportReporter); ok && b.Support().NoGlobalVolumeWriters {
+			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL and mounted read-write: this runner's backend mounts GLOBAL volumes read-only only, it cannot commit a writer's copy (mount it read-only, or read-write on another runner)", v.Name)
+		}
 		_, ok := r.backend.(runtime.VolumeCapturer)
 		if lc, live := r.backend.(runtime.LiveCapturer); !ok || (live && lc.CapturesLive()) {
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL: this runner's backend cannot upload a writer's copy when the sandbox ends (mount it read-only, or on another runner)", v.Name)

@@ -559,18 +559,19 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		CpuOvercommit:    c.CPUOvercommit,
 		DefaultResources: resourcesToProto(c.Defaults),
 		// No engine image says the runner runs no container-engine sandbox.
-		EngineImage:         engineImageToProto(c),
-		EngineRuntimeClass:  c.EngineRuntimeClass,
-		EngineUnavailable:   c.EngineUnavailable,
-		Snapshots:           !c.NoSnapshots,
-		SecretRefs:          !c.NoSecretRefs,
-		NoGlobalVolumes:     c.NoGlobalVolumes,
-		CachedSnapshots:     c.CachedSnapshots,
-		Paused:              int32(c.Paused),
-		CheckpointClasses:   c.CheckpointClasses,
-		CheckpointPlatforms: c.CheckpointPlatforms,
-		BuilderImage:        c.BuilderImage,
-		BuildUnavailable:    c.BuildUnavailable,
+		EngineImage:           engineImageToProto(c),
+		EngineRuntimeClass:    c.EngineRuntimeClass,
+		EngineUnavailable:     c.EngineUnavailable,
+		Snapshots:             !c.NoSnapshots,
+		SecretRefs:            !c.NoSecretRefs,
+		NoGlobalVolumes:       c.NoGlobalVolumes,
+		NoGlobalVolumeWriters: c.NoGlobalVolumeWriters,
+		CachedSnapshots:       c.CachedSnapshots,
+		Paused:                int32(c.Paused),
+		CheckpointClasses:     c.CheckpointClasses,
+		CheckpointPlatforms:   c.CheckpointPlatforms,
+		BuilderImage:          c.BuilderImage,
+		BuildUnavailable:      c.BuildUnavailable,
 	}
 }
 
@@ -707,6 +708,8 @@ func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
 		NoSecretRefs: !p.GetSecretRefs(),
 		// Likewise GLOBAL volumes.
 		NoGlobalVolumes: p.GetNoGlobalVolumes(),
+		// An older runner, which does not say, commits a writer's copy (or refuses it).
+		NoGlobalVolumeWriters: p.GetNoGlobalVolumeWriters(),
 	}
 }
 

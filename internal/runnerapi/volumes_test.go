@@ -111,4 +111,14 @@ func TestCapacityGlobalVolumesOverTheWire(t *testing.T) {
 	if capacityFromProto(&runnerv1.CapacityResponse{MilliCpu: 4000, SecretRefs: true, Snapshots: true}).NoGlobalVolumes {
 		t.Fatal("an older runner that says nothing of GLOBAL volumes is taken not to mount them")
 	}
+	// Read-only only (a Kubernetes runner): said and kept; an older runner, which says
+	// nothing, is taken to commit a writer's copy (or refuse it at create).
+	ro := capacityFromProto(capacityToProto(runner.Capacity{Support: runtime.Support{NoGlobalVolumeWriters: true}}))
+	if ro.NoGlobalVolumes || !ro.NoGlobalVolumeWriters {
+		t.Fatalf("a read-only GLOBAL runner came over the wire as %+v", ro.Support)
+	}
+	if capacityFromProto(capacityToProto(runner.Capacity{})).NoGlobalVolumeWriters ||
+		capacityFromProto(&runnerv1.CapacityResponse{MilliCpu: 4000}).NoGlobalVolumeWriters {
+		t.Fatal("a runner that commits GLOBAL writers (or says nothing) is taken not to")
+	}
 }

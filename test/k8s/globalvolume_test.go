@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
@@ -28,15 +30,15 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// TestGlobalVolumeReadOnly: what a GLOBAL volume (its content in the blob store,
-// docs/volumes.md) does on a Kubernetes runner today: nothing. Its backend cannot fill a
-// read-only copy (it fills restored volumes through a writable mount) nor capture a
-// writer's copy once its Pod stopped, so the runner says it mounts no GLOBAL volume
-// (Support.NoGlobalVolumes): the gateway's placement leaves it out (read-only and
-// read-write mounts alike: CWSANDBOX_NO_SUITABLE_RUNNER naming
-// placement.ConstraintGlobalVolumes), and the runner refuses such a create itself
-// (CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED) instead of failing the sandbox later. "Not yet"
-// in docs/volumes.md.
+// TestGlobalVolumeReadOnly: a GLOBAL volume (its content in the blob store,
+// docs/volumes.md) on a Kubernetes runner: a read-only mount works (the copy is restored
+// from the committed generation through the runner-owned filler container before the
+// workload starts; the workload reads it and cannot write it; the filler has exited).
+// A read-write mount does not yet: the backend cannot commit a writer's copy, so the
+// runner says so (Support.NoGlobalVolumeWriters): the gateway's placement leaves it out
+// for writers (CWSANDBOX_NO_SUITABLE_RUNNER naming
+// placement.ConstraintGlobalVolumeWriters), and the runner refuses a writer's copy
+// itself (CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED). "Not yet" in docs/volumes.md.
 func TestGlobalVolumeReadOnly(t *testing.T) {
 	needCluster(t)
 	d := t.TempDir()
@@ -112,43 +114,137 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 			Volumes: []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
 		}}}))
 	}
-	// Not yet: the Kubernetes backend fills a restored volume through the agent of a
-	// container that mounts it writable, and cannot capture a volume once its Pod stopped
-	// (docs/volumes.md). Its runner says so (Support.NoGlobalVolumes, global_volumes on
-	// the runner wire), so placement leaves it out: with no other runner, both mounts are
-	// refused at create, before any Pod is made.
-	for _, readOnly := range []bool{true, false} {
-		res, err := create(readOnly)
-		if err == nil {
-			id := res.Msg.GetSandboxId()
-			_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
-			t.Fatalf("read-only %v: sandbox %s created on a Kubernetes runner, want it refused at placement", readOnly, id)
+	// Read-only: the copy is filled from generation 1 through the runner-owned filler
+	// container before the workload starts (internal/runtime/kubernetes/globalvol.go);
+	// the workload reads it and cannot write it; the filler has exited.
+	t0 := time.Now()
+	res, err := create(true)
+	if err != nil {
+		t.Fatalf("read-only GLOBAL mount on the Kubernetes runner: %v", err)
+	}
+	id := res.Msg.GetSandboxId()
+	t.Cleanup(func() {
+		_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
+	})
+	gwWait(t, api, id, sandboxv1.State_STATE_RUNNING)
+	t.Logf("read-only GLOBAL copy: create to RUNNING in %s", time.Since(t0).Round(time.Millisecond))
+	run := func(script string) (int32, string) {
+		t.Helper()
+		ex, err := api.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"sh", "-c", script}}))
+		if err != nil {
+			t.Fatal(err)
 		}
+		return ex.Msg.GetExitCode(), string(ex.Msg.GetStdout()) + string(ex.Msg.GetStderr())
+	}
+	if code, out := run("cat /data/hello.txt"); code != 0 || out != "from the blob store\n" {
+		t.Errorf("read the GLOBAL copy: exit %d, %q; want generation 1's file", code, out)
+	}
+	if code, out := run("echo x > /data/new.txt"); code == 0 {
+		t.Errorf("a read-only GLOBAL mount took a write (%q)", out)
+	} else if !strings.Contains(out, "Read-only file system") {
+		t.Errorf("write to the read-only mount: exit %d, %q; want Read-only file system", code, out)
+	}
+	pod, err := s.Client.CoreV1().Pods(needCluster(t).namespace).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler := false
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "sbx-volumes" {
+			filler = true
+			if c.Image != needCluster(t).agentImage {
+				t.Errorf("the filler runs image %q, not the agent image", c.Image)
+			}
+		}
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == "/data" && (c.Name != "sandbox" || !m.ReadOnly) {
+				t.Errorf("container %s mounts /data (read-only %v)", c.Name, m.ReadOnly)
+			}
+		}
+	}
+	if !filler {
+		t.Errorf("no filler container in the Pod: %v", pod.Spec.Containers)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		pod, err = s.Client.CoreV1().Pods(needCluster(t).namespace).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st *corev1.ContainerStatus
+		for i := range pod.Status.ContainerStatuses {
+			if pod.Status.ContainerStatuses[i].Name == "sbx-volumes" {
+				st = &pod.Status.ContainerStatuses[i]
+			}
+		}
+		if st != nil && st.State.Terminated != nil {
+			if st.State.Terminated.ExitCode != 0 {
+				t.Errorf("the filler ended with %d (%s)", st.State.Terminated.ExitCode, st.State.Terminated.Message)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the filler still runs beside the workload: %+v", st)
+		}
+	}
+	// Its command exits: the sandbox ends, as one without a filler does.
+	if _, err := api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id})); err != nil {
+		t.Fatal(err)
+	}
+
+	// A sandbox whose command ends (one container, and a group with a sidecar that also
+	// mounts the copy read-only) ends as one without a filler: COMPLETED once its command
+	// exits 0, which it does only when it found generation 1's file.
+	for _, group := range []bool{false, true} {
+		c := &sandboxv1.Container{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `grep -q "from the blob store" /data/hello.txt`},
+			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: true}}}
+		containers := []*sandboxv1.Container{c}
+		if group {
+			containers = append(containers, &sandboxv1.Container{Name: "side", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `test -f /data/hello.txt && sleep 3600`},
+				VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: true}}})
+		}
+		res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+			Containers: containers,
+			Volumes:    []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
+		}}}))
+		if err != nil {
+			t.Fatalf("group %v: %v", group, err)
+		}
+		gwWait(t, api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	}
+
+	// Read-write: the writer's copy would have to be committed when the sandbox ends,
+	// which this runner cannot do (no container outlives the workload to archive it).
+	// Its runner says so (Support.NoGlobalVolumeWriters, no_global_volume_writers on the
+	// runner wire), so placement leaves it out: with no other runner, the create is
+	// refused before any Pod is made.
+	if res, err := create(false); err == nil {
+		wid := res.Msg.GetSandboxId()
+		_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: wid}))
+		t.Fatalf("sandbox %s mounting a GLOBAL volume read-write created on a Kubernetes runner, want it refused at placement", wid)
+	} else {
 		if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner ||
-			!strings.Contains(err.Error(), placement.ConstraintGlobalVolumes) {
-			t.Errorf("read-only %v: %v, want FAILED_PRECONDITION %s naming %s", readOnly, err, apierr.NoSuitableRunner, placement.ConstraintGlobalVolumes)
+			!strings.Contains(err.Error(), placement.ConstraintGlobalVolumeWriters) {
+			t.Errorf("read-write: %v, want FAILED_PRECONDITION %s naming %s", err, apierr.NoSuitableRunner, placement.ConstraintGlobalVolumeWriters)
 		}
 		want := "runner[k8s-runner].sandbox.spec.volumes[0].volume_id"
 		if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != want {
-			t.Errorf("read-only %v: violations %v, want one on %s", readOnly, vs, want)
+			t.Errorf("read-write: violations %v, want one on %s", vs, want)
 		}
 	}
 
-	// The runner itself refuses a GLOBAL mount at create too (a placement made on a stale
-	// view), read-only included: CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming the volume,
-	// and nothing is made.
-	for _, commit := range []int64{0, 2} { // a reader's copy; a writer's
-		_, err := s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
-			Container: runtime.Container{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", "sleep 3600"},
-				VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/data", ReadOnly: commit == 0}}},
-			Volumes: []runtime.Volume{{Name: "data", SizeBytes: runner.DefaultGlobalVolumeBytes,
-				Global: &runtime.GlobalVolume{BlobPrefix: prefix, CommitGeneration: commit, MaxSizeBytes: runner.DefaultGlobalVolumeBytes}}},
-		}})
-		if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), `volume "data"`) {
-			t.Errorf("runner create, commit generation %d: %v, want %s naming the volume", commit, err, apierr.VolumeTypeNotSupported)
-		}
+	// The runner itself refuses a writer's copy at create too (a placement made on a
+	// stale view): CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming the volume, nothing made.
+	before := len(s.Runner.List())
+	_, err = s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
+		Container: runtime.Container{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", "sleep 3600"},
+			VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/data"}}},
+		Volumes: []runtime.Volume{{Name: "data", SizeBytes: runner.DefaultGlobalVolumeBytes,
+			Global: &runtime.GlobalVolume{BlobPrefix: prefix, CommitGeneration: 2, MaxSizeBytes: runner.DefaultGlobalVolumeBytes}}},
+	}})
+	if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), `volume "data"`) || !strings.Contains(err.Error(), "read-only only") {
+		t.Errorf("runner create of a writer's copy: %v, want %s naming the volume", err, apierr.VolumeTypeNotSupported)
 	}
-	if sbs := s.Runner.List(); len(sbs) != 0 {
-		t.Errorf("the runner made %d sandboxes for refused GLOBAL mounts", len(sbs))
+	if n := len(s.Runner.List()); n != before {
+		t.Errorf("the runner made a sandbox for a refused GLOBAL writer (%d, was %d)", n, before)
 	}
 }

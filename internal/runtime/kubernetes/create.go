@@ -84,6 +84,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	if err := checkFiller(spec); err != nil {
+		return runtime.Info{}, err
+	}
 	for _, v := range spec.Volumes {
 		if v.Keep != "" {
 			return runtime.Info{}, fmt.Errorf("volume %q: %w: the kubernetes backend keeps no volumes past their sandbox", v.Name, errdefs.ErrNotImplemented)
@@ -181,6 +184,18 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		gate.ClientCertFile: clientPEM,
 		secretClientKey:     clientKeyPEM,
 	}
+	if needsFiller(spec) {
+		// The GLOBAL volume filler's agent (globalvol.go).
+		cfg, ident, err := fillerConfig(spec.ID)
+		if err != nil {
+			return runtime.Info{}, err
+		}
+		data[fillerConfigKey] = cfg
+		if s.idents == nil {
+			s.idents = map[string]*agentconfig.Identity{}
+		}
+		s.idents[containerFiller] = ident
+	}
 	var startCfg []byte // the main command's config, when held for restores
 	if grp != nil {
 		maps.Copy(data, grp.secret)
@@ -269,6 +284,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	} else {
 		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
+	b.addFiller(pod, spec)
 	applyClaims(pod, claims)
 	pinToNode(pod, claimNode)
 	applySecretRefs(pod, spec)

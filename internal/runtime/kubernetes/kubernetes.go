@@ -390,12 +390,20 @@ func (b *Backend) get(id string) (*sandbox, error) {
 
 // DialAgent implements runtime.Backend: mTLS to the Pod's gate, which splices to the agent.
 func (b *Backend) DialAgent(ctx context.Context, id, container string) (net.Conn, error) {
+	return b.dialAgent(ctx, id, container, false)
+}
+
+// dialAgent is DialAgent; filler: the backend's own restore may name the GLOBAL volume
+// filler (globalvol.go), which the runner's callers may not reach.
+func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bool) (net.Conn, error) {
 	s, err := b.get(id)
 	if err != nil {
 		return nil, err
 	}
 	serverName := ""
-	if !s.spec.Multi() {
+	if filler && container == containerFiller && needsFiller(&s.spec) {
+		serverName = containerFiller
+	} else if !s.spec.Multi() {
 		if container != "" && container != runtime.DefaultContainerName {
 			return nil, fmt.Errorf("%w: %q in sandbox %s", runtime.ErrContainerNotFound, container, id)
 		}
@@ -740,8 +748,17 @@ func sandboxFromSecret(id string, sec *corev1.Secret) (*sandbox, error) {
 		id: id, spec: spec, class: spec.RuntimeClass, client: cert, server: server, ident: acfg.Identity,
 		changed: make(chan struct{}), done: make(chan struct{}),
 	}
+	if needsFiller(&spec) {
+		var c agentconfig.Config
+		if err := json.Unmarshal(sec.Data[fillerConfigKey], &c); err != nil {
+			return nil, fmt.Errorf("agent config of the GLOBAL volume filler: %w", err)
+		}
+		s.idents = map[string]*agentconfig.Identity{containerFiller: c.Identity}
+	}
 	if spec.Multi() {
-		s.idents = map[string]*agentconfig.Identity{}
+		if s.idents == nil {
+			s.idents = map[string]*agentconfig.Identity{}
+		}
 		for _, m := range members(&spec) {
 			var c agentconfig.Config
 			if err := json.Unmarshal(sec.Data[configKey(m)], &c); err != nil {

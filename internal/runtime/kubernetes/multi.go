@@ -83,7 +83,7 @@ func members(spec *runtime.Spec) []member {
 		switch {
 		case m.primary:
 			m.pod = containerMain
-		case m.name == containerMain || m.name == containerGate || m.name == containerInstall || prefixedName.MatchString(m.name):
+		case m.name == containerMain || m.name == containerGate || m.name == containerInstall || m.name == containerFiller || prefixedName.MatchString(m.name):
 			p := "c" + strconv.Itoa(i) + "-" + m.name
 			if len(p) > 63 {
 				p = p[:63]
@@ -495,7 +495,7 @@ func (b *Backend) agentClient(id, container string) interface {
 	Watch(context.Context, *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.StatusResponse], error)
 	Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error)
 } {
-	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, id, container) })
+	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialAgent(ctx, id, container, true) })
 }
 
 // statusClient is the client ContainerStatuses asks container name's agent with: one

@@ -95,7 +95,7 @@ func pullFailures(pod *corev1.Pod) map[string]bool {
 	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
 		for i := range list {
 			cs := &list[i]
-			if cs.Name == containerGate || cs.Name == containerInstall || cs.State.Waiting == nil || !pullReasons[cs.State.Waiting.Reason] {
+			if helperContainer(cs.Name) || cs.State.Waiting == nil || !pullReasons[cs.State.Waiting.Reason] {
 				continue
 			}
 			counters.ImagePullFailed(cs.State.Waiting.Reason)
@@ -169,7 +169,7 @@ func pullsOf(events []corev1.Event, pod *corev1.Pod, failed map[string]bool) []p
 			continue // only the kubelet pulls
 		}
 		c, ok := containerOfField(ev.InvolvedObject.FieldPath)
-		if !ok || !inSpec[c] || c == containerGate || c == containerInstall {
+		if !ok || !inSpec[c] || helperContainer(c) {
 			continue
 		}
 		ce := byName[c]
@@ -455,7 +455,7 @@ func sandboxContainers(pod *corev1.Pod) int {
 	n := 0
 	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for _, c := range list {
-			if c.Name != containerGate && c.Name != containerInstall {
+			if !helperContainer(c.Name) {
 				n++
 			}
 		}

@@ -399,7 +399,7 @@ type restore struct {
 // release.
 func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func(), err error) {
 	release = func() {}
-	for _, v := range spec.Volumes {
+	for i, v := range spec.Volumes {
 		if v.RestoreDigest == "" {
 			continue
 		}
@@ -416,8 +416,11 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 				}
 			}
 		}
-		container, path, err := volumeMount(spec, v.Name, true)
-		if err != nil {
+		var container, path string
+		if filled(&v) {
+			// A GLOBAL copy: through the filler (globalvol.go), whatever the workload's mounts.
+			container, path = containerFiller, fillerPath(i)
+		} else if container, path, err = volumeMount(spec, v.Name, true); err != nil {
 			return nil, release, fmt.Errorf("%w: restore from a snapshot: %w", runtime.ErrInvalidSpec, err)
 		}
 		if _, err := os.Stat(b.cachePath(v.RestoreDigest)); err != nil {
@@ -469,7 +472,7 @@ func (b *Backend) runRestores(ctx context.Context, s *sandbox, plan []restore) e
 		}
 		b.log.Debug("volume restored", "sandbox", s.id, "volume", r.volume, "files", stats.GetFiles(), "bytes", stats.GetBytes(), "took", time.Since(start))
 	}
-	return nil
+	return b.endFiller(ctx, s)
 }
 
 func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.ArchiveStats, error) {
@@ -478,7 +481,7 @@ func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.A
 		return nil, err
 	}
 	defer f.Close()
-	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.DialAgent(ctx, id, r.container) })
+	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialAgent(ctx, id, r.container, true) })
 	st := cl.ExtractPath(ctx)
 	send := func() error {
 		if err := st.Send(&agentv1.ExtractPathRequest{Path: r.path, MaxBytes: r.limits.MaxBytes, MaxFiles: r.limits.MaxFiles}); err != nil {

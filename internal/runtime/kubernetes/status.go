@@ -81,7 +81,7 @@ func startError(p *corev1.Pod) error {
 		switch {
 		case pullReasons[w.Reason]:
 			img := cs.Image
-			if name == containerGate || name == containerInstall {
+			if helperContainer(name) {
 				img = "agent image " + img
 			}
 			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, w.Message)

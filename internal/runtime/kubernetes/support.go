@@ -12,10 +12,9 @@ import "github.com/sandboxd/sandboxd/internal/runtime"
 // need a snapshot cache directory (snapshot.go).
 func (b *Backend) Support() runtime.Support {
 	return runtime.Support{NoDNSEgress: true, NoContainerEngine: true, NoSnapshots: b.cfg.SnapshotCacheDir == "",
-		// GLOBAL volumes: a restored volume is filled through the agent of a container that
-		// mounts it writable (a read-only copy has none), and a volume is not captured once
-		// its Pod stopped (a writer's copy cannot be committed).
-		NoGlobalVolumes: true}
+		// GLOBAL volumes: read-only copies are filled through the filler (globalvol.go); a
+		// writer's copy is not committed (no container outlives the workload to archive it).
+		NoGlobalVolumeWriters: true}
 }
 
 // The optional backend interfaces the Kubernetes backend implements (EgressReserver is

@@ -110,7 +110,7 @@ func (b *Backend) Usage(id string) (runtime.Usage, error) {
 	var total runtime.Usage
 	n := 0
 	for name, u := range pu {
-		if name == containerGate || name == containerInstall {
+		if helperContainer(name) {
 			continue
 		}
 		total.CPUUsec += u.CPUUsec
@@ -154,7 +154,7 @@ func podPeak(pod *corev1.Pod, peaks map[string]memPeak) int64 {
 	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
 		for i := range list {
 			cs := &list[i]
-			if cs.Name == containerGate || cs.Name == containerInstall || cs.State.Running == nil {
+			if helperContainer(cs.Name) || cs.State.Running == nil {
 				continue
 			}
 			_, cid, ok := strings.Cut(cs.ContainerID, "://")

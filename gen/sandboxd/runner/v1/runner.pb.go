@@ -5469,8 +5469,13 @@ type CapacityResponse struct {
 	// lack, not a capability, on the wire: an older runner, which does not say, is taken
 	// to mount them, as it did before this field (its own create refuses what it cannot).
 	NoGlobalVolumes bool `protobuf:"varint,31,opt,name=no_global_volumes,json=noGlobalVolumes,proto3" json:"no_global_volumes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// It mounts GLOBAL volumes read-only only: it cannot commit a writer's copy when the
+	// sandbox ends (a Kubernetes runner): placement sends a sandbox mounting one read-write
+	// elsewhere. A lack on the wire: an older runner, which does not say, is taken to
+	// commit them (its own create refuses what it cannot).
+	NoGlobalVolumeWriters bool `protobuf:"varint,32,opt,name=no_global_volume_writers,json=noGlobalVolumeWriters,proto3" json:"no_global_volume_writers,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -5716,6 +5721,13 @@ func (x *CapacityResponse) GetSecretRefs() bool {
 func (x *CapacityResponse) GetNoGlobalVolumes() bool {
 	if x != nil {
 		return x.NoGlobalVolumes
+	}
+	return false
+}
+
+func (x *CapacityResponse) GetNoGlobalVolumeWriters() bool {
+	if x != nil {
+		return x.NoGlobalVolumeWriters
 	}
 	return false
 }
@@ -6196,8 +6208,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\xd8\n" +
-	"\n" +
+	"\x0fCapacityRequest\"\x91\v\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -6232,7 +6243,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x10volume_namespace\x18\x1d \x01(\tR\x0fvolumeNamespace\x12\x1f\n" +
 	"\vsecret_refs\x18\x1e \x01(\bR\n" +
 	"secretRefs\x12*\n" +
-	"\x11no_global_volumes\x18\x1f \x01(\bR\x0fnoGlobalVolumes\x1aF\n" +
+	"\x11no_global_volumes\x18\x1f \x01(\bR\x0fnoGlobalVolumes\x127\n" +
+	"\x18no_global_volume_writers\x18  \x01(\bR\x15noGlobalVolumeWriters\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +

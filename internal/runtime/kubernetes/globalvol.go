@@ -1,0 +1,177 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"connectrpc.com/connect"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+// GLOBAL volume copies (runtime.Volume.Global, docs/volumes.md) on Kubernetes.
+//
+// A copy is a sized emptyDir restored from the volume's committed generation, like a
+// scratch volume restored from a snapshot (snapshot.go), with one difference: it is
+// filled through the filler, a runner-owned container of the Pod (containerFiller, the
+// agent image running sandbox-agent, never the workload's image), which mounts every
+// restored GLOBAL copy writable at fillerDir/<volume index>. The workload's own mounts
+// may then all be read-only. The filler's agent starts in standby; the runner reaches
+// it through the gate (TLS server name containerFiller, its own run emptyDir under
+// gate.ContainersDir, its own identity, verified on every connection), streams the
+// cached archive to it (ExtractPath, bounded by the volume's size), and then starts it
+// with `sandbox-gate noop`, so it exits at once: the copy is complete before any
+// workload container is started (they are held in standby until then), and nothing of
+// the filler runs alongside the workload. The blob store is never reached from the Pod:
+// the runner downloads the archive (PrepareSnapshot) and streams it.
+//
+// The filler is not a container of the spec: DialAgent (the runner's exec, files,
+// logs) refuses its name; only the backend's restore reaches it. A spec container
+// called containerFiller is refused when the spec has a GLOBAL copy to fill.
+//
+// Not done here: committing a writer's copy (the runner would archive it after the
+// workload stopped, which needs a container that outlives the workload, and the gate
+// ends with the primary). The backend says so (Support.NoGlobalVolumeWriters) and the
+// runner refuses GLOBAL read-write mounts.
+
+const (
+	// containerFiller is the Pod container (and gate server name) of the filler.
+	containerFiller = "sbx-volumes"
+	// fillerDir is where the filler mounts the GLOBAL copies: fillerDir/<volume index>.
+	fillerDir = "/sandbox-volumes"
+	// fillerConfigKey is the Secret key of the filler's agent config.
+	fillerConfigKey = "config-" + containerFiller + ".json"
+	// fillerVolRun, fillerVolConfig are the filler's own Pod volumes.
+	fillerVolRun    = "filler-run"
+	fillerVolConfig = "filler-config"
+)
+
+// filled reports whether volume v is a GLOBAL copy restored through the filler.
+func filled(v *runtime.Volume) bool { return v.Global != nil && v.RestoreDigest != "" }
+
+// needsFiller reports whether spec has a GLOBAL copy to fill.
+func needsFiller(spec *runtime.Spec) bool {
+	for i := range spec.Volumes {
+		if filled(&spec.Volumes[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// fillerPath is where the filler mounts spec volume i.
+func fillerPath(i int) string { return fillerDir + "/" + strconv.Itoa(i) }
+
+// checkFiller refuses a spec whose container name would take the filler's place.
+func checkFiller(spec *runtime.Spec) error {
+	if !needsFiller(spec) {
+		return nil
+	}
+	for _, c := range spec.AllContainers() {
+		if c.ContainerName() == containerFiller {
+			return fillerNameErr()
+		}
+	}
+	return nil
+}
+
+func fillerNameErr() error {
+	return fmt.Errorf("%w: container name %q is reserved on Kubernetes in a sandbox mounting a GLOBAL volume", runtime.ErrInvalidSpec, containerFiller)
+}
+
+// fillerConfig is the filler agent's config (held in standby) and its identity.
+func fillerConfig(id string) ([]byte, *agentconfig.Identity, error) {
+	ident := agent.NewIdentity(id + "/" + containerFiller)
+	b, err := json.Marshal(&agentconfig.Config{Standby: true, Hostname: runtime.Hostname(id), Identity: ident})
+	return b, ident, err
+}
+
+// fillerSecurityContext: root (the archive's owners are restored), no privilege
+// escalation, only the capabilities the agent needs to extract (agentCaps, FSETID).
+func fillerSecurityContext() *corev1.SecurityContext {
+	no := false
+	return &corev1.SecurityContext{
+		RunAsUser:                ptr(int64(0)),
+		RunAsGroup:               ptr(int64(0)),
+		AllowPrivilegeEscalation: &no,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: append(append([]corev1.Capability(nil), agentCaps...), "FSETID")},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// addFiller adds the filler to pod when spec has GLOBAL copies to fill: its container
+// (mounting each copy's emptyDir, vol-<i>, writable), its run emptyDir (also mounted in
+// the gate under gate.ContainersDir) and its config (the sandbox's Secret).
+func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
+	if !needsFiller(spec) {
+		return
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "bin", MountPath: gate.BinDir, ReadOnly: true},
+		{Name: fillerVolRun, MountPath: gate.RunDir},
+		{Name: fillerVolConfig, MountPath: gate.ConfigDir, ReadOnly: true},
+	}
+	for i := range spec.Volumes {
+		if filled(&spec.Volumes[i]) {
+			mounts = append(mounts, corev1.VolumeMount{Name: "vol-" + strconv.Itoa(i), MountPath: fillerPath(i)})
+		}
+	}
+	pod.Spec.Volumes = append(pod.Spec.Volumes,
+		corev1.Volume{Name: fillerVolRun, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		corev1.Volume{Name: fillerVolConfig, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: secretName(spec.ID), DefaultMode: ptr(int32(0o444)),
+			Items: []corev1.KeyToPath{{Key: fillerConfigKey, Path: gate.ConfigFile}},
+		}}},
+	)
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == containerGate {
+			g := &pod.Spec.Containers[i]
+			g.VolumeMounts = append(g.VolumeMounts, corev1.VolumeMount{Name: fillerVolRun, MountPath: gate.ContainersDir + "/" + containerFiller})
+		}
+	}
+	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
+		Name: containerFiller, Image: b.cfg.AgentImage, ImagePullPolicy: b.cfg.ImagePullPolicy,
+		Command:      []string{gate.GatePath, "exec-agent"},
+		VolumeMounts: mounts,
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+		},
+		SecurityContext:          fillerSecurityContext(),
+		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+	})
+}
+
+// fillerNoop is the filler agent's Start config once the copies are filled: it runs
+// `sandbox-gate noop`, which exits 0, and the agent and its container end with it.
+var fillerNoop = func() []byte {
+	b, _ := json.Marshal(&agentconfig.Config{Argv: []string{gate.GatePath, "noop"}})
+	return b
+}()
+
+// endFiller lets the filler end once the copies are filled (before any workload
+// container starts).
+func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
+	if !needsFiller(&s.spec) {
+		return nil
+	}
+	if _, err := b.agentClient(s.id, containerFiller).Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: fillerNoop})); err != nil {
+		return fmt.Errorf("end the GLOBAL volume filler: %w", err)
+	}
+	return nil
+}
+
+// helperContainer reports whether a Pod container is the runner's own (the gate, the
+// install init container, the GLOBAL volume filler), not one running the sandbox's
+// images: left out of its usage, counted pulls and container reports.
+func helperContainer(name string) bool {
+	return name == containerGate || name == containerInstall || name == containerFiller
+}
