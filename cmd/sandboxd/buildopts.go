@@ -30,7 +30,9 @@ func buildOptions(st store.Store, reg *registry.Registry, host string, f buildFl
 
 // orgStorageRef is the registry's Config.OrgStorage before the gateway that answers it
 // exists (the registry is opened first).
-type orgStorageRef struct{ gw atomic.Pointer[gateway.Server] }
+type orgStorageRef struct {
+	gw atomic.Pointer[gateway.Server]
+}
 
 func (r *orgStorageRef) get(ctx context.Context, org string) (*s3.Config, error) {
 	gw := r.gw.Load()

@@ -234,4 +234,6 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 // noKeys authenticates no API key (the test pushes with platform tokens).
 type noKeys struct{}
 
-func (noKeys) Authenticate(string) (auth.Principal, error) { return auth.Principal{}, auth.ErrInvalidKey }
+func (noKeys) Authenticate(string) (auth.Principal, error) {
+	return auth.Principal{}, auth.ErrInvalidKey
+}

@@ -210,4 +210,3 @@ func (p *probeWriter) Write(b []byte) (int, error) {
 	}
 	return p.w.Write(b)
 }
-

@@ -180,7 +180,9 @@ func TestOrgStorage(t *testing.T) {
 	keep, _ := img.Digest()
 	f.now = time.Now().Add(2 * DefaultGCGrace)
 	res, err := f.reg.GC(context.Background(), GCOptions{OrgStorages: []string{"org-a"},
-		Keep: func(org, _ string, d digest.Digest, _ []string) bool { return org == "org-a" && d.String() == keep.String() }})
+		Keep: func(org, _ string, d digest.Digest, _ []string) bool {
+			return org == "org-a" && d.String() == keep.String()
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
