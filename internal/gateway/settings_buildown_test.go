@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -66,7 +69,7 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 	}
 	e := newBuildEnvConfig(t, t.TempDir(), func(c *Config) {
 		c.Builds.StorageEndpoints = []BuildStorageEndpoint{{Host: srv.Endpoint, Insecure: true}, {Host: "s3.other.example:443"}}
-	})
+	}, &acceptingRunner{id: "r1"})
 	e.s.secrets = SecretOptions{Store: e.st.SecretStores(), Keys: ring}.withDefaults()
 
 	// The platform registry on the platform bucket, asking the gateway where each
@@ -209,6 +212,28 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 	if objects(platform.Bucket, "org-b/app") == 0 || objects(own.Bucket, "org-b/app") != 0 {
 		t.Fatal("org-b's push is not (only) on the platform storage")
 	}
+	// Build context objects go to the bucket too, and are read from there.
+	body := []byte("a build context tar")
+	code, out := putContext(t, e, e.admin, "ctx1", "", body, false)
+	obj := objOf(out)
+	if code != http.StatusOK || obj.GetBucket() != own.Bucket || obj.GetLocation() != srv.Endpoint {
+		t.Fatalf("context put: %d %v", code, out)
+	}
+	if _, err := srv.Client.StatObject(ctx, own.Bucket, obj.GetKey(), minio.StatObjectOptions{}); err != nil {
+		t.Fatalf("context not in the bucket: %v", err)
+	}
+	cst, cbucket, _, err := e.s.buildContextStore(ctx, testOrg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, err := e.s.readBuildContextObject(ctx, cst, cbucket, testOrg, "app", obj, 1<<20); err != nil || string(data) != string(body) {
+		t.Fatalf("context read: %q %v", data, err)
+	}
+	// Another organization naming it (its store is the platform's): not found, never read.
+	pst, pbucket := cst, own.Bucket // even handed org-a's own store, the key is not org-b's
+	_, err = e.s.readBuildContextObject(ctx, pst, pbucket, "org-b", "app", obj, 1<<20)
+	wantTmplErr(t, err, connect.CodeNotFound, apierr.BuildContextNotFound, "")
+
 	// Only billing_reference: no probe needed, the storage kept.
 	if res, err := update(e.admin, &sandboxv1.BuildStorageConfig{BillingReference: "cc"}, "billing_reference"); err != nil || res.GetBucketName() != own.Bucket {
 		t.Fatalf("billing update: %v %v", res, err)
@@ -236,4 +261,62 @@ type noKeys struct{}
 
 func (noKeys) Authenticate(string) (auth.Principal, error) {
 	return auth.Principal{}, auth.ErrInvalidKey
+}
+
+// TestBuildStorageNoSSRF: a location naming a host the platform does not allow is
+// refused without the gateway connecting to it (a listener there sees nothing), whatever
+// the credentials; and the gateway without allowed endpoints refuses CUSTOMER_OWNED.
+func TestBuildStorageNoSSRF(t *testing.T) {
+	ctx := t.Context()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_ = c.Close()
+		}
+	}()
+	ring, err := secretbox.LoadOrCreate(filepath.Join(t.TempDir(), secretbox.DefaultFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newBuildEnvConfig(t, t.TempDir(), func(c *Config) {
+		c.Builds.StorageEndpoints = []BuildStorageEndpoint{{Host: "s3.allowed.example:443"}}
+	}, &acceptingRunner{id: "r1"})
+	e.s.secrets = SecretOptions{Store: e.st.SecretStores(), Keys: ring}.withDefaults()
+	sc := sandboxv1connect.NewSettingsServiceClient(http.DefaultClient, e.url)
+	if _, err := sc.CreateSecretStore(ctx, as(e.admin, &sandboxv1.CreateSecretStoreRequest{SecretStore: &sandboxv1.SecretStore{Name: BuildStorageSecretStore}})); err != nil {
+		t.Fatal(err)
+	}
+	secrets := settingsv1connect.NewSecretServiceClient(http.DefaultClient, e.url)
+	for _, f := range []string{buildStorageAccessKey, buildStorageSecretKey} {
+		if _, err := secrets.PutSecret(ctx, as(e.admin, &settingsv1.PutSecretRequest{StoreName: BuildStorageSecretStore, Path: BuildStorageSecretPath, Field: f, Value: "v"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, loc := range []string{ln.Addr().String(), "http://" + ln.Addr().String(), "s3.allowed.example:443@" + ln.Addr().String()} {
+		_, err := sc.UpdateBuildStorageConfig(ctx, as(e.admin, bscUpdate(&sandboxv1.BuildStorageConfig{Mode: sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED, BucketName: "acme-builds", Location: loc}, "mode", "bucket_name", "location")))
+		if err == nil {
+			t.Fatalf("%q accepted", loc)
+		}
+		found := false
+		for _, v := range apierr.Violations(err) {
+			found = found || v.Field == "build_storage_config.location"
+		}
+		if !found {
+			t.Fatalf("%q: %v: no violation of location", loc, err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := accepted.Load(); n != 0 {
+		t.Fatalf("the gateway connected to the caller-named host %d times", n)
+	}
 }
