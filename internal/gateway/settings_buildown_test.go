@@ -111,7 +111,7 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 	_, err = update(e.user, ownCfg(own.Bucket, ""), "mode", "bucket_name")
 	wantTmplErr(t, err, connect.CodePermissionDenied, apierr.PermissionDenied, "")
 	// No credentials yet: the convention's place is named.
-	_, err = update(e.admin, ownCfg(own.Bucket, ""), "mode", "bucket_name", "location")
+	_, err = update(e.admin, ownCfg(own.Bucket, srv.Endpoint), "mode", "bucket_name", "location")
 	wantTmplErr(t, err, connect.CodeFailedPrecondition, apierr.BuildStorageUnavailable, credField+"#"+buildStorageAccessKey)
 	if _, err := sc.CreateSecretStore(ctx, as(e.admin, &sandboxv1.CreateSecretStoreRequest{SecretStore: &sandboxv1.SecretStore{Name: BuildStorageSecretStore}})); err != nil {
 		t.Fatal(err)
