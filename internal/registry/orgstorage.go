@@ -55,7 +55,7 @@ type orgStorage struct {
 func fingerprint(c *s3.Config) string {
 	h := sha256.New()
 	for _, f := range []string{c.Endpoint, c.Bucket, c.Region, c.AccessKey, c.SecretKey, fmt.Sprint(c.PathStyle, c.Insecure)} {
-		fmt.Fprintf(h, "%d:%s;", len(f), f)
+		_, _ = fmt.Fprintf(h, "%d:%s;", len(f), f)
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
