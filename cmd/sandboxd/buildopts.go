@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
+	"sync/atomic"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/registry"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -17,25 +20,49 @@ import (
 // run in-process or behind the runner wire (runner.v1 BuildRequest.push_insecure); a TLS
 // front named by --registry-host is still reached over HTTPS.
 func buildOptions(st store.Store, reg *registry.Registry, host string, f buildFlags) gateway.BuildOptions {
-	o := gateway.BuildOptions{Store: st.Builds(), Settings: st.BuildStorageConfigs(), Retention: f.retention, Keep: f.keep}
+	o := gateway.BuildOptions{Store: st.Builds(), Settings: st.BuildStorageConfigs(), Retention: f.retention, Keep: f.keep, StorageEndpoints: f.endpoints}
 	if reg != nil {
 		o.RegistryHost, o.MintPushToken, o.MintPullToken, o.PushInsecure = host, reg.MintPushToken, reg.MintPullToken, true
+		o.OnStorageChange = reg.ForgetOrgStorage
 	}
 	return o
+}
+
+// orgStorageRef is the registry's Config.OrgStorage before the gateway that answers it
+// exists (the registry is opened first).
+type orgStorageRef struct {
+	gw atomic.Pointer[gateway.Server]
+}
+
+func (r *orgStorageRef) get(ctx context.Context, org string) (*s3.Config, error) {
+	gw := r.gw.Load()
+	if gw == nil {
+		return nil, errors.New("the gateway is not started yet")
+	}
+	return gw.OrgBuildStorage(ctx, org)
 }
 
 // buildFlags are the gateway's build retention flags (`dev`, `gateway`).
 type buildFlags struct {
 	retention time.Duration
 	keep      int
+	// endpointsFlag is --build-storage-endpoints; endpoints it parsed (validate).
+	endpointsFlag string
+	endpoints     []gateway.BuildStorageEndpoint
 }
 
 func (b *buildFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&b.retention, "build-retention", gateway.DefaultBuildRetention, "ended image builds (and their logs) older than this are deleted (0: kept forever)")
 	fs.IntVar(&b.keep, "build-keep", gateway.DefaultBuildKeep, "ended image builds kept per organization, the oldest beyond deleted with their logs (0: no bound)")
+	fs.StringVar(&b.endpointsFlag, "build-storage-endpoints", "", "S3 endpoints organizations may keep their own build storage at (build storage mode CUSTOMER_OWNED; its location names one): comma-separated [http://|https://]host[:port][=region], https by default; empty: CUSTOMER_OWNED is refused")
 }
 
-func (b buildFlags) validate() error {
+func (b *buildFlags) validate() error {
+	eps, err := gateway.ParseBuildStorageEndpoints(b.endpointsFlag)
+	if err != nil {
+		return err
+	}
+	b.endpoints = eps
 	if b.retention < 0 {
 		return errors.New("--build-retention must not be negative (0 keeps builds forever)")
 	}

@@ -172,7 +172,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	var g gatewayConfig
 	g.bind(flag.NewFlagSet("gateway", flag.ContinueOnError))
-	if d.builds.retention != 30*24*time.Hour || d.builds.keep != 1000 || g.builds != d.builds {
+	if d.builds.retention != 30*24*time.Hour || d.builds.keep != 1000 || g.builds.retention != d.builds.retention || g.builds.keep != d.builds.keep || g.builds.endpointsFlag != "" {
 		t.Errorf("build retention defaults: dev %+v, gateway %+v", d.builds, g.builds)
 	}
 }

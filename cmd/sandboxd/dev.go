@@ -100,7 +100,8 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
-	reg, err := c.registry.open(ctx, c.dataDir, c.dataDir, regHost, blobCfg, keys, logger)
+	ownStorage := &orgStorageRef{}
+	reg, err := c.registry.open(ctx, c.dataDir, c.dataDir, regHost, blobCfg, keys, ownStorage.get, logger)
 	if err != nil {
 		return err
 	}
@@ -217,6 +218,7 @@ func (c devConfig) run() error {
 	if err != nil {
 		return err
 	}
+	ownStorage.gw.Store(gw) // the registry asks it where CUSTOMER_OWNED organizations' images go
 	metrics.Default.SetReady("store", storeReady(st))
 	metrics.Default.SetReady("runners", gw.Ready)
 	go heartbeat(ctx, st, local, logger)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/registry"
@@ -71,7 +72,9 @@ func (r registryFlags) hostFor(listen string) (string, error) {
 
 // open opens the registry (nil when disabled) on the blob store's S3 bucket, or under
 // dataDir/registry without one; its key is keyDir's registryKeyFile (replicas share it).
-func (r registryFlags) open(ctx context.Context, dataDir, keyDir, host string, blobCfg blobconfig.Config, keys auth.Authenticator, log *slog.Logger) (*registry.Registry, error) {
+// orgStorage answers where an organization's repositories are stored (its own bucket,
+// build storage mode CUSTOMER_OWNED; nil: always the platform storage).
+func (r registryFlags) open(ctx context.Context, dataDir, keyDir, host string, blobCfg blobconfig.Config, keys auth.Authenticator, orgStorage func(context.Context, string) (*s3.Config, error), log *slog.Logger) (*registry.Registry, error) {
 	if !r.enabled {
 		return nil, nil
 	}
@@ -79,7 +82,7 @@ func (r registryFlags) open(ctx context.Context, dataDir, keyDir, host string, b
 	if err != nil {
 		return nil, err
 	}
-	cfg := registry.Config{Auth: keys, TokenKey: key, MaxUploadBytes: r.maxUpload, Host: host, Logger: log}
+	cfg := registry.Config{Auth: keys, TokenKey: key, MaxUploadBytes: r.maxUpload, Host: host, Logger: log, OrgStorage: orgStorage}
 	if blobCfg.S3 != nil {
 		cfg.S3 = blobCfg.S3
 	} else {

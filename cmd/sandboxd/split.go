@@ -476,7 +476,8 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
-	reg, err := c.registry.open(ctx, c.dataDir, pkiDir, regHost, blobCfg, keys, logger)
+	ownStorage := &orgStorageRef{}
+	reg, err := c.registry.open(ctx, c.dataDir, pkiDir, regHost, blobCfg, keys, ownStorage.get, logger)
 	if err != nil {
 		return err
 	}
@@ -513,6 +514,7 @@ func (c gatewayConfig) run() error {
 	if err != nil {
 		return err
 	}
+	ownStorage.gw.Store(gw) // the registry asks it where CUSTOMER_OWNED organizations' images go
 	metrics.Default.SetReady("store", storeReady(st))
 	metrics.Default.SetReady("runners", gw.Ready)
 	// Until runners register themselves, the gateway records the runners it is given (the

@@ -118,6 +118,10 @@ const (
 	// BuildNotSupported: no runner can build (the gvisor class and a builder image), or
 	// the platform has no registry to push to; the message says which.
 	BuildNotSupported = "CWSANDBOX_BUILD_NOT_SUPPORTED"
+	// BuildStorageUnavailable: an organization's own build storage (build storage mode
+	// CUSTOMER_OWNED) cannot be used: no S3 endpoint is allowed, the location is not one,
+	// the bucket does not exist, or its credentials cannot write, read and delete there.
+	BuildStorageUnavailable = "CWSANDBOX_BUILD_STORAGE_UNAVAILABLE"
 	// BuildFailed: a Compose service's image build failed, so the sandbox was not
 	// created; the message names the service and the failing step.
 	BuildFailed = "CWSANDBOX_BUILD_FAILED"
@@ -274,6 +278,7 @@ var table = []reasonCode{
 	{BuildNotFound, connect.CodeNotFound, "no such image build in the caller's organization"},
 	{BuildContextNotFound, connect.CodeNotFound, "no such build context object of the caller's organization (bucket, key, version_id)"},
 	{BuildContextLimitExceeded, connect.CodeResourceExhausted, "the organization holds as many uploaded build contexts (count or bytes) as it may; delete none needed or wait for retention (metadata limit, current)"},
+	{BuildStorageUnavailable, connect.CodeFailedPrecondition, "the organization's own build storage (CUSTOMER_OWNED) cannot be used: endpoint, bucket or credentials; the violations say which"},
 	{BuildNotSupported, connect.CodeFailedPrecondition, "no runner can build images (gvisor class and a builder image), or there is no platform registry; the message says which"},
 	{BuildFailed, connect.CodeFailedPrecondition, "a Compose service's image build failed (CreateSandboxFromFile): metadata service, build_id, failure_reason; the message names the failing step"},
 	{SecretStoreNotProvisioned, connect.CodeFailedPrecondition, "a container (or PutSecret) names a secret store the organization does not have; BadRequest names the field"},

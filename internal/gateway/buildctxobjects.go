@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
@@ -22,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apifront"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/relay"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
@@ -135,18 +137,19 @@ func (s *Server) storeBuildContext(ctx context.Context, name string, q url.Value
 		slices.SortFunc(vs, func(a, b apierr.Violation) int { return strings.Compare(a.Field, b.Field) })
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build context upload: "+apierr.Describe(vs), vs)
 	}
-	if s.blobs == nil {
-		return nil, apierr.New(apierr.BuildNotSupported, "this gateway has no blob store for build contexts (sandboxd --blob-dir or --blob-s3-*): send the context in build_contexts", nil)
-	}
 	if err := s.buildsEnabled(ctx, org); err != nil {
 		return nil, err
 	}
+	st, bucket, location, err := s.buildContextStore(ctx, org)
+	if err != nil {
+		return nil, err
+	}
 	key := buildContextKey(org, name)
-	if err := s.buildContextRoom(ctx, org, key, n, max); err != nil {
+	if err := s.buildContextRoom(ctx, st, org, key, n, max); err != nil {
 		return nil, err
 	}
 	lr := &maxReader{r: body, left: max}
-	info, err := s.blobs.Put(ctx, key, lr, n)
+	info, err := st.Put(ctx, key, lr, n)
 	switch {
 	case lr.over:
 		vs := []apierr.Violation{{Field: "body", Description: fmt.Sprintf("is more than %d bytes", max)}}
@@ -160,22 +163,47 @@ func (s *Server) storeBuildContext(ctx context.Context, name string, q url.Value
 		return nil, apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "the build context cannot be stored now: %s", textclip.Clip(err.Error(), 300)), 5*time.Second)
 	}
 	if info.Size == 0 {
-		_ = s.blobs.Delete(ctx, key)
+		_ = st.Delete(ctx, key)
 		vs := []apierr.Violation{{Field: "body", Description: "is empty: send the context directory as a tar (plain or gzip)"}}
 		return nil, apierr.Invalid(apierr.InvalidRequest, "invalid build context upload: "+apierr.Describe(vs), vs)
 	}
-	s.log.Info("build context stored", "org", org, "key", key, "bytes", info.Size)
-	return &sandboxv1.BuildContextObject{Location: buildContextLocation, Bucket: s.buildBucket(), Key: key, VersionId: "sha256:" + info.SHA256}, nil
+	s.log.Info("build context stored", "org", org, "bucket", bucket, "key", key, "bytes", info.Size)
+	return &sandboxv1.BuildContextObject{Location: location, Bucket: bucket, Key: key, VersionId: "sha256:" + info.SHA256}, nil
+}
+
+// buildContextStore is where org's build contexts live: its own bucket when its build
+// storage is CUSTOMER_OWNED (BuildContextObject.location: the endpoint), else the
+// gateway's blob store (location "platform").
+func (s *Server) buildContextStore(ctx context.Context, org string) (blob.Store, string, string, error) {
+	c, err := s.OrgBuildStorage(ctx, org)
+	if err != nil {
+		if connect.CodeOf(err) != connect.CodeUnknown {
+			return nil, "", "", err
+		}
+		return nil, "", "", apierr.WithRetry(apierr.New(apierr.BuildStorageUnavailable, "the organization's build storage cannot be used now: "+textclip.Clip(err.Error(), 300), nil), 5*time.Second)
+	}
+	if c == nil {
+		if s.blobs == nil {
+			return nil, "", "", apierr.New(apierr.BuildNotSupported, "this gateway has no blob store for build contexts (sandboxd --blob-dir or --blob-s3-*): send the contexts in build_contexts", nil)
+		}
+		return s.blobs, s.buildBucket(), buildContextLocation, nil
+	}
+	st, err := s3.New(ctx, *c)
+	if err != nil {
+		// Not the error's text: the bucket and endpoint are enough.
+		return nil, "", "", apierr.WithRetry(apierr.New(apierr.BuildStorageUnavailable, fmt.Sprintf("the organization's build storage (bucket %q at %s) cannot be used now", c.Bucket, c.Endpoint), nil), 5*time.Second)
+	}
+	return st, c.Bucket, c.Endpoint, nil
 }
 
 // buildContextRoom is nil when org may store one more context at key (n bytes, -1
 // unknown: counted as max), else why not.
-func (s *Server) buildContextRoom(ctx context.Context, org, key string, n, max int64) error {
+func (s *Server) buildContextRoom(ctx context.Context, st blob.Store, org, key string, n, max int64) error {
 	if n < 0 {
 		n = max
 	}
 	count, total := 0, int64(0)
-	for info, err := range s.blobs.List(ctx, buildContextPrefix+orgKeyComponent(org)+"/") {
+	for info, err := range st.List(ctx, buildContextPrefix+orgKeyComponent(org)+"/") {
 		if err != nil {
 			return apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "the organization's build contexts cannot be counted now: %s", textclip.Clip(err.Error(), 300)), 5*time.Second)
 		}
@@ -267,8 +295,9 @@ func (s *Server) resolveBuildContextObjects(ctx context.Context, m *sandboxv1.Cr
 	if err := s.builds.canBuild(ctx, org); err != nil {
 		return withService(err, "building from build_context_objects")
 	}
-	if s.blobs == nil {
-		return apierr.New(apierr.BuildNotSupported, "this gateway has no blob store to read build_context_objects from: send the contexts in build_contexts", nil)
+	st, bucket, _, err := s.buildContextStore(ctx, org)
+	if err != nil {
+		return err
 	}
 	max := s.maxBuildContextBytes()
 	var total int64
@@ -277,7 +306,7 @@ func (s *Server) resolveBuildContextObjects(ctx context.Context, m *sandboxv1.Cr
 	}
 	read := map[string][]byte{}
 	for _, svc := range services {
-		data, err := s.readBuildContextObject(ctx, org, svc, objs[svc], max)
+		data, err := s.readBuildContextObject(ctx, st, bucket, org, svc, objs[svc], max)
 		if err != nil {
 			return err
 		}
@@ -298,7 +327,7 @@ func (s *Server) resolveBuildContextObjects(ctx context.Context, m *sandboxv1.Cr
 }
 
 // readBuildContextObject reads service svc's object o of org, within max bytes.
-func (s *Server) readBuildContextObject(ctx context.Context, org, svc string, o *sandboxv1.BuildContextObject, max int64) ([]byte, error) {
+func (s *Server) readBuildContextObject(ctx context.Context, st blob.Store, bucket, org, svc string, o *sandboxv1.BuildContextObject, max int64) ([]byte, error) {
 	f := "build_context_objects[" + textclip.Clip(svc, 64) + "]"
 	notFound := func(why string) error {
 		return apierr.New(apierr.BuildContextNotFound,
@@ -306,13 +335,13 @@ func (s *Server) readBuildContextObject(ctx context.Context, org, svc string, o 
 			map[string]string{"service": textclip.Clip(svc, 64), "bucket": textclip.Clip(o.GetBucket(), 64), "key": textclip.Clip(o.GetKey(), 200)})
 	}
 	key := o.GetKey()
-	if o.GetBucket() != s.buildBucket() || !ownBuildContextKey(org, key) {
+	if o.GetBucket() != bucket || !ownBuildContextKey(org, key) {
 		return nil, notFound("") // never read: not the organization's
 	}
 	unavailable := func(err error) error {
 		return apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "%s: the build context cannot be read now: %s", f, textclip.Clip(err.Error(), 300)), 5*time.Second)
 	}
-	info, err := s.blobs.Stat(ctx, key)
+	info, err := st.Stat(ctx, key)
 	switch {
 	case errors.Is(err, blob.ErrNotFound):
 		return nil, notFound("")
@@ -330,7 +359,7 @@ func (s *Server) readBuildContextObject(ctx context.Context, org, svc string, o 
 	if info.Size > max {
 		return nil, tooLarge(info.Size)
 	}
-	rc, err := s.blobs.Get(ctx, key)
+	rc, err := st.Get(ctx, key)
 	if errors.Is(err, blob.ErrNotFound) {
 		return nil, notFound("")
 	} else if err != nil {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	buildv1 "github.com/sandboxd/sandboxd/gen/sandboxd/build/v1"
@@ -77,16 +78,53 @@ func (bs *buildService) sweep(ctx context.Context) (int, error) {
 const maxContextSweep = 10000
 
 // sweepContexts deletes the uploaded build contexts (PUT /v1/buildContexts) last written
-// more than Retention ago (none when Retention is 0 or there is no blob store).
+// more than Retention ago (none when Retention is 0): in the gateway's blob store, and in
+// the own bucket of each organization whose build storage is CUSTOMER_OWNED (its prefix
+// only).
 func (bs *buildService) sweepContexts(ctx context.Context) (int, error) {
-	blobs := bs.s.blobs
-	if blobs == nil || bs.cfg.Retention <= 0 {
+	if bs.cfg.Retention <= 0 {
 		return 0, nil
 	}
+	n := 0
+	if blobs := bs.s.blobs; blobs != nil {
+		k, err := bs.sweepContextsIn(ctx, blobs, buildContextPrefix)
+		if n += k; err != nil {
+			return n, err
+		}
+	}
+	if bs.s.orgs == nil || bs.cfg.Settings == nil {
+		return n, nil
+	}
+	orgs, err := bs.s.orgs.List(ctx)
+	if err != nil {
+		return n, err
+	}
+	var errs []error
+	for _, o := range orgs {
+		c, err := bs.cfg.Settings.Get(ctx, o.ID)
+		if err != nil || !customerOwned(c.Mode) {
+			continue // none (ErrNotFound), or read again at the next sweep
+		}
+		st, _, _, err := bs.s.buildContextStore(ctx, o.ID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("build contexts of %s: %w", o.ID, err))
+			continue
+		}
+		k, err := bs.sweepContextsIn(ctx, st, buildContextPrefix+orgKeyComponent(o.ID)+"/")
+		n += k
+		if err != nil {
+			errs = append(errs, fmt.Errorf("build contexts of %s: %w", o.ID, err))
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// sweepContextsIn deletes the contexts under prefix of blobs older than the retention.
+func (bs *buildService) sweepContextsIn(ctx context.Context, blobs blob.Store, prefix string) (int, error) {
 	before := bs.cfg.Now().Add(-bs.cfg.Retention)
 	var old []string
 	seen := 0
-	for info, err := range blobs.List(ctx, buildContextPrefix) {
+	for info, err := range blobs.List(ctx, prefix) {
 		if err != nil {
 			return 0, err
 		}

@@ -104,6 +104,12 @@ type BuildOptions struct {
 	// (SettingsService.Get/UpdateBuildStorageConfig, settings_builds.go); nil: every
 	// organization has the defaults and updates are UNIMPLEMENTED.
 	Settings store.BuildStorageConfigs
+	// StorageEndpoints are the S3 endpoints an organization's own build storage (mode
+	// CUSTOMER_OWNED) may be at (`--build-storage-endpoints`); none: CUSTOMER_OWNED is
+	// refused. OnStorageChange, optional, is called with an organization whose build
+	// storage config was updated (registry.Registry.ForgetOrgStorage).
+	StorageEndpoints []BuildStorageEndpoint
+	OnStorageChange  func(org string)
 	// Retention: ended builds (SUCCEEDED, FAILED, CANCELLED) last updated longer ago than
 	// this are deleted with their logs (0: kept forever). Keep: at most this many ended
 	// builds per organization, the oldest beyond deleted (0: no bound). A sweep runs at

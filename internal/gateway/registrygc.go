@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -47,6 +48,7 @@ type RegistryGCStore interface {
 	Orgs() store.Orgs
 	Templates() store.Templates
 	Sandboxes() store.Sandboxes
+	BuildStorageConfigs() store.BuildStorageConfigs
 }
 
 // RegistryGC runs the passes.
@@ -94,30 +96,39 @@ func (g *RegistryGC) Run(ctx context.Context) {
 
 // Pass reads the references and collects once.
 func (g *RegistryGC) Pass(ctx context.Context) (registry.GCResult, error) {
-	refs, err := g.references(ctx)
+	refs, own, err := g.references(ctx)
 	if err != nil {
 		return registry.GCResult{}, fmt.Errorf("registry gc: references: %w", err)
 	}
-	return g.reg.GC(ctx, registry.GCOptions{Keep: refs.Keep, Grace: g.cfg.Grace})
+	return g.reg.GC(ctx, registry.GCOptions{Keep: refs.Keep, Grace: g.cfg.Grace, OrgStorages: own})
 }
 
 // references are the image references of every organization's templates that are not
-// deleted and sandboxes that have not ended.
-func (g *RegistryGC) references(ctx context.Context) (*registry.References, error) {
+// deleted and sandboxes that have not ended, and the organizations whose build storage
+// is their own bucket (CUSTOMER_OWNED: collected there too, by the same references).
+func (g *RegistryGC) references(ctx context.Context) (*registry.References, []string, error) {
 	refs := &registry.References{}
 	orgs, err := g.st.Orgs().List(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var own []string
 	for _, o := range orgs {
+		switch c, err := g.st.BuildStorageConfigs().Get(ctx, o.ID); {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			return nil, nil, fmt.Errorf("build storage config of %s: %w", o.ID, err)
+		case customerOwned(c.Mode):
+			own = append(own, o.ID)
+		}
 		for page := (store.Page{Size: store.MaxPageSize}); ; {
 			ts, next, err := g.st.Templates().List(ctx, o.ID, false, page)
 			if err != nil {
-				return nil, fmt.Errorf("templates of %s: %w", o.ID, err)
+				return nil, nil, fmt.Errorf("templates of %s: %w", o.ID, err)
 			}
 			for _, t := range ts {
 				if err := scanTemplate(refs, t); err != nil {
-					return nil, fmt.Errorf("template %s of %s: %w", t.ID, o.ID, err)
+					return nil, nil, fmt.Errorf("template %s of %s: %w", t.ID, o.ID, err)
 				}
 			}
 			if next == "" {
@@ -128,11 +139,11 @@ func (g *RegistryGC) references(ctx context.Context) (*registry.References, erro
 		for page := (store.Page{Size: store.MaxPageSize}); ; {
 			sbs, next, err := g.st.Sandboxes().List(ctx, o.ID, store.SandboxFilter{}, page)
 			if err != nil {
-				return nil, fmt.Errorf("sandboxes of %s: %w", o.ID, err)
+				return nil, nil, fmt.Errorf("sandboxes of %s: %w", o.ID, err)
 			}
 			for _, sb := range sbs {
 				if err := scanJSON(refs, sb.Spec); err != nil {
-					return nil, fmt.Errorf("sandbox %s of %s: %w", sb.ID, o.ID, err)
+					return nil, nil, fmt.Errorf("sandbox %s of %s: %w", sb.ID, o.ID, err)
 				}
 			}
 			if next == "" {
@@ -141,7 +152,7 @@ func (g *RegistryGC) references(ctx context.Context) (*registry.References, erro
 			page.Token = next
 		}
 	}
-	return refs, nil
+	return refs, own, nil
 }
 
 func scanTemplate(refs *registry.References, t store.Template) error {

@@ -464,6 +464,9 @@ func kubernetesStore(pt int32) bool {
 const missingStore = -1
 
 func (s *Server) resolveSecret(ctx context.Context, org, field string, ref spec.SecretRef, stores map[string]int32) (string, error) {
+	if err := reservedSecretStore(field, ref); err != nil {
+		return "", err
+	}
 	ss := s.secrets.Store
 	if _, ok := stores[ref.Store]; !ok {
 		st, err := ss.Get(ctx, org, ref.Store)
@@ -514,5 +517,21 @@ func (s *Server) shapeOnlySecrets() spec.SecretResolver {
 	if !s.secrets.enabled() {
 		return nil
 	}
-	return func(string, spec.SecretRef) (string, error) { return "user:password", nil }
+	return func(field string, ref spec.SecretRef) (string, error) {
+		if err := reservedSecretStore(field, ref); err != nil {
+			return "", err
+		}
+		return "user:password", nil
+	}
+}
+
+// reservedSecretStore refuses a reference to the store holding the organization's build
+// storage credentials (BuildStorageSecretStore): they are the platform's to use, never a
+// sandbox's (environment, image pull, egress injection alike).
+func reservedSecretStore(field string, ref spec.SecretRef) error {
+	if ref.Store != BuildStorageSecretStore {
+		return nil
+	}
+	vs := []apierr.Violation{{Field: storeNameField(field), Description: fmt.Sprintf("secret store %q holds the organization's build storage credentials and is never given to a sandbox", BuildStorageSecretStore)}}
+	return apierr.Invalid(apierr.InvalidRequest, apierr.Describe(vs), vs)
 }

@@ -13,19 +13,21 @@ import (
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/blob/s3"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // SettingsService's build storage config (issue 22; docs/builds.md, "Build storage
-// settings"). sandboxd builds into the platform registry only (mode MANAGED): an
-// organization's images are the repositories under its prefix (registry_namespace,
-// "<registry host>/<org>"), and its build context objects live in the gateway's blob
-// store (effective_bucket_name). What an administrator can change: enabled (false refuses
-// StartBuild and Compose builds, CWSANDBOX_BUILD_NOT_SUPPORTED) and billing_reference (kept
-// and shown, nothing else). mode, bucket_name, location and registry_namespace accept
-// only what they already are (or empty for the default): an organization's own storage is
-// not built, and a value naming one is refused rather than kept without effect.
+// settings"). Mode MANAGED (the default): an organization's images are the repositories
+// under its prefix (registry_namespace, "<registry host>/<org>") of the platform
+// registry, stored in the platform's storage, and its build context objects live in the
+// gateway's blob store (effective_bucket_name). Mode CUSTOMER_OWNED
+// (settings_buildown.go): the same repositories, stored in the organization's own S3
+// bucket (bucket_name at location, an endpoint the platform allows), checked by a probe
+// before the update is stored. enabled (false refuses StartBuild and Compose builds,
+// CWSANDBOX_BUILD_NOT_SUPPORTED) and billing_reference (kept and shown) apply to both.
+// registry_namespace accepts only what it is (or empty).
 
 // Field names of UpdateBuildStorageConfigRequest, for violations.
 const (
@@ -88,7 +90,7 @@ func buildStorageEtag(revision int64) string { return "r" + strconv.FormatInt(re
 
 // buildStorageProto is c as the API shows it.
 func (s *Server) buildStorageProto(c store.BuildStorageConfig) *sandboxv1.BuildStorageConfig {
-	return &sandboxv1.BuildStorageConfig{
+	out := &sandboxv1.BuildStorageConfig{
 		Enabled:             c.Enabled,
 		Mode:                sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_MANAGED,
 		RegistryNamespace:   s.buildRegistryNamespace(c.Org),
@@ -97,6 +99,19 @@ func (s *Server) buildStorageProto(c store.BuildStorageConfig) *sandboxv1.BuildS
 		Revision:            c.Revision,
 		EffectiveBucketName: s.buildBucket(),
 	}
+	if customerOwned(c.Mode) {
+		out.Mode = sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED
+		out.BucketName, out.Location, out.EffectiveBucketName = c.Bucket, c.Location, c.Bucket
+	}
+	return out
+}
+
+// effectiveBucket is c's effective_bucket_name.
+func (s *Server) effectiveBucket(c store.BuildStorageConfig) string {
+	if customerOwned(c.Mode) {
+		return c.Bucket
+	}
+	return s.buildBucket()
 }
 
 // GetBuildStorageConfig returns the caller's organization's build storage settings: the
@@ -149,14 +164,36 @@ func (s *Server) UpdateBuildStorageConfig(ctx context.Context, req *connect.Requ
 	if set["billing_reference"] {
 		next.BillingReference = in.GetBillingReference()
 	}
-	vs = s.bscViolations(org, in, set)
-	if e := in.GetEffectiveBucketName(); e != "" && e != s.buildBucket() {
+	if set["mode"] {
+		next.Mode = int32(sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_MANAGED)
+		if in.GetMode() == sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED {
+			next.Mode = int32(in.GetMode())
+		}
+	}
+	if set["bucket_name"] {
+		next.Bucket = in.GetBucketName()
+	}
+	if set["location"] {
+		next.Location = in.GetLocation()
+	}
+	vs = s.bscViolations(org, in, set, customerOwned(next.Mode))
+	if e := in.GetEffectiveBucketName(); e != "" && e != s.effectiveBucket(cur) && e != s.effectiveBucket(next) {
 		vs = append(vs, apierr.Violation{Field: bscField + ".effective_bucket_name", Description: "is output only; leave it unset"})
 	}
 	if len(vs) > 0 {
 		return nil, apierr.Invalid(apierr.InvalidRequest, apierr.Describe(vs), vs)
 	}
-	next.Mode = int32(sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_MANAGED)
+	if customerOwned(next.Mode) {
+		// Checked (and the bucket probed) whenever the update touches the storage.
+		if set["mode"] || set["bucket_name"] || set["location"] {
+			if err := s.checkOwnStorage(ctx, org, &next); err != nil {
+				return nil, err
+			}
+		}
+	} else {
+		// MANAGED: no own bucket is kept (bucket_name may name the platform's bucket).
+		next.Bucket, next.Location = "", ""
+	}
 	out, err := st.Put(ctx, next, cur.Revision)
 	switch {
 	case errors.Is(err, store.ErrConflict):
@@ -168,7 +205,10 @@ func (s *Server) UpdateBuildStorageConfig(ctx context.Context, req *connect.Requ
 	case err != nil:
 		return nil, apierr.WithRetry(apierr.Newf(apierr.BackendUnavailable, "the build storage settings cannot be written now: %v", err), 5*time.Second)
 	}
-	s.log.Info("build storage config updated", "org", org, "revision", out.Revision, "enabled", out.Enabled)
+	if f := s.builds.cfg.OnStorageChange; f != nil {
+		f(org)
+	}
+	s.log.Info("build storage config updated", "org", org, "revision", out.Revision, "enabled", out.Enabled, "mode", sandboxv1.BuildStorageMode(out.Mode).String(), "bucket", out.Bucket, "location", out.Location)
 	return connect.NewResponse(s.buildStorageProto(out)), nil
 }
 
@@ -200,28 +240,41 @@ func bscUpdateMask(paths []string) (map[string]bool, []apierr.Violation) {
 	return set, vs
 }
 
-// bscViolations checks the settable fields the update sets: what sandboxd can do is the
-// platform's storage only, so mode, bucket_name, location and registry_namespace accept
-// their one value (or empty); billing_reference is bounded text.
-func (s *Server) bscViolations(org string, in *sandboxv1.BuildStorageConfig, set map[string]bool) []apierr.Violation {
+// bscViolations checks the settable fields the update sets for shape (own is the mode
+// the update results in: CUSTOMER_OWNED); billing_reference is bounded text. Whether an
+// own storage can be used is checkOwnStorage's.
+func (s *Server) bscViolations(org string, in *sandboxv1.BuildStorageConfig, set map[string]bool, own bool) []apierr.Violation {
 	var vs []apierr.Violation
 	add := func(field, desc string) {
 		vs = append(vs, apierr.Violation{Field: bscField + "." + field, Description: desc})
 	}
 	if set["mode"] {
 		switch m := in.GetMode(); m {
-		case sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_UNSPECIFIED, sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_MANAGED:
-		case sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED:
-			add("mode", "CUSTOMER_OWNED (an organization's own build storage) is not supported: builds go to the platform registry (MANAGED)")
+		case sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_UNSPECIFIED, sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_MANAGED,
+			sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED:
 		default:
 			add("mode", fmt.Sprintf("%d is not a BuildStorageMode", int32(m)))
 		}
 	}
-	if b := in.GetBucketName(); set["bucket_name"] && b != "" && b != s.buildBucket() {
-		add("bucket_name", fmt.Sprintf("%q: builds use the platform's bucket (%q, effective_bucket_name); an organization's own bucket is not supported, leave it empty", textclip.Clip(b, 64), s.buildBucket()))
+	if b := in.GetBucketName(); set["bucket_name"] && b != "" {
+		switch {
+		case own:
+			if why := s3.BucketNameProblem(b); why != "" {
+				add("bucket_name", fmt.Sprintf("%q: %s", textclip.Clip(b, 64), why))
+			}
+		case b != s.buildBucket():
+			add("bucket_name", fmt.Sprintf("%q: with mode MANAGED builds use the platform's bucket (%q, effective_bucket_name); an own bucket needs mode CUSTOMER_OWNED", textclip.Clip(b, 64), s.buildBucket()))
+		}
 	}
 	if l := in.GetLocation(); set["location"] && l != "" {
-		add("location", fmt.Sprintf("%q: the platform's build storage has no location to choose; leave it empty", textclip.Clip(l, 64)))
+		switch {
+		case !own:
+			add("location", fmt.Sprintf("%q: with mode MANAGED there is no location to choose; leave it empty", textclip.Clip(l, 64)))
+		default:
+			if why := locationProblem(l); why != "" {
+				add("location", why)
+			}
+		}
 	}
 	if n, want := in.GetRegistryNamespace(), s.buildRegistryNamespace(org); set["registry_namespace"] && n != "" && n != want {
 		add("registry_namespace", fmt.Sprintf("%q: the organization's images are pushed under %q in the platform registry, which cannot be changed; leave it empty", textclip.Clip(n, 64), want))

@@ -67,7 +67,6 @@ func TestBuildStorageConfig(t *testing.T) {
 		{"unknown path", bscUpdate(&sandboxv1.BuildStorageConfig{}, "enabled", "colour"), "update_mask"},
 		{"output-only path", bscUpdate(&sandboxv1.BuildStorageConfig{}, "etag"), "update_mask"},
 		{"effective bucket path", bscUpdate(&sandboxv1.BuildStorageConfig{}, "effective_bucket_name"), "update_mask"},
-		{"customer owned", bscUpdate(&sandboxv1.BuildStorageConfig{Mode: sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED}, "mode"), "build_storage_config.mode"},
 		{"unknown mode", bscUpdate(&sandboxv1.BuildStorageConfig{Mode: 9}, "mode"), "build_storage_config.mode"},
 		{"own bucket", bscUpdate(&sandboxv1.BuildStorageConfig{BucketName: "acme-builds"}, "bucket_name"), "build_storage_config.bucket_name"},
 		{"location", bscUpdate(&sandboxv1.BuildStorageConfig{Location: "us-east-1"}, "location"), "build_storage_config.location"},
@@ -82,6 +81,10 @@ func TestBuildStorageConfig(t *testing.T) {
 		}
 		wantTmplErr(t, err, connect.CodeInvalidArgument, apierr.InvalidRequest, tc.field)
 	}
+	// CUSTOMER_OWNED without an allowed S3 endpoint (no --build-storage-endpoints):
+	// FAILED_PRECONDITION naming mode.
+	_, err = sc.UpdateBuildStorageConfig(ctx, as(e.admin, bscUpdate(&sandboxv1.BuildStorageConfig{Mode: sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED, BucketName: "acme-builds"}, "mode", "bucket_name")))
+	wantTmplErr(t, err, connect.CodeFailedPrecondition, apierr.BuildStorageUnavailable, "build_storage_config.mode")
 	if got := get(e.admin); got.GetRevision() != 0 {
 		t.Fatalf("a refused update wrote: %v", got)
 	}

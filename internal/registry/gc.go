@@ -32,6 +32,11 @@ type GCOptions struct {
 	// outlast a push (its first blob to its manifest) and what follows it (a build
 	// pointing its template at the pushed digest).
 	Grace time.Duration
+	// OrgStorages are organizations whose own storage (Config.OrgStorage) is collected
+	// too, after the platform storage: only their repositories there ("<org>/…"), with
+	// the same Keep; another organization's repositories in the same bucket are kept
+	// whole, and their blobs with them.
+	OrgStorages []string
 }
 
 // GCResult counts what GC deleted.
@@ -77,10 +82,38 @@ func (r *Registry) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 		opts.Grace = DefaultGCGrace
 	}
 	opts.Grace = max(opts.Grace, time.Minute)
+	res, err := r.gcStorage(ctx, r.platform, "", opts)
+	if err != nil {
+		return res, err
+	}
+	var errs []error
+	for _, org := range opts.OrgStorages {
+		b, err := r.backendFor(ctx, org)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("registry gc: storage of %s: %w", org, err))
+			continue
+		case b == r.platform:
+			continue // back on the platform storage: collected above
+		}
+		n, err := r.gcStorage(ctx, b, org, opts)
+		res.Manifests += n.Manifests
+		res.Blobs += n.Blobs
+		res.Links += n.Links
+		if err != nil {
+			errs = append(errs, fmt.Errorf("storage of %s: %w", org, err))
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// gcStorage is one pass over storage b: every repository when org is "", else only
+// org's (the others are kept whole).
+func (r *Registry) gcStorage(ctx context.Context, b *backend, org string, opts GCOptions) (GCResult, error) {
 	r.gcMu.Lock()
 	defer r.gcMu.Unlock()
-	g := &gcPass{r: r, ctx: ctx, cutoff: r.cfg.now().Add(-opts.Grace), keep: opts.Keep, marked: map[digest.Digest]bool{}}
-	enum, ok := r.ns.(distribution.RepositoryEnumerator)
+	g := &gcPass{r: r, b: b, only: org, ctx: ctx, cutoff: r.cfg.now().Add(-opts.Grace), keep: opts.Keep, marked: map[digest.Digest]bool{}}
+	enum, ok := b.ns.(distribution.RepositoryEnumerator)
 	if !ok {
 		return g.res, errors.New("registry gc: storage cannot enumerate repositories")
 	}
@@ -100,6 +133,9 @@ func (r *Registry) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	}
 	// Sweep: layer links first (a young link keeps its blob), then the blobs.
 	for _, name := range names {
+		if !g.collects(name) {
+			continue
+		}
 		if err := g.sweepLinks(name); err != nil {
 			return g.res, fmt.Errorf("registry gc: %s: %w", name, err)
 		}
@@ -111,7 +147,10 @@ func (r *Registry) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 }
 
 type gcPass struct {
-	r      *Registry
+	r *Registry
+	b *backend
+	// only: when set, the pass collects only this organization's repositories.
+	only   string
 	ctx    context.Context
 	cutoff time.Time
 	keep   Keep
@@ -124,7 +163,7 @@ type gcPass struct {
 // young reports whether the object at p was written after the cutoff; a missing one is
 // not young, and an error is returned as one (the caller keeps what it cannot tell).
 func (g *gcPass) young(p string) (bool, error) {
-	fi, err := g.r.driver.Stat(g.ctx, p)
+	fi, err := g.b.driver.Stat(g.ctx, p)
 	if err != nil {
 		if isNotFound(err) {
 			return false, nil
@@ -139,7 +178,7 @@ func (g *gcPass) repository(name string) error {
 	if err != nil {
 		return err
 	}
-	repo, err := g.r.ns.Repository(g.ctx, named)
+	repo, err := g.b.ns.Repository(g.ctx, named)
 	if err != nil {
 		return err
 	}
@@ -169,7 +208,7 @@ func (g *gcPass) repository(name string) error {
 		if err != nil {
 			return err
 		}
-		if young || (inOrg && g.keep != nil && g.keep(org, rest, d, tagsOf[d])) {
+		if young || !g.collects(name) || (inOrg && g.keep != nil && g.keep(org, rest, d, tagsOf[d])) {
 			if err := markKept(g.ctx, ms, d, kept); err != nil {
 				return err
 			}
@@ -199,6 +238,15 @@ func (g *gcPass) repository(name string) error {
 		}
 	}
 	return nil
+}
+
+// collects reports whether the pass may delete in repository name.
+func (g *gcPass) collects(name string) bool {
+	if g.only == "" {
+		return true
+	}
+	org, _, _ := strings.Cut(name, "/")
+	return org == g.only
 }
 
 // currentTags maps each manifest of repo to the tags whose current manifest it is.
@@ -262,7 +310,7 @@ func (g *gcPass) sweepLinks(name string) error {
 	if err != nil {
 		return err
 	}
-	repo, err := g.r.ns.Repository(g.ctx, named)
+	repo, err := g.b.ns.Repository(g.ctx, named)
 	if err != nil {
 		return err
 	}
@@ -277,7 +325,7 @@ func (g *gcPass) sweepLinks(name string) error {
 	}); err != nil && !isNotFound(err) {
 		return err
 	}
-	vac := storage.NewVacuum(g.ctx, g.r.driver)
+	vac := storage.NewVacuum(g.ctx, g.b.driver)
 	for _, d := range links {
 		if g.marked[d] {
 			continue
@@ -304,13 +352,13 @@ func (g *gcPass) sweepLinks(name string) error {
 // sweepBlobs deletes the blobs that are neither marked nor young.
 func (g *gcPass) sweepBlobs() error {
 	var blobs []digest.Digest
-	if err := g.r.ns.Blobs().Enumerate(g.ctx, func(d digest.Digest) error {
+	if err := g.b.ns.Blobs().Enumerate(g.ctx, func(d digest.Digest) error {
 		blobs = append(blobs, d)
 		return nil
 	}); err != nil && !isNotFound(err) {
 		return err
 	}
-	vac := storage.NewVacuum(g.ctx, g.r.driver)
+	vac := storage.NewVacuum(g.ctx, g.b.driver)
 	for _, d := range blobs {
 		if g.marked[d] || d.Validate() != nil {
 			continue

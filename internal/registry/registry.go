@@ -87,8 +87,20 @@ type Config struct {
 	MaxUploadBytes int64
 	// Host is host[:port] image references name this registry by ("" : PullCredentials
 	// matches nothing).
-	Host   string
-	Logger *slog.Logger
+	Host string
+	// OrgStorage, optional, says where an organization's repositories are stored: an S3
+	// bucket of its own (a build storage config of mode CUSTOMER_OWNED), or nil for the
+	// platform storage (Dir or S3). It is asked again after OrgStorageTTL (0:
+	// DefaultOrgStorageTTL), and at once after ForgetOrgStorage. An error answers 503 to
+	// the request: an organization's images never fall back to the platform storage for
+	// writes. See orgstorage.go.
+	OrgStorage func(ctx context.Context, org string) (*s3.Config, error)
+	// OrgStorageTTL is how long an OrgStorage answer is used.
+	OrgStorageTTL time.Duration
+	// MaxOrgStorages bounds the organizations' storages kept open (0:
+	// DefaultMaxOrgStorages; the least recently used is closed beyond it).
+	MaxOrgStorages int
+	Logger         *slog.Logger
 	// now, for tests.
 	now func() time.Time
 }
@@ -96,11 +108,12 @@ type Config struct {
 // Registry serves /v2/ (http.Handler).
 type Registry struct {
 	cfg    Config
-	app    *handlers.App
 	router *mux.Router
 	tokens tokens
-	driver storagedriver.StorageDriver
-	ns     distribution.Namespace
+	// platform is the platform storage (Dir or S3) and its Distribution app.
+	platform *backend
+	// orgs are the organizations' own storages (OrgStorage), opened on first use.
+	orgs orgStorages
 	// gcMu: writes hold it shared for their request, GC exclusively, so a sweep never
 	// deletes the blobs of a push in flight (in this process; see GC).
 	gcMu sync.RWMutex
@@ -143,20 +156,43 @@ func New(ctx context.Context, cfg Config) (r *Registry, err error) {
 		logrus.AddHook(slogHook{cfg.Logger})
 	})
 
+	uploadSecret := derive(cfg.TokenKey, "upload-state")
+	b, err := openBackend(ctx, typ, params, uploadSecret)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.OrgStorageTTL <= 0 {
+		cfg.OrgStorageTTL = DefaultOrgStorageTTL
+	}
+	if cfg.MaxOrgStorages <= 0 {
+		cfg.MaxOrgStorages = DefaultMaxOrgStorages
+	}
+	return &Registry{cfg: cfg, router: v2.Router(), tokens: tokens{key: cfg.TokenKey, now: cfg.now}, platform: b,
+		orgs: orgStorages{m: map[string]*orgStorage{}}, uploadSecret: uploadSecret}, nil
+}
+
+// backend is one storage and the Distribution app serving it.
+type backend struct {
+	app    *handlers.App
+	driver storagedriver.StorageDriver
+	ns     distribution.Namespace
+}
+
+// openBackend opens storage typ with params behind a Distribution app.
+func openBackend(ctx context.Context, typ string, params map[string]any, uploadSecret string) (b *backend, err error) {
 	conf := &configuration.Configuration{}
 	conf.Storage = configuration.Storage{typ: params,
 		// Blobs are served through us, never by a redirect to the bucket (runners may not
 		// reach it, and a presigned URL would bypass the organization check).
 		"redirect": configuration.Parameters{"disable": true},
 	}
-	uploadSecret := derive(cfg.TokenKey, "upload-state")
 	conf.HTTP.Secret = uploadSecret
 	conf.HTTP.RelativeURLs = true
 	conf.Log.AccessLog.Disabled = true
 	defer func() {
 		// NewApp panics on configuration errors.
 		if p := recover(); p != nil {
-			r, err = nil, fmt.Errorf("registry: %v", p)
+			b, err = nil, fmt.Errorf("registry: %v", p)
 		}
 	}()
 	app := handlers.NewApp(ctx, conf)
@@ -170,7 +206,7 @@ func New(ctx context.Context, cfg Config) (r *Registry, err error) {
 		_ = app.Shutdown()
 		return nil, fmt.Errorf("registry: %w", err)
 	}
-	return &Registry{cfg: cfg, app: app, router: v2.Router(), tokens: tokens{key: cfg.TokenKey, now: cfg.now}, driver: driver, ns: ns, uploadSecret: uploadSecret}, nil
+	return &backend{app: app, driver: driver, ns: ns}, nil
 }
 
 func storageParams(cfg Config) (string, map[string]any, error) {
@@ -183,7 +219,14 @@ func storageParams(cfg Config) (string, map[string]any, error) {
 		}
 		return "filesystem", map[string]any{"rootdirectory": cfg.Dir}, nil
 	case cfg.S3 != nil:
-		c := cfg.S3
+		return s3Params(cfg.S3)
+	}
+	return "", nil, errors.New("registry: storage: one of dir or s3 is required")
+}
+
+// s3Params are the s3-aws driver's parameters for c (objects under S3Prefix).
+func s3Params(c *s3.Config) (string, map[string]any, error) {
+	{
 		if err := c.Validate(); err != nil {
 			return "", nil, fmt.Errorf("registry: %w", err)
 		}
@@ -204,7 +247,6 @@ func storageParams(cfg Config) (string, map[string]any, error) {
 			"forcepathstyle": c.PathStyle, "secure": !c.Insecure, "rootdirectory": S3Prefix,
 		}, nil
 	}
-	return "", nil, errors.New("registry: storage: one of dir or s3 is required")
 }
 
 // slogHook forwards logrus entries to an slog logger.
@@ -232,7 +274,10 @@ func derive(key []byte, purpose string) string {
 }
 
 // Close stops the registry's background work (upload purging).
-func (r *Registry) Close() { _ = r.app.Shutdown() }
+func (r *Registry) Close() {
+	_ = r.platform.app.Shutdown()
+	r.orgs.closeAll()
+}
 
 // MintPullToken returns a pull-only token for org's repositories, valid for ttl.
 func (r *Registry) MintPullToken(org string, ttl time.Duration) (string, error) {
@@ -325,7 +370,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	switch m.Route.GetName() {
 	case v2.RouteNameBase:
-		r.app.ServeHTTP(w, req)
+		r.platform.app.ServeHTTP(w, req)
 		return
 	case v2.RouteNameCatalog:
 		serveError(w, errcode.ErrorCodeUnsupported.WithMessage("the catalog is not served"))
@@ -339,6 +384,13 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// query is read, never a form body.
 	if from := req.URL.Query().Get("from"); from != "" && !r.inOrg(id, from) {
 		serveError(w, errcode.ErrorCodeNameUnknown.WithDetail(map[string]string{"name": from}))
+		return
+	}
+	// The organization's storage: its own bucket (CUSTOMER_OWNED) or the platform's.
+	b, err := r.backendFor(req.Context(), id.org)
+	if err != nil {
+		r.cfg.Logger.Warn("registry: organization storage unavailable", "org", id.org, "err", err)
+		serveError(w, errcode.ErrorCodeUnavailable.WithMessage("the organization's build storage cannot be used now"))
 		return
 	}
 	if req.Method != http.MethodGet && req.Method != http.MethodHead {
@@ -362,7 +414,16 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.gcMu.RLock()
 		defer r.gcMu.RUnlock()
 	}
-	r.app.ServeHTTP(w, req)
+	if b != r.platform && readsImage(req.Method, m.Route.GetName()) {
+		// An image pushed before the organization's storage moved to its own bucket is
+		// still read from the platform storage (orgstorage.go).
+		if served := serveUnlessMissing(w, req, b.app); served {
+			return
+		}
+		r.platform.app.ServeHTTP(w, req)
+		return
+	}
+	b.app.ServeHTTP(w, req)
 }
 
 // uploadOffset is how many bytes the upload of state (Distribution's "_state" query
