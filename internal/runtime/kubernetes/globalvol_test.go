@@ -18,13 +18,16 @@ import (
 )
 
 // TestGlobalVolumeSupport: the Kubernetes backend mounts GLOBAL volumes read-only (its
-// filler fills the copy) but commits no writer's copy: placement sends read-write mounts
-// elsewhere and the runner refuses them.
+// filler fills the copy from the snapshot cache, so none without one) but commits no
+// writer's copy and fills no sub_path mount: placement sends read-write mounts elsewhere
+// and the runner refuses them.
 func TestGlobalVolumeSupport(t *testing.T) {
 	for _, dir := range []string{"", t.TempDir()} { // with and without a snapshot cache
 		b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", SnapshotCacheDir: dir}, sandboxes: map[string]*sandbox{}}
-		if s := b.Support(); s.NoGlobalVolumes || !s.NoGlobalVolumeWriters {
-			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v; want false, true", dir, s.NoGlobalVolumes, s.NoGlobalVolumeWriters)
+		s := b.Support()
+		if s.NoGlobalVolumes != (dir == "") || !s.NoGlobalVolumeWriters || !s.NoGlobalVolumeSubPaths {
+			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v, NoGlobalVolumeSubPaths %v; want %v, true, true",
+				dir, s.NoGlobalVolumes, s.NoGlobalVolumeWriters, s.NoGlobalVolumeSubPaths, dir == "")
 		}
 	}
 }
