@@ -150,7 +150,7 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 	}
 	filler := false
 	for _, c := range pod.Spec.Containers {
-		if c.Name == "sbx-volumes" {
+		if c.Name == "cw-object-store-agent-volumes" {
 			filler = true
 			if c.Image != needCluster(t).agentImage {
 				t.Errorf("the filler runs image %q, not the agent image", c.Image)
@@ -172,7 +172,7 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 		}
 		var st *corev1.ContainerStatus
 		for i := range pod.Status.ContainerStatuses {
-			if pod.Status.ContainerStatuses[i].Name == "sbx-volumes" {
+			if pod.Status.ContainerStatuses[i].Name == "cw-object-store-agent-volumes" {
 				st = &pod.Status.ContainerStatuses[i]
 			}
 		}

@@ -43,8 +43,11 @@ import (
 // runner refuses GLOBAL read-write mounts.
 
 const (
-	// containerFiller is the Pod container (and gate server name) of the filler.
-	containerFiller = "sbx-volumes"
+	// containerFiller is the Pod container (and gate server name) of the filler: a name
+	// the public spec reserves (spec.ReservedContainerName: the object-store agent's
+	// restore containers), so the API refuses a caller's container so named; checkFiller
+	// is the backstop for a spec that comes another way.
+	containerFiller = "cw-object-store-agent-volumes"
 	// fillerDir is where the filler mounts the GLOBAL copies: fillerDir/<volume index>.
 	fillerDir = "/sandbox-volumes"
 	// fillerConfigKey is the Secret key of the filler's agent config.

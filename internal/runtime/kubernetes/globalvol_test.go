@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+	publicspec "github.com/sandboxd/sandboxd/internal/spec"
 )
 
 // TestGlobalVolumeSupport: the Kubernetes backend mounts GLOBAL volumes read-only (its
@@ -183,7 +184,12 @@ func TestGlobalVolumeFiller(t *testing.T) {
 		t.Errorf("snapshot plan %+v, %v; want the primary's /data", plan, err)
 	}
 
-	// The filler's name is reserved; a sidecar so named elsewhere is renamed in the Pod.
+	// The filler's name is reserved: by the public spec (every API path refuses a
+	// container so named) and, as a backstop, here; a sidecar so named elsewhere is
+	// renamed in the Pod.
+	if !publicspec.ReservedContainerName(containerFiller) {
+		t.Errorf("the filler's name %q is not one the public spec reserves", containerFiller)
+	}
 	clash := globalSpec(d)
 	clash.Sidecars = []runtime.Container{{Name: containerFiller, Image: "busybox"}}
 	if err := checkFiller(clash); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "reserved") {
