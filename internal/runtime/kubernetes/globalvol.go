@@ -122,10 +122,25 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		{Name: fillerVolRun, MountPath: gate.RunDir},
 		{Name: fillerVolConfig, MountPath: gate.ConfigDir, ReadOnly: true},
 	}
+	var copies int64 // the filled copies' sizes (their emptyDirs' sizeLimits)
 	for i := range spec.Volumes {
 		if filled(&spec.Volumes[i]) {
 			mounts = append(mounts, corev1.VolumeMount{Name: "vol-" + strconv.Itoa(i), MountPath: fillerPath(i)})
+			copies += spec.Volumes[i].SizeBytes
 		}
+	}
+	res := corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+	}
+	if copies > 0 && podLimitsEphemeral(pod) {
+		// The kubelet evicts a Pod whose ephemeral storage (its containers' writable
+		// layers and logs, and its disk emptyDirs, the copies included) exceeds the sum
+		// of its containers' limits, which is otherwise the primary's disk alone: the
+		// copies' sizes go on the filler's limit (a cap, not a reservation: request 0),
+		// so a full copy never gets the Pod evicted and the primary keeps its own bound.
+		res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(copies, resource.BinarySI)
+		res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
 	}
 	pod.Spec.Volumes = append(pod.Spec.Volumes,
 		corev1.Volume{Name: fillerVolRun, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
@@ -144,13 +159,22 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		Name: containerFiller, Image: b.cfg.AgentImage, ImagePullPolicy: b.cfg.ImagePullPolicy,
 		Command:      []string{gate.GatePath, "exec-agent"},
 		VolumeMounts: mounts,
-		Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
-			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
-		},
+		Resources:                res,
 		SecurityContext:          fillerSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	})
+}
+
+// podLimitsEphemeral reports whether a container of pod has an ephemeral-storage limit
+// (the primary, given a disk size): only then does the Pod have one (with none, the
+// filler's alone would bound the whole Pod by the copies' sizes).
+func podLimitsEphemeral(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		if _, ok := c.Resources.Limits[corev1.ResourceEphemeralStorage]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // fillerNoop is the filler agent's Start config once the copies are filled: it runs

@@ -221,3 +221,66 @@ func TestGlobalVolumeFiller(t *testing.T) {
 		}
 	}
 }
+
+// podEphemeralLimit is the Pod's ephemeral-storage limit as the kubelet's eviction sums
+// it (its containers' limits; ok false when none has one).
+func podEphemeralLimit(pod *corev1.Pod) (int64, bool) {
+	var sum int64
+	ok := false
+	for _, c := range pod.Spec.Containers {
+		if q, has := c.Resources.Limits[corev1.ResourceEphemeralStorage]; has {
+			sum, ok = sum+q.Value(), true
+		}
+	}
+	return sum, ok
+}
+
+// TestGlobalVolumeFillerDisk: a filled GLOBAL copy's size (its emptyDir's sizeLimit,
+// which the kubelet counts toward the Pod's ephemeral storage) is added to the Pod's
+// ephemeral-storage limit, on the filler (a cap, request 0), so a full copy does not get
+// the Pod evicted, while the primary keeps its disk as its own limit; one container and a
+// group alike. A Pod without a disk limit gets none from the filler either.
+func TestGlobalVolumeFillerDisk(t *testing.T) {
+	b := snapBackend(t, 0)
+	b.cfg.Namespace, b.cfg.RunnerID, b.cfg.AgentImage, b.cfg.TerminationGrace = "ns", "r1", "agent:1", 10e9
+	b.cfg.ImageConfig = func(context.Context, string, *runtime.Credentials) (image.Config, error) { return image.Config{}, nil }
+	const disk = 1 << 30
+	d := digestOfBytes([]byte("x"))
+	sc, _ := securityFor(nil, "")
+	pods := func(t *testing.T) map[string]*corev1.Pod {
+		t.Helper()
+		spec := globalSpec(d)
+		pod := b.podFor(spec, "", b.labels(spec), nil, sc)
+		b.addFiller(pod, spec)
+		gspec := globalSpec(d)
+		gspec.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
+		g, err := b.prepareGroup(context.Background(), gspec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpod := b.podForGroup(gspec, g, "", b.labels(gspec), nil)
+		b.addFiller(gpod, gspec)
+		return map[string]*corev1.Pod{"single": pod, "group": gpod}
+	}
+
+	b.cfg.DiskBytes = disk
+	for name, pod := range pods(t) {
+		if got, ok := podEphemeralLimit(pod); !ok || got != disk+5<<20 {
+			t.Errorf("%s: Pod ephemeral-storage limit %d (%v), want the disk and the 5 MiB copy, %d", name, got, ok, disk+5<<20)
+		}
+		if q := containerNamed(pod, containerMain).Resources.Limits[corev1.ResourceEphemeralStorage]; q.Value() != disk {
+			t.Errorf("%s: the primary's limit %s, want its disk %d", name, q.String(), disk)
+		}
+		f := containerNamed(pod, containerFiller)
+		if q, ok := f.Resources.Requests[corev1.ResourceEphemeralStorage]; !ok || !q.IsZero() {
+			t.Errorf("%s: the filler's ephemeral-storage request %s (%v), want an explicit 0", name, q.String(), ok)
+		}
+	}
+
+	b.cfg.DiskBytes = 0
+	for name, pod := range pods(t) {
+		if got, ok := podEphemeralLimit(pod); ok {
+			t.Errorf("%s without a disk: Pod ephemeral-storage limit %d, want none", name, got)
+		}
+	}
+}
