@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"connectrpc.com/connect"
@@ -28,9 +29,11 @@ import (
 // it through the gate (TLS server name containerFiller, its own run emptyDir under
 // gate.ContainersDir, its own identity, verified on every connection), streams the
 // cached archive to it (ExtractPath, bounded by the volume's size), and then starts it
-// with `sandbox-gate noop`, so it exits at once: the copy is complete before any
-// workload container is started (they are held in standby until then), and nothing of
-// the filler runs alongside the workload. The blob store is never reached from the Pod:
+// with `sandbox-gate noop`, which exits at once, and the filler with it: the copy is
+// complete before any workload container is started (they are held in standby until
+// then). The workload is not held until the filler has terminated: it has accepted that
+// final start, so its agent runs nothing more (it is ending), and its socket is only
+// in its own run dir and the gate's, which no workload container mounts. The blob store is never reached from the Pod:
 // the runner downloads the archive (PrepareSnapshot) and streams it.
 //
 // The filler is not a container of the spec: DialAgent (the runner's exec, files,
@@ -97,15 +100,24 @@ func fillerConfig(id string) ([]byte, *agentconfig.Identity, error) {
 	return b, ident, err
 }
 
+// fillerCaps are the capabilities the filler's extraction needs (fsarchive): restore
+// the archive's owners (CHOWN), write into directories whatever their modes
+// (DAC_OVERRIDE), set modes and times of files it no longer owns (FOWNER). Nothing
+// else: it runs no command as another user and signals nothing (an archive holds no
+// setuid or setgid bits, so no FSETID).
+var fillerCaps = []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER"}
+
 // fillerSecurityContext: root (the archive's owners are restored), no privilege
-// escalation, only the capabilities the agent needs to extract (agentCaps, FSETID).
+// escalation, fillerCaps only, a read-only root (the agent writes only to its run
+// emptyDir and the copies).
 func fillerSecurityContext() *corev1.SecurityContext {
-	no := false
+	no, yes := false, true
 	return &corev1.SecurityContext{
 		RunAsUser:                ptr(int64(0)),
 		RunAsGroup:               ptr(int64(0)),
 		AllowPrivilegeEscalation: &no,
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: append(append([]corev1.Capability(nil), agentCaps...), "FSETID")},
+		ReadOnlyRootFilesystem:   &yes,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: slices.Clone(fillerCaps)},
 		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
 }
@@ -157,8 +169,8 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 	}
 	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
 		Name: containerFiller, Image: b.cfg.AgentImage, ImagePullPolicy: b.cfg.ImagePullPolicy,
-		Command:      []string{gate.GatePath, "exec-agent"},
-		VolumeMounts: mounts,
+		Command:                  []string{gate.GatePath, "exec-agent"},
+		VolumeMounts:             mounts,
 		Resources:                res,
 		SecurityContext:          fillerSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
@@ -185,7 +197,8 @@ var fillerNoop = func() []byte {
 }()
 
 // endFiller lets the filler end once the copies are filled (before any workload
-// container starts).
+// container starts; its Start accepted, the filler runs nothing more, though it may
+// not have terminated yet).
 func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
 	if !needsFiller(&s.spec) {
 		return nil

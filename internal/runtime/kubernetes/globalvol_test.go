@@ -83,8 +83,9 @@ func checkFillerPod(t *testing.T, what string, pod *corev1.Pod, workload string)
 	}
 	sc := f.SecurityContext
 	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
-		slices.Contains(sc.Capabilities.Add, "SYS_ADMIN") || sc.Privileged != nil {
-		t.Errorf("%s: filler security context %v", what, sc)
+		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER"}) || sc.Privileged != nil ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("%s: filler security context %v, want no escalation, only CHOWN DAC_OVERRIDE FOWNER, a read-only root", what, sc)
 	}
 	if m := mountAt(containerNamed(pod, containerGate), gate.ContainersDir+"/"+containerFiller); m == nil || m.Name != fillerVolRun {
 		t.Errorf("%s: the gate does not reach the filler's run dir: %v", what, containerNamed(pod, containerGate).VolumeMounts)
