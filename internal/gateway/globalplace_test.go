@@ -172,3 +172,74 @@ func TestGlobalVolumeWriterPlacement(t *testing.T) {
 		}
 	}
 }
+
+// subPathGlobalBackend mounts GLOBAL volumes read-only and at their root only (as the
+// Kubernetes backend does); placement does not see the latter (it is not on the wire).
+type subPathGlobalBackend struct{ *runtimetest.Fake }
+
+func (subPathGlobalBackend) Support() runtime.Support {
+	return runtime.Support{NoGlobalVolumeWriters: true, NoGlobalVolumeSubPaths: true}
+}
+
+// TestGlobalVolumeSubPathRetry: a reader mounting a GLOBAL volume with a sub_path, placed
+// on a runner that mounts a GLOBAL volume's root only (which refuses it at create,
+// CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED), goes to the next runner: every one of ten lands
+// on the runner that can mount it; pinned to the other, the runner's refusal comes back
+// naming sub_path. A reader at the volume's root still goes to either.
+func TestGlobalVolumeSubPathRetry(t *testing.T) {
+	blobs, err := dir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	realRunner := func(id string, kube bool) runner.Handle {
+		f := runtimetest.NewFake()
+		t.Cleanup(f.Close)
+		var be runtime.Backend = f
+		if kube {
+			be = subPathGlobalBackend{f}
+		}
+		rr, err := runner.New(context.Background(), runner.Config{Backend: be, DataDir: t.TempDir(), Blobs: blobs, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rr.Close)
+		return runner.NewLocal(id, rr)
+	}
+	s := newGlobalGateway(t, blobs, realRunner("local", false), realRunner("kube", true))
+	user := tmplUser(testOrg)
+	if _, err := s.CreateVolume(tmplAdmin(testOrg), connect.NewRequest(&sandboxv1.CreateVolumeRequest{Volume: pvcVolume("g", "*", "shared")})); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitVolume(t, s, user, "g"); v.GetStatus().GetState() != sandboxv1.VolumeState_VOLUME_STATE_READY {
+		t.Fatalf("volume = %v", v)
+	}
+	create := func(subPath string, runnerIDs ...string) (*sandboxv1.Sandbox, error) {
+		sp := &sandboxv1.SandboxSpec{RunnerIds: runnerIDs, Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox",
+			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/data", ReadOnly: true, SubPath: subPath}}}},
+			Volumes: []*sandboxv1.SandboxVolume{{Name: "v", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "g"}}}}
+		res, err := s.CreateSandbox(user, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: sp}}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+	for i := range 10 { // ties are random; each must end on the runner that takes it
+		sb, err := create("sub")
+		if err != nil {
+			t.Fatalf("sub_path reader %d: %v", i, err)
+		}
+		if got := sb.GetStatus().GetRunnerId(); got != "local" {
+			t.Fatalf("sub_path reader %d placed on %q, want local", i, got)
+		}
+		if _, err := s.DeleteSandbox(user, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: sb.GetSandboxId()})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = create("sub", "kube")
+	if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), "sub_path") {
+		t.Fatalf("sub_path reader pinned to kube: %v, want %s naming sub_path", err, apierr.VolumeTypeNotSupported)
+	}
+	if sb, err := create("", "kube"); err != nil || sb.GetStatus().GetRunnerId() != "kube" {
+		t.Fatalf("reader at the root pinned to kube: %v on %q", err, sb.GetStatus().GetRunnerId())
+	}
+}

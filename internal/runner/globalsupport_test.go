@@ -116,3 +116,51 @@ func TestSupportGlobalVolumeWriters(t *testing.T) {
 		t.Error("a refused sandbox was made")
 	}
 }
+
+// subPathGlobalFake mounts GLOBAL volumes read-only and at their root only (as the
+// Kubernetes backend does).
+type subPathGlobalFake struct{ *runtimetest.Fake }
+
+func (subPathGlobalFake) Support() runtime.Support {
+	return runtime.Support{NoGlobalVolumeWriters: true, NoGlobalVolumeSubPaths: true}
+}
+
+// TestSupportGlobalVolumeSubPaths: a runner whose backend mounts a GLOBAL volume's root
+// only takes a reader's copy mounted at its root and refuses one mounted with a sub_path
+// (the mount's, or the registered volume's joined into it) at create with
+// CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming the volume and the field, for the primary
+// and a sidecar alike; a backend that can keeps taking it.
+func TestSupportGlobalVolumeSubPaths(t *testing.T) {
+	newRunner := func(be runtime.Backend) *Runner {
+		t.Helper()
+		r, err := New(context.Background(), Config{Backend: be, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), Blobs: openStore(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		return r
+	}
+	f := runtimetest.NewFake()
+	t.Cleanup(f.Close)
+	r := newRunner(subPathGlobalFake{f})
+	root := globalSpec()
+	if err := r.checkGlobals(&root); err != nil {
+		t.Errorf("a reader's copy at its root: %v", err)
+	}
+	primary := globalSpec()
+	primary.Container.VolumeMounts[0].SubPath = "sub/dir"
+	sidecar := globalSpec()
+	sidecar.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/d", ReadOnly: true, SubPath: "x"}}}}
+	for name, spec := range map[string]runtime.Spec{"primary": primary, "sidecar": sidecar} {
+		_, err := r.Create(context.Background(), CreateRequest{Spec: spec})
+		if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), `volume "data"`) || !strings.Contains(err.Error(), "sub_path") {
+			t.Errorf("%s: a GLOBAL mount with a sub_path: %v, want %s naming the volume and sub_path", name, err, apierr.VolumeTypeNotSupported)
+		}
+		if other := newRunner(roGlobalFake{f}); other.checkGlobals(&spec) != nil {
+			t.Errorf("%s: a backend that fills sub_path mounts refuses it: %v", name, other.checkGlobals(&spec))
+		}
+	}
+	if len(r.List()) != 0 {
+		t.Error("a refused sandbox was made")
+	}
+}

@@ -209,6 +209,15 @@ func (r *Runner) checkGlobals(spec *runtime.Spec) error {
 			// cannot be filled (Support.NoGlobalVolumes: placement sends it elsewhere).
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL, and this runner's backend cannot hold GLOBAL volumes (mount it on another runner)", v.Name)
 		}
+		if b, ok := r.backend.(runtime.SupportReporter); ok && b.Support().NoGlobalVolumeSubPaths {
+			for _, c := range spec.AllContainers() {
+				for _, m := range c.VolumeMounts {
+					if m.Volume == v.Name && m.SubPath != "" {
+						return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL and container %q mounts its sub_path %q: this runner's backend mounts a GLOBAL volume's root only (drop the sub_path, of the mount or of the registered volume, or mount it on another runner)", v.Name, c.ContainerName(), m.SubPath)
+					}
+				}
+			}
+		}
 		if v.Global.CommitGeneration == 0 {
 			continue
 		}

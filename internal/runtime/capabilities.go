@@ -56,6 +56,12 @@ type Support struct {
 	// sandbox mounting one read-write only to runners without it (nor NoGlobalVolumes).
 	// On the wire an older runner that does not say is taken to commit them.
 	NoGlobalVolumeWriters bool
+	// NoGlobalVolumeSubPaths: the runner cannot mount a sub-directory of a GLOBAL
+	// volume's copy (a mount's sub_path, or the registered volume's own): the Kubernetes
+	// backend, whose kubelet makes the sub-directory before the copy is filled, which then
+	// finds its target not empty. The runner refuses such a mount at create (set by the
+	// backend; not on the wire: a gateway that placed one there tries the next runner).
+	NoGlobalVolumeSubPaths bool
 }
 
 // Optional interfaces of a Backend. The runner asserts them when it runs; each backend

@@ -33,7 +33,8 @@ import (
 // TestGlobalVolumeReadOnly: a GLOBAL volume (its content in the blob store,
 // docs/volumes.md) on a Kubernetes runner: a read-only mount works (the copy is restored
 // from the committed generation through the runner-owned filler container before the
-// workload starts; the workload reads it and cannot write it; the filler has exited).
+// workload starts; the workload reads it and cannot write it; the filler has exited 0).
+// A read-only mount of a sub_path is refused (Support.NoGlobalVolumeSubPaths).
 // A read-write mount does not yet: the backend cannot commit a writer's copy, so the
 // runner says so (Support.NoGlobalVolumeWriters): the gateway's placement leaves it out
 // for writers (CWSANDBOX_NO_SUITABLE_RUNNER naming
@@ -150,7 +151,7 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 	}
 	filler := false
 	for _, c := range pod.Spec.Containers {
-		if c.Name == "sbx-volumes" {
+		if c.Name == "cw-object-store-agent-volumes" {
 			filler = true
 			if c.Image != needCluster(t).agentImage {
 				t.Errorf("the filler runs image %q, not the agent image", c.Image)
@@ -172,7 +173,7 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 		}
 		var st *corev1.ContainerStatus
 		for i := range pod.Status.ContainerStatuses {
-			if pod.Status.ContainerStatuses[i].Name == "sbx-volumes" {
+			if pod.Status.ContainerStatuses[i].Name == "cw-object-store-agent-volumes" {
 				st = &pod.Status.ContainerStatuses[i]
 			}
 		}
@@ -212,6 +213,26 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 		gwWait(t, api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
 	}
 
+	// A read-only mount of a sub-directory (sub_path) of the copy: the kubelet would make
+	// the sub-directory before the filler fills the copy, whose extract then finds its
+	// target not empty, so the runner refuses it at create (Support.NoGlobalVolumeSubPaths,
+	// CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming sub_path), with no other runner to try.
+	before := len(s.Runner.List())
+	if res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", "sleep 3600"},
+			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: true, SubPath: "sub"}}}},
+		Volumes: []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
+	}}})); err == nil {
+		sid := res.Msg.GetSandboxId()
+		_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: sid}))
+		t.Errorf("sandbox %s mounting a GLOBAL volume's sub_path created on a Kubernetes runner, want it refused", sid)
+	} else if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), "sub_path") {
+		t.Errorf("sub_path: %v, want %s naming sub_path", err, apierr.VolumeTypeNotSupported)
+	}
+	if n := len(s.Runner.List()); n != before {
+		t.Errorf("the runner made a sandbox for a refused sub_path mount (%d, was %d)", n, before)
+	}
+
 	// Read-write: the writer's copy would have to be committed when the sandbox ends,
 	// which this runner cannot do (no container outlives the workload to archive it).
 	// Its runner says so (Support.NoGlobalVolumeWriters, no_global_volume_writers on the
@@ -234,7 +255,7 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 
 	// The runner itself refuses a writer's copy at create too (a placement made on a
 	// stale view): CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming the volume, nothing made.
-	before := len(s.Runner.List())
+	before = len(s.Runner.List())
 	_, err = s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
 		Container: runtime.Container{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", "sleep 3600"},
 			VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/data"}}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"connectrpc.com/connect"
@@ -28,9 +29,11 @@ import (
 // it through the gate (TLS server name containerFiller, its own run emptyDir under
 // gate.ContainersDir, its own identity, verified on every connection), streams the
 // cached archive to it (ExtractPath, bounded by the volume's size), and then starts it
-// with `sandbox-gate noop`, so it exits at once: the copy is complete before any
-// workload container is started (they are held in standby until then), and nothing of
-// the filler runs alongside the workload. The blob store is never reached from the Pod:
+// with `sandbox-gate noop`, which exits at once, and the filler with it: the copy is
+// complete before any workload container is started (they are held in standby until
+// then). The workload is not held until the filler has terminated: it has accepted that
+// final start, so its agent runs nothing more (it is ending), and its socket is only
+// in its own run dir and the gate's, which no workload container mounts. The blob store is never reached from the Pod:
 // the runner downloads the archive (PrepareSnapshot) and streams it.
 //
 // The filler is not a container of the spec: DialAgent (the runner's exec, files,
@@ -43,8 +46,11 @@ import (
 // runner refuses GLOBAL read-write mounts.
 
 const (
-	// containerFiller is the Pod container (and gate server name) of the filler.
-	containerFiller = "sbx-volumes"
+	// containerFiller is the Pod container (and gate server name) of the filler: a name
+	// the public spec reserves (spec.ReservedContainerName: the object-store agent's
+	// restore containers), so the API refuses a caller's container so named; checkFiller
+	// is the backstop for a spec that comes another way.
+	containerFiller = "cw-object-store-agent-volumes"
 	// fillerDir is where the filler mounts the GLOBAL copies: fillerDir/<volume index>.
 	fillerDir = "/sandbox-volumes"
 	// fillerConfigKey is the Secret key of the filler's agent config.
@@ -94,15 +100,24 @@ func fillerConfig(id string) ([]byte, *agentconfig.Identity, error) {
 	return b, ident, err
 }
 
+// fillerCaps are the capabilities the filler's extraction needs (fsarchive): restore
+// the archive's owners (CHOWN), write into directories whatever their modes
+// (DAC_OVERRIDE), set modes and times of files it no longer owns (FOWNER). Nothing
+// else: it runs no command as another user and signals nothing (an archive holds no
+// setuid or setgid bits, so no FSETID).
+var fillerCaps = []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER"}
+
 // fillerSecurityContext: root (the archive's owners are restored), no privilege
-// escalation, only the capabilities the agent needs to extract (agentCaps, FSETID).
+// escalation, fillerCaps only, a read-only root (the agent writes only to its run
+// emptyDir and the copies).
 func fillerSecurityContext() *corev1.SecurityContext {
-	no := false
+	no, yes := false, true
 	return &corev1.SecurityContext{
 		RunAsUser:                ptr(int64(0)),
 		RunAsGroup:               ptr(int64(0)),
 		AllowPrivilegeEscalation: &no,
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: append(append([]corev1.Capability(nil), agentCaps...), "FSETID")},
+		ReadOnlyRootFilesystem:   &yes,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: slices.Clone(fillerCaps)},
 		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
 }
@@ -119,10 +134,25 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		{Name: fillerVolRun, MountPath: gate.RunDir},
 		{Name: fillerVolConfig, MountPath: gate.ConfigDir, ReadOnly: true},
 	}
+	var copies int64 // the filled copies' sizes (their emptyDirs' sizeLimits)
 	for i := range spec.Volumes {
 		if filled(&spec.Volumes[i]) {
 			mounts = append(mounts, corev1.VolumeMount{Name: "vol-" + strconv.Itoa(i), MountPath: fillerPath(i)})
+			copies += spec.Volumes[i].SizeBytes
 		}
+	}
+	res := corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+	}
+	if copies > 0 && podLimitsEphemeral(pod) {
+		// The kubelet evicts a Pod whose ephemeral storage (its containers' writable
+		// layers and logs, and its disk emptyDirs, the copies included) exceeds the sum
+		// of its containers' limits, which is otherwise the primary's disk alone: the
+		// copies' sizes go on the filler's limit (a cap, not a reservation: request 0),
+		// so a full copy never gets the Pod evicted and the primary keeps its own bound.
+		res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(copies, resource.BinarySI)
+		res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
 	}
 	pod.Spec.Volumes = append(pod.Spec.Volumes,
 		corev1.Volume{Name: fillerVolRun, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
@@ -139,15 +169,24 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 	}
 	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
 		Name: containerFiller, Image: b.cfg.AgentImage, ImagePullPolicy: b.cfg.ImagePullPolicy,
-		Command:      []string{gate.GatePath, "exec-agent"},
-		VolumeMounts: mounts,
-		Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
-			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
-		},
+		Command:                  []string{gate.GatePath, "exec-agent"},
+		VolumeMounts:             mounts,
+		Resources:                res,
 		SecurityContext:          fillerSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	})
+}
+
+// podLimitsEphemeral reports whether a container of pod has an ephemeral-storage limit
+// (the primary, given a disk size): only then does the Pod have one (with none, the
+// filler's alone would bound the whole Pod by the copies' sizes).
+func podLimitsEphemeral(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		if _, ok := c.Resources.Limits[corev1.ResourceEphemeralStorage]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // fillerNoop is the filler agent's Start config once the copies are filled: it runs
@@ -158,7 +197,8 @@ var fillerNoop = func() []byte {
 }()
 
 // endFiller lets the filler end once the copies are filled (before any workload
-// container starts).
+// container starts; its Start accepted, the filler runs nothing more, though it may
+// not have terminated yet).
 func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
 	if !needsFiller(&s.spec) {
 		return nil

@@ -15,16 +15,20 @@ import (
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+	publicspec "github.com/sandboxd/sandboxd/internal/spec"
 )
 
 // TestGlobalVolumeSupport: the Kubernetes backend mounts GLOBAL volumes read-only (its
-// filler fills the copy) but commits no writer's copy: placement sends read-write mounts
-// elsewhere and the runner refuses them.
+// filler fills the copy from the snapshot cache, so none without one) but commits no
+// writer's copy and fills no sub_path mount: placement sends read-write mounts elsewhere
+// and the runner refuses them.
 func TestGlobalVolumeSupport(t *testing.T) {
 	for _, dir := range []string{"", t.TempDir()} { // with and without a snapshot cache
 		b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", SnapshotCacheDir: dir}, sandboxes: map[string]*sandbox{}}
-		if s := b.Support(); s.NoGlobalVolumes || !s.NoGlobalVolumeWriters {
-			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v; want false, true", dir, s.NoGlobalVolumes, s.NoGlobalVolumeWriters)
+		s := b.Support()
+		if s.NoGlobalVolumes != (dir == "") || !s.NoGlobalVolumeWriters || !s.NoGlobalVolumeSubPaths {
+			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v, NoGlobalVolumeSubPaths %v; want %v, true, true",
+				dir, s.NoGlobalVolumes, s.NoGlobalVolumeWriters, s.NoGlobalVolumeSubPaths, dir == "")
 		}
 	}
 }
@@ -79,8 +83,9 @@ func checkFillerPod(t *testing.T, what string, pod *corev1.Pod, workload string)
 	}
 	sc := f.SecurityContext
 	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
-		slices.Contains(sc.Capabilities.Add, "SYS_ADMIN") || sc.Privileged != nil {
-		t.Errorf("%s: filler security context %v", what, sc)
+		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER"}) || sc.Privileged != nil ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("%s: filler security context %v, want no escalation, only CHOWN DAC_OVERRIDE FOWNER, a read-only root", what, sc)
 	}
 	if m := mountAt(containerNamed(pod, containerGate), gate.ContainersDir+"/"+containerFiller); m == nil || m.Name != fillerVolRun {
 		t.Errorf("%s: the gate does not reach the filler's run dir: %v", what, containerNamed(pod, containerGate).VolumeMounts)
@@ -180,7 +185,12 @@ func TestGlobalVolumeFiller(t *testing.T) {
 		t.Errorf("snapshot plan %+v, %v; want the primary's /data", plan, err)
 	}
 
-	// The filler's name is reserved; a sidecar so named elsewhere is renamed in the Pod.
+	// The filler's name is reserved: by the public spec (every API path refuses a
+	// container so named) and, as a backstop, here; a sidecar so named elsewhere is
+	// renamed in the Pod.
+	if !publicspec.ReservedContainerName(containerFiller) {
+		t.Errorf("the filler's name %q is not one the public spec reserves", containerFiller)
+	}
 	clash := globalSpec(d)
 	clash.Sidecars = []runtime.Container{{Name: containerFiller, Image: "busybox"}}
 	if err := checkFiller(clash); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "reserved") {
@@ -209,6 +219,69 @@ func TestGlobalVolumeFiller(t *testing.T) {
 		b.sandboxes["abc"] = &sandbox{id: "abc", spec: *sp, done: make(chan struct{}), idents: map[string]*agentconfig.Identity{containerFiller: ident}}
 		if _, err := b.DialAgent(context.Background(), "abc", containerFiller); !errors.Is(err, runtime.ErrContainerNotFound) {
 			t.Errorf("multi %v: DialAgent to the filler: %v, want ErrContainerNotFound", sp.Multi(), err)
+		}
+	}
+}
+
+// podEphemeralLimit is the Pod's ephemeral-storage limit as the kubelet's eviction sums
+// it (its containers' limits; ok false when none has one).
+func podEphemeralLimit(pod *corev1.Pod) (int64, bool) {
+	var sum int64
+	ok := false
+	for _, c := range pod.Spec.Containers {
+		if q, has := c.Resources.Limits[corev1.ResourceEphemeralStorage]; has {
+			sum, ok = sum+q.Value(), true
+		}
+	}
+	return sum, ok
+}
+
+// TestGlobalVolumeFillerDisk: a filled GLOBAL copy's size (its emptyDir's sizeLimit,
+// which the kubelet counts toward the Pod's ephemeral storage) is added to the Pod's
+// ephemeral-storage limit, on the filler (a cap, request 0), so a full copy does not get
+// the Pod evicted, while the primary keeps its disk as its own limit; one container and a
+// group alike. A Pod without a disk limit gets none from the filler either.
+func TestGlobalVolumeFillerDisk(t *testing.T) {
+	b := snapBackend(t, 0)
+	b.cfg.Namespace, b.cfg.RunnerID, b.cfg.AgentImage, b.cfg.TerminationGrace = "ns", "r1", "agent:1", 10e9
+	b.cfg.ImageConfig = func(context.Context, string, *runtime.Credentials) (image.Config, error) { return image.Config{}, nil }
+	const disk = 1 << 30
+	d := digestOfBytes([]byte("x"))
+	sc, _ := securityFor(nil, "")
+	pods := func(t *testing.T) map[string]*corev1.Pod {
+		t.Helper()
+		spec := globalSpec(d)
+		pod := b.podFor(spec, "", b.labels(spec), nil, sc)
+		b.addFiller(pod, spec)
+		gspec := globalSpec(d)
+		gspec.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
+		g, err := b.prepareGroup(context.Background(), gspec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpod := b.podForGroup(gspec, g, "", b.labels(gspec), nil)
+		b.addFiller(gpod, gspec)
+		return map[string]*corev1.Pod{"single": pod, "group": gpod}
+	}
+
+	b.cfg.DiskBytes = disk
+	for name, pod := range pods(t) {
+		if got, ok := podEphemeralLimit(pod); !ok || got != disk+5<<20 {
+			t.Errorf("%s: Pod ephemeral-storage limit %d (%v), want the disk and the 5 MiB copy, %d", name, got, ok, disk+5<<20)
+		}
+		if q := containerNamed(pod, containerMain).Resources.Limits[corev1.ResourceEphemeralStorage]; q.Value() != disk {
+			t.Errorf("%s: the primary's limit %s, want its disk %d", name, q.String(), disk)
+		}
+		f := containerNamed(pod, containerFiller)
+		if q, ok := f.Resources.Requests[corev1.ResourceEphemeralStorage]; !ok || !q.IsZero() {
+			t.Errorf("%s: the filler's ephemeral-storage request %s (%v), want an explicit 0", name, q.String(), ok)
+		}
+	}
+
+	b.cfg.DiskBytes = 0
+	for name, pod := range pods(t) {
+		if got, ok := podEphemeralLimit(pod); ok {
+			t.Errorf("%s without a disk: Pod ephemeral-storage limit %d, want none", name, got)
 		}
 	}
 }
