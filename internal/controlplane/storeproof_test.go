@@ -41,7 +41,6 @@ func TestStoreProof(t *testing.T) {
 	// The answer carries a proof, never the identity.
 	body := func(res *http.Response) string {
 		b, err := io.ReadAll(res.Body)
-		res.Body.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,6 +52,7 @@ func TestStoreProof(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer res.Body.Close()
 	if b := body(res); res.StatusCode != http.StatusOK || !strings.Contains(b, `"proof"`) || strings.Contains(strings.ToLower(b), id) {
 		t.Errorf("proof answer: HTTP %d %q (identity %s)", res.StatusCode, b, id)
 	}
@@ -77,7 +77,9 @@ func TestStoreProof(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b := body(res); res.StatusCode != http.StatusBadRequest || strings.Contains(strings.ToLower(b), id) {
+		b := body(res)
+		res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest || strings.Contains(strings.ToLower(b), id) {
 			t.Errorf("challenge %.10q: HTTP %d %q, want 400 without the identity", ch, res.StatusCode, b)
 		}
 	}
@@ -122,7 +124,9 @@ func TestStoreProof(t *testing.T) {
 		"401, another body": func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, `{"code":16,"message":"invalid API key"}`, http.StatusUnauthorized)
 		},
-		"401, not JSON": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "missing API key: ", http.StatusUnauthorized) },
+		"401, not JSON": func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "missing API key: ", http.StatusUnauthorized)
+		},
 		"404": http.NotFound,
 		"200": func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, `{"proof":"AAAA"}`) },
 		"redirect": func(w http.ResponseWriter, r *http.Request) {
