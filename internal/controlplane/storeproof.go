@@ -39,8 +39,9 @@ const StoreProofPath = "/sandboxd.storeproof/Prove"
 // StoreChallengeHeader carries the caller's challenge.
 const StoreChallengeHeader = "Sandboxd-Store-Challenge"
 
-// storeProofMarker is on every answer of StoreProofPath, errors included: a control plane
-// without it is one that does not know the call (older than the check).
+// storeProofMarker is on every answer of StoreProofPath, errors included: an answer without
+// it is not a control plane's answer to the call (the exact answer of a release older than
+// the check aside: olderAnswer).
 const storeProofMarker = "Sandboxd-Store-Proof"
 
 // StoreProofExporterLabel labels the TLS keying material a proof is bound to (a private
