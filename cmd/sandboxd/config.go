@@ -355,7 +355,7 @@ func (c *gatewayConfig) bind(fs *flag.FlagSet) {
 	fs.Var(&c.runners, "runner", "a runner as ID=HOST:PORT (repeatable)")
 	fs.DurationVar(&c.reconcileInterval, "reconcile-interval", gateway.DefaultReconcileInterval, "how often to compare the runners' sandboxes with the index")
 	fs.DurationVar(&c.orphanGrace, "orphan-grace", gateway.DefaultOrphanGrace, "age at which a sandbox that no gateway recorded (its create was interrupted) is deleted")
-	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; it must use this gateway's --store (checked at start and every minute: another store is refused); without it the gateway serves the admin API and heartbeats its runners")
+	fs.StringVar(&c.controlPlane, "control-plane", "", "HOST:PORT of `sandboxd controlplane`: admin calls are forwarded there (UNAVAILABLE while it is down) and runners heartbeat it themselves; it must use this gateway's --store (checked at start: another store refuses the start; then every minute: admin calls wait for a passing check and are refused after another store, sandboxes are served); without it the gateway serves the admin API and heartbeats its runners")
 	fs.DurationVar(&c.dataPlaneTTL, "data-plane-cert-ttl", dataplane.DefaultCertTTL, "lifetime of the client certificates ConnectSandbox issues for runners' direct data planes")
 	fs.StringVar(&c.baseDomain, "base-domain", DefaultBaseDomain, "the control plane's --base-domain: a tenant organization's runner is reached directly only at RUNNER-ID.BASE-DOMAIN or a name under it")
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", trustedProxiesHelp)

@@ -388,10 +388,15 @@ func gatewayCmd(args []string) error {
 }
 
 func (c gatewayConfig) run() error {
-	logger := newLogger(slog.LevelInfo, c.verbose)
-	pkiDir := pkiDirOf(c.dataDir, c.pkiDir)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	return c.runCtx(ctx)
+}
+
+// runCtx runs the gateway until ctx ends (run: a signal).
+func (c gatewayConfig) runCtx(ctx context.Context) error {
+	logger := newLogger(slog.LevelInfo, c.verbose)
+	pkiDir := pkiDirOf(c.dataDir, c.pkiDir)
 	ca, st, keys, err := openPlatform(ctx, c.dataDir, pkiDir, c.storeDSN, logger)
 	if err != nil {
 		return err
@@ -406,20 +411,16 @@ func (c gatewayConfig) run() error {
 	}
 	defer stopTracing()
 	defer func() { _ = st.Close() }()
-	// With a control plane: one store for both (storecheck.go), checked before anything
-	// but the metrics listener starts (/livez answers while it waits), and again while
-	// serving: another store then stops the gateway with serveCtx's cause.
-	serveCtx, stopServing := context.WithCancelCause(ctx)
-	defer stopServing(nil)
+	// With a control plane: one store for both (storecheck.go), checked once before
+	// anything but the metrics listener starts (another store refuses the start; an
+	// unreachable control plane does not delay it), then while serving.
 	var cpTransport *http.Transport
+	var chk *storeCheck
 	if c.controlPlane != "" {
 		if cpTransport, err = controlPlaneTransport(c.controlPlane, ca); err != nil {
 			return err
 		}
-		if err := c.checkStore(ctx, st, cpTransport, logger, serveCtx, stopServing); err != nil {
-			if ctx.Err() != nil {
-				return nil // a signal while it waited for the control plane: a clean stop
-			}
+		if chk, err = c.checkStore(ctx, st, cpTransport, logger); err != nil {
 			return err
 		}
 	}
@@ -521,7 +522,8 @@ func (c gatewayConfig) run() error {
 	// runner ID doubles as cluster ID) and heartbeats what it sees of them.
 	var admin http.Handler
 	if c.controlPlane != "" {
-		admin = controlPlaneProxy(c.controlPlane, cpTransport, logger)
+		admin = chk.gate(controlPlaneProxy(c.controlPlane, cpTransport, logger))
+		go chk.run(ctx)
 	} else {
 		for _, r := range rs {
 			if err := registerRunner(ctx, st, r.ID(), r.ID(), "local", logger); err != nil {
@@ -543,28 +545,20 @@ func (c gatewayConfig) run() error {
 	srv.Handler = withRegistry(srv.Handler, reg)
 	fmt.Printf("CWSANDBOX_BASE_URL=http://%s\n", ln.Addr())
 	fmt.Printf("CWSANDBOX_API_KEY is in %s\n", filepath.Join(c.dataDir, adminKeyFile))
-	if err := serveUntilDone(serveCtx, srv, ln, logger, ""); err != nil {
-		return err
-	}
-	if cause := context.Cause(serveCtx); errors.Is(cause, controlplane.ErrStoreMismatch) {
-		return cause
-	}
-	return nil
+	return serveUntilDone(ctx, srv, ln, logger, "")
 }
 
-// checkStore checks at start that the control plane uses st (storecheck.go), registers
-// the readiness check, and keeps checking until serveCtx ends (stop: another store).
-func (c gatewayConfig) checkStore(ctx context.Context, st store.Store, tr http.RoundTripper, logger *slog.Logger, serveCtx context.Context, stop func(error)) error {
+// checkStore checks once that the control plane uses st (storecheck.go): the refusal
+// when it proves another store; otherwise the check, whose gate the admin proxy goes
+// through and whose run keeps checking.
+func (c gatewayConfig) checkStore(ctx context.Context, st store.Store, tr http.RoundTripper, logger *slog.Logger) (*storeCheck, error) {
 	id, err := st.Identity(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	chk := &storeCheck{addr: c.controlPlane, hc: &http.Client{Transport: tr}, identity: id,
-		storeDesc: describeStore(c.dataDir, c.storeDSN), log: logger, wait: storeCheckWait, interval: storeCheckInterval}
+	chk := newStoreCheck(c.controlPlane, tr, id, describeStore(c.dataDir, c.storeDSN), logger)
 	if err := chk.start(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	metrics.Default.SetReady("control_plane_store", chk.ready)
-	go chk.run(serveCtx, stop)
-	return nil
+	return chk, nil
 }

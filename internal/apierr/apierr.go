@@ -149,7 +149,13 @@ const (
 	NoUpdateAvailable       = "CWSANDBOX_NO_UPDATE_AVAILABLE"
 	APIKeyNotFound          = "CWSANDBOX_API_KEY_NOT_FOUND"
 	ControlPlaneUnavailable = "CWSANDBOX_CONTROL_PLANE_UNAVAILABLE"
-	BootstrapTokenInvalid   = "CWSANDBOX_BOOTSTRAP_TOKEN_INVALID"
+	// ControlPlaneStoreUnverified: a gateway given --control-plane forwards admin calls
+	// only once the control plane proved it uses the gateway's store (UNAVAILABLE, RetryInfo).
+	ControlPlaneStoreUnverified = "CWSANDBOX_CONTROL_PLANE_STORE_UNVERIFIED"
+	// ControlPlaneStoreMismatch: the gateway's control plane proved another store than the
+	// gateway's; admin calls are refused until the gateway restarts on one store (FAILED_PRECONDITION).
+	ControlPlaneStoreMismatch = "CWSANDBOX_CONTROL_PLANE_STORE_MISMATCH"
+	BootstrapTokenInvalid     = "CWSANDBOX_BOOTSTRAP_TOKEN_INVALID"
 	// RunnerIdentityMismatch: the runner's client certificate names another runner (or
 	// no runner); a call without a client certificate is Unauthenticated.
 	RunnerIdentityMismatch = "CWSANDBOX_RUNNER_IDENTITY_MISMATCH"
@@ -293,6 +299,8 @@ var table = []reasonCode{
 	{NoUpdateAvailable, connect.CodeFailedPrecondition, "there is nothing to apply"},
 	{APIKeyNotFound, connect.CodeNotFound, "no such API key"},
 	{ControlPlaneUnavailable, connect.CodeUnavailable, "the control plane's store cannot answer now; retry"},
+	{ControlPlaneStoreUnverified, connect.CodeUnavailable, "the gateway has not verified yet that its control plane uses the gateway's store (--control-plane); retry"},
+	{ControlPlaneStoreMismatch, connect.CodeFailedPrecondition, "the gateway's control plane uses another store than the gateway: admin calls are refused until both use one store and the gateway restarts"},
 	{BootstrapTokenInvalid, connect.CodeUnauthenticated, "the bootstrap token is used, expired or unknown"},
 	{RunnerIdentityMismatch, connect.CodePermissionDenied, "the runner's client certificate names another runner, or none"},
 	{RunnerIDReserved, connect.CodePermissionDenied, "runner IDs beginning platform- are reserved for the platform organization's runners; choose another runner_id"},

@@ -132,7 +132,7 @@ type Service struct {
 	sealer    *Sealer
 	inst      *installer
 	audit     *audit.Recorder
-	storeID   storeIdentity
+	storeID   string // the store's identity, read by New (storeproof.go)
 }
 
 // New returns a Service.
@@ -164,6 +164,11 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.sealer = sl
 	}
+	id, err := readStoreIdentity(s.st)
+	if err != nil {
+		return nil, err
+	}
+	s.storeID = id
 	s.inst = newInstaller(s, cfg.Install)
 	// Every admin write is recorded in the store's audit log (internal/audit); the
 	// gateway prunes it (--audit-retention).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net/http"
 	"net/url"
 
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -25,3 +26,8 @@ func (s *Service) BeginInstall(ctx context.Context, r store.Runner) error {
 	_, err := s.beginInstall(ctx, r)
 	return err
 }
+
+// AdminFront is the admin services' front (apifront), which serves every path the TLS
+// listener does not route elsewhere: what a control plane from before the store proof
+// answered on StoreProofPath.
+func (s *Service) AdminFront() http.Handler { return s.adminFront() }

@@ -11,7 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
+	"strings"
+	"time"
 )
 
 // A gateway given --control-plane keeps its own store for API keys, the sandbox index and
@@ -38,21 +39,44 @@ const StoreProofPath = "/sandboxd.storeproof/Prove"
 // StoreChallengeHeader carries the caller's challenge.
 const StoreChallengeHeader = "Sandboxd-Store-Challenge"
 
-// storeProofMarker is on every answer of StoreProofPath, errors included: a control plane
-// without it is one that does not know the call (older than the check).
+// storeProofMarker is on every answer of StoreProofPath, errors included: an answer without
+// it is not a control plane's answer to the call (the exact answer of a release older than
+// the check aside: olderAnswer).
 const storeProofMarker = "Sandboxd-Store-Proof"
 
-// StoreProofExporterLabel labels the TLS keying material a proof is bound to.
-const StoreProofExporterLabel = "EXPORTER-sandboxd-store-proof"
+// StoreProofExporterLabel labels the TLS keying material a proof is bound to (a private
+// label: RFC 5705 §4 reserves the EXPERIMENTAL prefix for those).
+const StoreProofExporterLabel = "EXPERIMENTAL-sandboxd-store-proof"
 
 const storeProofLabel = "sandboxd store proof v1\x00"
 
 // ErrStoreMismatch: the control plane proved another store than ours.
 var ErrStoreMismatch = errors.New("the control plane uses another store")
 
-// ErrStoreProofUnsupported: the control plane does not answer StoreProofPath (a release
-// from before the check).
+// ErrStoreProofUnsupported: the control plane does not know StoreProofPath (a release
+// from before the check): it gave the exact answer such a release gives to that path
+// without an API key (see olderAnswer), and nothing else.
 var ErrStoreProofUnsupported = errors.New("the control plane cannot prove its store (a release older than the check)")
+
+// ErrStoreProofRefused: the control plane knows the call but refused it (an answer with
+// the marker that is not 200).
+var ErrStoreProofRefused = errors.New("the control plane refused the store proof")
+
+// olderAnswer reports whether an answer without the marker is the one a control plane
+// of a release before the check gives to StoreProofPath: the path falls through to its
+// admin front, which refuses a call without an API key before looking at the path
+// (apifront, auth.Check): HTTP 401, application/json, a google.rpc.Status of code 16
+// (UNAUTHENTICATED) whose message is auth.Check's for a missing key.
+func olderAnswer(res *http.Response, body []byte) bool {
+	if res.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
+		return false
+	}
+	var st struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	return json.Unmarshal(body, &st) == nil && st.Code == 16 && strings.HasPrefix(st.Message, "missing API key: ")
+}
 
 func storeProof(identity string, challenge, exporter []byte) []byte {
 	m := hmac.New(sha256.New, []byte(identity))
@@ -62,25 +86,22 @@ func storeProof(identity string, challenge, exporter []byte) []byte {
 	return m.Sum(nil)
 }
 
-// storeIdentity is the store's identity, read once (it never changes) so that the
-// unauthenticated proof costs no store round trip after the first.
-type storeIdentity struct {
-	mu sync.Mutex
-	id string
+// readStoreIdentity reads the store's identity once, when the control plane starts (New):
+// it never changes, and the unauthenticated proof then never touches the store.
+func readStoreIdentity(st interface {
+	Identity(context.Context) (string, error)
+}) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeIdentityTimeout)
+	defer cancel()
+	id, err := st.Identity(ctx)
+	if err != nil {
+		return "", fmt.Errorf("controlplane: the store's identity (gateways check it): %w", err)
+	}
+	return id, nil
 }
 
-func (s *Service) identity(ctx context.Context) (string, error) {
-	s.storeID.mu.Lock()
-	defer s.storeID.mu.Unlock()
-	if s.storeID.id == "" {
-		id, err := s.st.Identity(ctx)
-		if err != nil {
-			return "", err
-		}
-		s.storeID.id = id
-	}
-	return s.storeID.id, nil
-}
+// storeIdentityTimeout bounds New's read of the store's identity.
+const storeIdentityTimeout = 30 * time.Second
 
 // serveStoreProof answers StoreProofPath (see above). Nothing is read from the body.
 func (s *Service) serveStoreProof(w http.ResponseWriter, r *http.Request) {
@@ -108,22 +129,18 @@ func (s *Service) serveStoreProof(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusBadRequest, "no TLS keying material: "+err.Error())
 		return
 	}
-	id, err := s.identity(r.Context())
-	if err != nil {
-		s.log.Warn("store identity", "err", err)
-		fail(http.StatusServiceUnavailable, "store unavailable")
-		return
-	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {
 		Proof string `json:"proof"`
-	}{base64.RawURLEncoding.EncodeToString(storeProof(id, challenge, exporter))})
+	}{base64.RawURLEncoding.EncodeToString(storeProof(s.storeID, challenge, exporter))})
 }
 
 // CheckStore asks the control plane at baseURL (https://HOST:PORT) through hc whether it
 // uses the store whose identity is identity: nil when it proves so, ErrStoreMismatch when
-// it proves another, ErrStoreProofUnsupported when it does not know the call, another
-// error when it cannot be asked (unreachable, a store it cannot read).
+// it proves another, ErrStoreProofUnsupported when it gives the exact answer of a release
+// that does not know the call (olderAnswer), ErrStoreProofRefused when it knows the call
+// and refuses it, another error otherwise (unreachable, any other answer). hc should not
+// follow redirects: a redirect is then an answer without the marker, an error.
 func CheckStore(ctx context.Context, hc *http.Client, baseURL, identity string) error {
 	challenge := make([]byte, 32)
 	_, _ = rand.Read(challenge)
@@ -142,10 +159,19 @@ func CheckStore(ctx context.Context, hc *http.Client, baseURL, identity string) 
 		return err
 	}
 	if res.Header.Get(storeProofMarker) == "" {
-		return fmt.Errorf("%w: HTTP %d", ErrStoreProofUnsupported, res.StatusCode)
+		if olderAnswer(res, body) {
+			return fmt.Errorf("%w: HTTP %d", ErrStoreProofUnsupported, res.StatusCode)
+		}
+		return fmt.Errorf("store proof: HTTP %d without the %s marker (not a control plane's answer to the call)", res.StatusCode, storeProofMarker)
 	}
 	if res.StatusCode != http.StatusOK {
-		return fmt.Errorf("store proof: HTTP %d: %s", res.StatusCode, body)
+		var m struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(body, &m) != nil || m.Message == "" {
+			m.Message = "(no message)"
+		}
+		return fmt.Errorf("%w: HTTP %d: %.200q", ErrStoreProofRefused, res.StatusCode, m.Message)
 	}
 	if res.TLS == nil {
 		return errors.New("store proof: not over TLS")

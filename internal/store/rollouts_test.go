@@ -285,7 +285,7 @@ func TestMigrationKeepsAChannelWideHalt(t *testing.T) {
 		rawExec(t, dsn, `DROP TABLE secret_keys`)                  // of 0022, applied again (0023 alters audit_events: dropped above)
 		rawExec(t, dsn, `ALTER TABLE runners DROP COLUMN prepull`) // of 0024, applied again
 		rawExec(t, dsn, `DROP TABLE runner_id_holds`)              // of 0025, applied again
-		rawExec(t, dsn, `DROP TABLE store_identity`)               // of 0027, applied again
+		rawExec(t, dsn, `DROP TABLE store_identity`)               // of 0026, applied again
 		if pg {
 			rawExec(t, dsn, `CREATE TABLE rollout_halts (channel text NOT NULL PRIMARY KEY, version text NOT NULL, reason text NOT NULL,
 				org_id text NOT NULL, runner_id text NOT NULL, halted_at timestamptz NOT NULL)`)
