@@ -118,31 +118,6 @@ func SchemaVersion() int64 {
 	return int64(len(ms))
 }
 
-// checkApplied refuses a database whose schema_migrations names another migration than
-// the embedded one for a version it records as applied: the database then holds another
-// schema than the one this binary expects at that version (a build that numbered its
-// migrations differently migrated it), and applying the later ones over it would go wrong
-// in ways no error names.
-func checkApplied(ctx context.Context, q querier, applied []migration) error {
-	rows, err := q.query(ctx, `SELECT version, name FROM schema_migrations ORDER BY version`)
-	if err != nil {
-		return fmt.Errorf("read applied migrations: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var v int64
-		var name string
-		if err := rows.Scan(&v, &name); err != nil {
-			return fmt.Errorf("read applied migrations: %w", err)
-		}
-		if v >= 1 && v <= int64(len(applied)) && applied[v-1].name != name {
-			return fmt.Errorf("%w: version %d of the database is migration %q, this binary's is %q (a build with other migration numbers migrated this database)",
-				ErrSchemaMismatch, v, name, applied[v-1].name)
-		}
-	}
-	return rows.Err()
-}
-
 // migrate brings d up to the newest embedded version and refuses a newer database.
 func migrate(ctx context.Context, d db, fsys fs.FS, dir string) error {
 	ms, err := loadMigrations(fsys, dir)
@@ -165,9 +140,6 @@ func migrate(ctx context.Context, d db, fsys fs.FS, dir string) error {
 		}
 		if current > latest {
 			return fmt.Errorf("%w: database at version %d, this binary knows up to %d", ErrSchemaTooNew, current, latest)
-		}
-		if err := s.tx(ctx, func(q querier) error { return checkApplied(ctx, q, ms[:current]) }); err != nil {
-			return err
 		}
 		record := func(q querier, m migration) error {
 			if _, err := q.exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,

@@ -483,9 +483,6 @@ var (
 	ErrClusterInUse = errors.New("cluster is in use")
 	// ErrSchemaTooNew: the database was migrated by a newer sandboxd than this one.
 	ErrSchemaTooNew = errors.New("database schema is newer than this binary")
-	// ErrSchemaMismatch: the database recorded another migration than this binary's
-	// under one of its versions (migrated by a build with other migration numbers).
-	ErrSchemaMismatch = errors.New("database schema differs from this binary's")
 )
 
 // Keys reported by AlreadyExistsError.
