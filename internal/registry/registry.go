@@ -241,7 +241,7 @@ func s3Params(c *s3.Config) (string, map[string]any, error) {
 		if region == "" {
 			region = "us-east-1"
 		}
-		return "s3", map[string]any{
+		return limitedS3Driver, map[string]any{
 			"accesskey": c.AccessKey, "secretkey": c.SecretKey, "bucket": c.Bucket,
 			"region": region, "regionendpoint": scheme + c.Endpoint,
 			"forcepathstyle": c.PathStyle, "secure": !c.Insecure, "rootdirectory": S3Prefix,
