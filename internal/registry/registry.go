@@ -91,8 +91,9 @@ type Config struct {
 	// OrgStorage, optional, says where an organization's repositories are stored: an S3
 	// bucket of its own (a build storage config of mode CUSTOMER_OWNED), or nil for the
 	// platform storage (Dir or S3). It is asked again after OrgStorageTTL (0:
-	// DefaultOrgStorageTTL), and at once after ForgetOrgStorage. An error answers 503 to
-	// the request: an organization's images never fall back to the platform storage for
+	// DefaultOrgStorageTTL), and at once after ForgetOrgStorage. An error keeps the last
+	// answer in use (unless ForgetOrgStorage dropped it); without one, the request is
+	// answered 503: an organization's images never fall back to the platform storage for
 	// writes. See orgstorage.go.
 	OrgStorage func(ctx context.Context, org string) (*s3.Config, error)
 	// OrgStorageTTL is how long an OrgStorage answer is used.
@@ -119,6 +120,8 @@ type Registry struct {
 	gcMu sync.RWMutex
 	// uploadSecret signs Distribution's upload state (configuration http.secret).
 	uploadSecret string
+	// ctx is New's, uncanceled: the organizations' Distribution apps are opened with it.
+	ctx context.Context
 }
 
 var quietLogrus sync.Once
@@ -168,7 +171,8 @@ func New(ctx context.Context, cfg Config) (r *Registry, err error) {
 		cfg.MaxOrgStorages = DefaultMaxOrgStorages
 	}
 	return &Registry{cfg: cfg, router: v2.Router(), tokens: tokens{key: cfg.TokenKey, now: cfg.now}, platform: b,
-		orgs: orgStorages{m: map[string]*orgStorage{}}, uploadSecret: uploadSecret}, nil
+		orgs: orgStorages{m: map[string]*orgStorage{}, gen: map[string]uint64{}}, uploadSecret: uploadSecret,
+		ctx: context.WithoutCancel(ctx)}, nil
 }
 
 // backend is one storage and the Distribution app serving it.
