@@ -3,10 +3,15 @@ package registry
 import (
 	"context"
 	"errors"
+	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
 )
@@ -130,5 +135,83 @@ func TestOrgStorageOutlivesRequest(t *testing.T) {
 	cancel()
 	if err := b.app.Err(); err != nil {
 		t.Errorf("the app's context ended with the request: %v", err)
+	}
+}
+
+// TestOrgGCHungEndpoint: the GC pass over an organization's bucket at an endpoint that
+// never answers ends at OrgTimeout with an error, and while it waits, another
+// organization's pushes (to the platform storage) go through: the pass holds its own
+// storage's lock only.
+func TestOrgGCHungEndpoint(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 1)
+	var conns []net.Conn
+	var connsMu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			connsMu.Lock()
+			conns = append(conns, c) // held open, never answered
+			connsMu.Unlock()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		connsMu.Lock()
+		defer connsMu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	hung := *offline
+	hung.Endpoint = ln.Addr().String()
+	rs := &resolver{where: map[string]*s3.Config{"org-a": &hung}}
+	f := newFixture(t, Config{OrgStorage: rs.get})
+	const timeout = 3 * time.Second
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := f.reg.GC(context.Background(), GCOptions{OrgStorages: []string{"org-a"}, OrgTimeout: timeout})
+		done <- err
+	}()
+	select {
+	case <-accepted: // the pass over org-a's bucket is waiting on it
+	case <-time.After(10 * time.Second):
+		t.Fatal("the GC never reached org-a's endpoint")
+	}
+	img, err := random.Image(256, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushed := make(chan error, 1)
+	go func() { pushed <- remote.Write(f.ref(t, "org-b/app:v1"), img, basic(adminB)) }()
+	select {
+	case err := <-pushed:
+		if err != nil {
+			t.Errorf("org-b's push during org-a's GC: %v", err)
+		}
+	case <-time.After(timeout - 500*time.Millisecond):
+		t.Error("org-b's push waited on org-a's GC")
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "org-a") {
+			t.Errorf("GC with org-a's endpoint hung: %v, want an error naming org-a", err)
+		}
+		if d := time.Since(start); d > timeout+5*time.Second {
+			t.Errorf("GC took %s, OrgTimeout %s", d, timeout)
+		}
+	case <-time.After(timeout + 10*time.Second):
+		t.Fatal("the GC did not end at OrgTimeout")
 	}
 }

@@ -115,9 +115,6 @@ type Registry struct {
 	platform *backend
 	// orgs are the organizations' own storages (OrgStorage), opened on first use.
 	orgs orgStorages
-	// gcMu: writes hold it shared for their request, GC exclusively, so a sweep never
-	// deletes the blobs of a push in flight (in this process; see GC).
-	gcMu sync.RWMutex
 	// uploadSecret signs Distribution's upload state (configuration http.secret).
 	uploadSecret string
 	// ctx is New's, uncanceled: the organizations' Distribution apps are opened with it.
@@ -180,6 +177,11 @@ type backend struct {
 	app    *handlers.App
 	driver storagedriver.StorageDriver
 	ns     distribution.Namespace
+	// gcMu: writes to this storage hold it shared for their request, its GC pass
+	// exclusively, so a sweep never deletes the blobs of a push in flight (in this
+	// process; see GC). One per storage: a pass over an organization's bucket holds up
+	// the pushes to that bucket only.
+	gcMu sync.RWMutex
 }
 
 // openBackend opens storage typ with params behind a Distribution app.
@@ -415,8 +417,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 		req.Body = http.MaxBytesReader(w, req.Body, room)
-		r.gcMu.RLock()
-		defer r.gcMu.RUnlock()
+		b.gcMu.RLock()
+		defer b.gcMu.RUnlock()
 	}
 	if b != r.platform && readsImage(req.Method, m.Route.GetName()) {
 		// An image pushed before the organization's storage moved to its own bucket is
