@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 	"time"
 
@@ -155,6 +156,12 @@ func (r *Registry) gcStorage(ctx context.Context, b *backend, org string, opts G
 		if err := g.repository(name); err != nil {
 			return g.res, fmt.Errorf("registry gc: %s: %w", name, err)
 		}
+	}
+	// Another organization's repositories (a shared bucket) keep every blob they link,
+	// whether a manifest references it yet or not (a repository with no manifest is not
+	// even enumerated).
+	if err := g.markOthers(); err != nil {
+		return g.res, fmt.Errorf("registry gc: other organizations' links: %w", err)
 	}
 	// Sweep: layer links first (a young link keeps its blob), then the blobs.
 	for _, name := range names {
@@ -329,25 +336,74 @@ func (g *gcPass) mark(ms distribution.ManifestService, d digest.Digest) error {
 	return nil
 }
 
-// sweepLinks deletes repository name's layer links that are neither marked nor young.
-func (g *gcPass) sweepLinks(name string) error {
+// layerLinks are the digests repository name's layer links name.
+func (g *gcPass) layerLinks(name string) ([]digest.Digest, error) {
 	named, err := reference.WithName(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	repo, err := g.b.ns.Repository(g.ctx, named)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	le, ok := repo.Blobs(g.ctx).(distribution.ManifestEnumerator)
 	if !ok {
-		return errors.New("layer links cannot be enumerated")
+		return nil, errors.New("layer links cannot be enumerated")
 	}
 	var links []digest.Digest
 	if err := le.Enumerate(g.ctx, func(d digest.Digest) error {
 		links = append(links, d)
 		return nil
 	}); err != nil && !isNotFound(err) {
+		return nil, err
+	}
+	return links, nil
+}
+
+// markOthers, in a pass that collects one organization only, marks every digest a link
+// file of another organization's repositories names (layers, manifest revisions, index
+// entries: the digest is in the link's path, …/<algorithm>/<hex>/link).
+func (g *gcPass) markOthers() error {
+	if g.only == "" {
+		return nil
+	}
+	orgs, err := g.b.driver.List(g.ctx, storageRoot+"/repositories")
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	for _, dir := range orgs {
+		if path.Base(dir) == g.only {
+			continue
+		}
+		err := g.b.driver.Walk(g.ctx, dir, func(fi storagedriver.FileInfo) error {
+			p := fi.Path()
+			if fi.IsDir() || !strings.HasSuffix(p, "/link") {
+				return nil
+			}
+			parts := strings.Split(p, "/")
+			if len(parts) < 4 {
+				return nil
+			}
+			d := digest.NewDigestFromEncoded(digest.Algorithm(parts[len(parts)-3]), parts[len(parts)-2])
+			if d.Validate() == nil {
+				g.marked[d] = true
+			}
+			return nil
+		})
+		if err != nil && !isNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweepLinks deletes repository name's layer links that are neither marked nor young.
+func (g *gcPass) sweepLinks(name string) error {
+	links, err := g.layerLinks(name)
+	if err != nil {
 		return err
 	}
 	vac := storage.NewVacuum(g.ctx, g.b.driver)
