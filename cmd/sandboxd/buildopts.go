@@ -19,13 +19,20 @@ import (
 // so runners push to it insecurely — HTTPS preferred, plain HTTP accepted — whether they
 // run in-process or behind the runner wire (runner.v1 BuildRequest.push_insecure); a TLS
 // front named by --registry-host is still reached over HTTPS.
-func buildOptions(st store.Store, reg *registry.Registry, host string, f buildFlags) gateway.BuildOptions {
-	o := gateway.BuildOptions{Store: st.Builds(), Settings: st.BuildStorageConfigs(), Retention: f.retention, Keep: f.keep, StorageEndpoints: f.endpoints}
+//
+// --build-storage-endpoints is parsed here, where the result is used: the flags' validate
+// runs on a copy (value receivers), so what it parsed would be lost.
+func buildOptions(st store.Store, reg *registry.Registry, host string, f buildFlags) (gateway.BuildOptions, error) {
+	eps, err := f.storageEndpoints()
+	if err != nil {
+		return gateway.BuildOptions{}, err
+	}
+	o := gateway.BuildOptions{Store: st.Builds(), Settings: st.BuildStorageConfigs(), Retention: f.retention, Keep: f.keep, StorageEndpoints: eps}
 	if reg != nil {
 		o.RegistryHost, o.MintPushToken, o.MintPullToken, o.PushInsecure = host, reg.MintPushToken, reg.MintPullToken, true
 		o.OnStorageChange = reg.ForgetOrgStorage
 	}
-	return o
+	return o, nil
 }
 
 // orgStorageRef is the registry's Config.OrgStorage before the gateway that answers it
@@ -46,9 +53,8 @@ func (r *orgStorageRef) get(ctx context.Context, org string) (*s3.Config, error)
 type buildFlags struct {
 	retention time.Duration
 	keep      int
-	// endpointsFlag is --build-storage-endpoints; endpoints it parsed (validate).
+	// endpointsFlag is --build-storage-endpoints (storageEndpoints parses it).
 	endpointsFlag string
-	endpoints     []gateway.BuildStorageEndpoint
 }
 
 func (b *buildFlags) register(fs *flag.FlagSet) {
@@ -57,12 +63,20 @@ func (b *buildFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.endpointsFlag, "build-storage-endpoints", "", "S3 endpoints organizations may keep their own build storage at (build storage mode CUSTOMER_OWNED; its location names one): comma-separated [http://|https://]host[:port][=region], https by default; empty: CUSTOMER_OWNED is refused")
 }
 
-func (b *buildFlags) validate() error {
+// storageEndpoints are the endpoints --build-storage-endpoints allows.
+func (b buildFlags) storageEndpoints() ([]gateway.BuildStorageEndpoint, error) {
 	eps, err := gateway.ParseBuildStorageEndpoints(b.endpointsFlag)
 	if err != nil {
+		return nil, err // it names the flag
+	}
+	return eps, nil
+}
+
+// validate checks the flags; it keeps nothing (it may run on a copy).
+func (b buildFlags) validate() error {
+	if _, err := b.storageEndpoints(); err != nil {
 		return err
 	}
-	b.endpoints = eps
 	if b.retention < 0 {
 		return errors.New("--build-retention must not be negative (0 keeps builds forever)")
 	}

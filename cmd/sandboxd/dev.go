@@ -187,6 +187,10 @@ func (c devConfig) run() error {
 	if err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
 	}
+	builds, err := buildOptions(st, reg, regHost, c.builds)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
 		Quota:         quotaOpts,
 		FSS:           fssOpts,
@@ -209,7 +213,7 @@ func (c devConfig) run() error {
 		SnapshotBucket:    blobCfg.Bucket(),
 
 		RegistryCredentials: regCreds, // pull tokens for images of the platform registry
-		Builds:              buildOptions(st, reg, regHost, c.builds),
+		Builds:              builds,
 		TrustedProxies:      trusted,
 		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
 		Audit:               gateway.AuditOptions{Store: st.Audit(), Config: audit.Config{Retention: c.auditRetention}, PlatformOrg: defaultOrg},

@@ -496,6 +496,10 @@ func (c gatewayConfig) runCtx(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
 	}
+	builds, err := buildOptions(st, reg, regHost, c.builds)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
 		Quota:     quotaOpts,
 		FSS:       fssOpts,
@@ -506,7 +510,7 @@ func (c gatewayConfig) runCtx(ctx context.Context) error {
 		ReconcileInterval: c.reconcileInterval, OrphanGrace: c.orphanGrace,
 		Blobs: blobs, BlobConfig: blobCfg, SnapshotBucket: blobCfg.Bucket(),
 		RegistryCredentials: regCreds,
-		Builds:              buildOptions(st, reg, regHost, c.builds),
+		Builds:              builds,
 		TrustedProxies:      trusted,
 		Secrets:             gateway.SecretOptions{Store: st.SecretStores(), Keys: secretKeys},
 		Audit:               gateway.AuditOptions{Store: st.Audit(), Config: audit.Config{Retention: c.auditRetention}, PlatformOrg: defaultOrg},

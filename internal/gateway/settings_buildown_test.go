@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"bytes"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,15 +70,25 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Everything the gateway and the registry log, at debug level: the secret key must
+	// never be in it (checked at the end).
+	var logged lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		if strings.Contains(logged.String(), srv.SecretKey) {
+			t.Error("the bucket's secret key is in the log")
+		}
+	})
 	e := newBuildEnvConfig(t, t.TempDir(), func(c *Config) {
 		c.Builds.StorageEndpoints = []BuildStorageEndpoint{{Host: srv.Endpoint, Insecure: true}, {Host: "s3.other.example:443"}}
+		c.Logger = logger
 	}, &acceptingRunner{id: "r1"})
 	e.s.secrets = SecretOptions{Store: e.st.SecretStores(), Keys: ring}.withDefaults()
 
 	// The platform registry on the platform bucket, asking the gateway where each
 	// organization's repositories go.
 	reg, err := registry.New(ctx, registry.Config{S3: &platform, Auth: noKeys{}, TokenKey: []byte(strings.Repeat("k", 32)),
-		OrgStorage: e.s.OrgBuildStorage, Logger: quietLog()})
+		OrgStorage: e.s.OrgBuildStorage, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,6 +267,24 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 	if objects(platform.Bucket, testOrg+"/after") == 0 || objects(own.Bucket, testOrg+"/after") != 0 {
 		t.Fatal("after the switch back, the push is not on the platform storage")
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers (a log).
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // noKeys authenticates no API key (the test pushes with platform tokens).

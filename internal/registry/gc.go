@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 	"time"
 
@@ -37,7 +38,14 @@ type GCOptions struct {
 	// the same Keep; another organization's repositories in the same bucket are kept
 	// whole, and their blobs with them.
 	OrgStorages []string
+	// OrgTimeout bounds the pass over each organization's storage (0:
+	// DefaultOrgGCTimeout): a slow or unresponsive endpoint ends its own pass, with an
+	// error, not the others'.
+	OrgTimeout time.Duration
 }
+
+// DefaultOrgGCTimeout is GCOptions.OrgTimeout's default.
+const DefaultOrgGCTimeout = 10 * time.Minute
 
 // GCResult counts what GC deleted.
 type GCResult struct {
@@ -69,8 +77,13 @@ func blobDataPath(d digest.Digest) string {
 //   - the grace: a blob or link written in the last Grace, and a manifest pushed in it,
 //     stays, so a push in progress (and a build about to record its digest in a
 //     template) keeps all it wrote, whichever replica serves it;
-//   - a lock: writes through this Registry hold gcMu shared for their request and GC
-//     holds it exclusively, so no write of this process runs during a pass.
+//   - a lock per storage: writes through this Registry hold the storage's gcMu shared
+//     for their request and the pass over that storage holds it exclusively, so no write
+//     of this process to that storage runs during its pass (an organization's bucket's
+//     pass holds up that organization's pushes only; two organizations sharing a bucket
+//     have a lock each, and the grace covers them as it covers replicas).
+//
+// Each organization's storage is collected within opts.OrgTimeout.
 //
 // What remains: a push that skips a blob because the repository already has it (HEAD)
 // while that blob's only manifest is old and unreferenced; if a pass deletes it between
@@ -82,21 +95,20 @@ func (r *Registry) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 		opts.Grace = DefaultGCGrace
 	}
 	opts.Grace = max(opts.Grace, time.Minute)
+	if opts.OrgTimeout <= 0 {
+		opts.OrgTimeout = DefaultOrgGCTimeout
+	}
 	res, err := r.gcStorage(ctx, r.platform, "", opts)
 	if err != nil {
 		return res, err
 	}
 	var errs []error
 	for _, org := range opts.OrgStorages {
-		b, err := r.backendFor(ctx, org)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("registry gc: storage of %s: %w", org, err))
-			continue
-		case b == r.platform:
-			continue // back on the platform storage: collected above
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+			break
 		}
-		n, err := r.gcStorage(ctx, b, org, opts)
+		n, err := r.gcOrg(ctx, org, opts)
 		res.Manifests += n.Manifests
 		res.Blobs += n.Blobs
 		res.Links += n.Links
@@ -107,11 +119,25 @@ func (r *Registry) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	return res, errors.Join(errs...)
 }
 
+// gcOrg is the pass over org's own storage, within opts.OrgTimeout.
+func (r *Registry) gcOrg(ctx context.Context, org string, opts GCOptions) (GCResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.OrgTimeout)
+	defer cancel()
+	b, err := r.backendFor(ctx, org)
+	switch {
+	case err != nil:
+		return GCResult{}, fmt.Errorf("registry gc: %w", err)
+	case b == r.platform:
+		return GCResult{}, nil // back on the platform storage: collected above
+	}
+	return r.gcStorage(ctx, b, org, opts)
+}
+
 // gcStorage is one pass over storage b: every repository when org is "", else only
 // org's (the others are kept whole).
 func (r *Registry) gcStorage(ctx context.Context, b *backend, org string, opts GCOptions) (GCResult, error) {
-	r.gcMu.Lock()
-	defer r.gcMu.Unlock()
+	b.gcMu.Lock()
+	defer b.gcMu.Unlock()
 	g := &gcPass{r: r, b: b, only: org, ctx: ctx, cutoff: r.cfg.now().Add(-opts.Grace), keep: opts.Keep, marked: map[digest.Digest]bool{}}
 	enum, ok := b.ns.(distribution.RepositoryEnumerator)
 	if !ok {
@@ -130,6 +156,12 @@ func (r *Registry) gcStorage(ctx context.Context, b *backend, org string, opts G
 		if err := g.repository(name); err != nil {
 			return g.res, fmt.Errorf("registry gc: %s: %w", name, err)
 		}
+	}
+	// Another organization's repositories (a shared bucket) keep every blob they link,
+	// whether a manifest references it yet or not (a repository with no manifest is not
+	// even enumerated).
+	if err := g.markOthers(); err != nil {
+		return g.res, fmt.Errorf("registry gc: other organizations' links: %w", err)
 	}
 	// Sweep: layer links first (a young link keeps its blob), then the blobs.
 	for _, name := range names {
@@ -304,25 +336,74 @@ func (g *gcPass) mark(ms distribution.ManifestService, d digest.Digest) error {
 	return nil
 }
 
-// sweepLinks deletes repository name's layer links that are neither marked nor young.
-func (g *gcPass) sweepLinks(name string) error {
+// layerLinks are the digests repository name's layer links name.
+func (g *gcPass) layerLinks(name string) ([]digest.Digest, error) {
 	named, err := reference.WithName(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	repo, err := g.b.ns.Repository(g.ctx, named)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	le, ok := repo.Blobs(g.ctx).(distribution.ManifestEnumerator)
 	if !ok {
-		return errors.New("layer links cannot be enumerated")
+		return nil, errors.New("layer links cannot be enumerated")
 	}
 	var links []digest.Digest
 	if err := le.Enumerate(g.ctx, func(d digest.Digest) error {
 		links = append(links, d)
 		return nil
 	}); err != nil && !isNotFound(err) {
+		return nil, err
+	}
+	return links, nil
+}
+
+// markOthers, in a pass that collects one organization only, marks every digest a link
+// file of another organization's repositories names (layers, manifest revisions, index
+// entries: the digest is in the link's path, …/<algorithm>/<hex>/link).
+func (g *gcPass) markOthers() error {
+	if g.only == "" {
+		return nil
+	}
+	orgs, err := g.b.driver.List(g.ctx, storageRoot+"/repositories")
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	for _, dir := range orgs {
+		if path.Base(dir) == g.only {
+			continue
+		}
+		err := g.b.driver.Walk(g.ctx, dir, func(fi storagedriver.FileInfo) error {
+			p := fi.Path()
+			if fi.IsDir() || !strings.HasSuffix(p, "/link") {
+				return nil
+			}
+			parts := strings.Split(p, "/")
+			if len(parts) < 4 {
+				return nil
+			}
+			d := digest.NewDigestFromEncoded(digest.Algorithm(parts[len(parts)-3]), parts[len(parts)-2])
+			if d.Validate() == nil {
+				g.marked[d] = true
+			}
+			return nil
+		})
+		if err != nil && !isNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweepLinks deletes repository name's layer links that are neither marked nor young.
+func (g *gcPass) sweepLinks(name string) error {
+	links, err := g.layerLinks(name)
+	if err != nil {
 		return err
 	}
 	vac := storage.NewVacuum(g.ctx, g.b.driver)

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
 	v2 "github.com/distribution/distribution/v3/registry/api/v2"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
 )
@@ -36,10 +39,17 @@ const (
 	DefaultMaxOrgStorages = 256
 )
 
+// orgResolveTimeout bounds one OrgStorage call (shared by the requests waiting on it).
+const orgResolveTimeout = 15 * time.Second
+
 type orgStorages struct {
 	mu   sync.Mutex
 	tick uint64
 	m    map[string]*orgStorage
+	// gen is bumped by ForgetOrgStorage: an answer asked for before is not kept.
+	gen map[string]uint64
+	// flight joins the concurrent OrgStorage calls of an organization (and generation).
+	flight singleflight.Group
 }
 
 // orgStorage is an organization's answer from OrgStorage: b nil for the platform
@@ -49,6 +59,9 @@ type orgStorage struct {
 	b       *backend
 	checked time.Time
 	used    uint64
+	// forgotten: ForgetOrgStorage was called since (the config changed): never served
+	// again, not even while OrgStorage fails.
+	forgotten bool
 }
 
 // fingerprint identifies c (the credentials hashed in, never kept in clear here).
@@ -61,44 +74,83 @@ func fingerprint(c *s3.Config) string {
 }
 
 // ForgetOrgStorage drops what OrgStorage answered for org: the next request asks again
-// (the gateway calls it when the organization's build storage config changes).
+// (the gateway calls it when the organization's build storage config changes), and an
+// answer asked for before this call is not kept.
 func (r *Registry) ForgetOrgStorage(org string) {
 	r.orgs.mu.Lock()
 	defer r.orgs.mu.Unlock()
+	r.orgs.gen[org]++
 	if e, ok := r.orgs.m[org]; ok {
-		e.checked = time.Time{}
+		e.forgotten = true
 	}
 }
 
 // backendFor is the storage of org's repositories.
+//
+// An answer is used for OrgStorageTTL. When OrgStorage then fails (the store is down),
+// the last answer keeps being used (logged): a config cannot change while the store is
+// down, except through this registry's own gateway, whose ForgetOrgStorage makes the
+// old answer unusable (a 503 until OrgStorage answers). Without an answer, 503.
 func (r *Registry) backendFor(ctx context.Context, org string) (*backend, error) {
 	if r.cfg.OrgStorage == nil {
 		return r.platform, nil
 	}
-	now := r.cfg.now()
 	o := &r.orgs
-	o.mu.Lock()
-	o.tick++
-	e, ok := o.m[org]
-	if ok && now.Sub(e.checked) < r.cfg.OrgStorageTTL {
-		e.used = o.tick
+	// An answer asked for before a ForgetOrgStorage is not stored: ask again (a few times
+	// at most, for configs changing without pause).
+	for range 3 {
+		now := r.cfg.now()
+		o.mu.Lock()
+		o.tick++
+		e, ok := o.m[org]
+		if ok && !e.forgotten && now.Sub(e.checked) < r.cfg.OrgStorageTTL {
+			e.used = o.tick
+			o.mu.Unlock()
+			return e.orPlatform(r), nil
+		}
+		gen := o.gen[org]
 		o.mu.Unlock()
-		return e.orPlatform(r), nil
-	}
-	o.mu.Unlock()
 
-	c, err := r.cfg.OrgStorage(ctx, org)
-	if err != nil {
-		return nil, err
+		v, err, _ := o.flight.Do(org+"\x00"+strconv.FormatUint(gen, 10), func() (any, error) {
+			// Not the first request's context: the others wait on the same call.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orgResolveTimeout)
+			defer cancel()
+			return r.cfg.OrgStorage(ctx, org)
+		})
+		c, _ := v.(*s3.Config)
+
+		o.mu.Lock()
+		if o.gen[org] != gen {
+			o.mu.Unlock()
+			continue
+		}
+		if err != nil {
+			e, ok := o.m[org]
+			if !ok || e.forgotten {
+				o.mu.Unlock()
+				return nil, err
+			}
+			e.used = o.tick
+			o.mu.Unlock()
+			r.cfg.Logger.Warn("registry: cannot check the organization's build storage: using the last answer", "org", org, "err", err)
+			return e.orPlatform(r), nil
+		}
+		b, err := r.storeOrgStorage(org, c, now)
+		o.mu.Unlock()
+		return b, err
 	}
+	return nil, errors.New("the organization's build storage config keeps changing")
+}
+
+// storeOrgStorage records c, OrgStorage's answer for org (o.mu held).
+func (r *Registry) storeOrgStorage(org string, c *s3.Config, now time.Time) (*backend, error) {
+	o := &r.orgs
 	fp := ""
 	if c != nil {
 		fp = fingerprint(c)
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
 	if e, ok := o.m[org]; ok && e.fp == fp {
-		e.checked, e.used = now, o.tick
+		e.checked, e.used, e.forgotten = now, o.tick, false
 		return e.orPlatform(r), nil
 	}
 	var b *backend
@@ -107,8 +159,9 @@ func (r *Registry) backendFor(ctx context.Context, org string) (*backend, error)
 		if err != nil {
 			return nil, err
 		}
-		// Opening touches no network (the driver connects on use).
-		if b, err = openBackend(ctx, typ, params, r.uploadSecret); err != nil {
+		// Opening touches no network (the driver connects on use). The app lives as long
+		// as the registry, not the request that opened it.
+		if b, err = openBackend(r.ctx, typ, params, r.uploadSecret); err != nil {
 			return nil, err
 		}
 	}

@@ -91,8 +91,9 @@ type Config struct {
 	// OrgStorage, optional, says where an organization's repositories are stored: an S3
 	// bucket of its own (a build storage config of mode CUSTOMER_OWNED), or nil for the
 	// platform storage (Dir or S3). It is asked again after OrgStorageTTL (0:
-	// DefaultOrgStorageTTL), and at once after ForgetOrgStorage. An error answers 503 to
-	// the request: an organization's images never fall back to the platform storage for
+	// DefaultOrgStorageTTL), and at once after ForgetOrgStorage. An error keeps the last
+	// answer in use (unless ForgetOrgStorage dropped it); without one, the request is
+	// answered 503: an organization's images never fall back to the platform storage for
 	// writes. See orgstorage.go.
 	OrgStorage func(ctx context.Context, org string) (*s3.Config, error)
 	// OrgStorageTTL is how long an OrgStorage answer is used.
@@ -114,11 +115,10 @@ type Registry struct {
 	platform *backend
 	// orgs are the organizations' own storages (OrgStorage), opened on first use.
 	orgs orgStorages
-	// gcMu: writes hold it shared for their request, GC exclusively, so a sweep never
-	// deletes the blobs of a push in flight (in this process; see GC).
-	gcMu sync.RWMutex
 	// uploadSecret signs Distribution's upload state (configuration http.secret).
 	uploadSecret string
+	// ctx is New's, uncanceled: the organizations' Distribution apps are opened with it.
+	ctx context.Context
 }
 
 var quietLogrus sync.Once
@@ -168,7 +168,8 @@ func New(ctx context.Context, cfg Config) (r *Registry, err error) {
 		cfg.MaxOrgStorages = DefaultMaxOrgStorages
 	}
 	return &Registry{cfg: cfg, router: v2.Router(), tokens: tokens{key: cfg.TokenKey, now: cfg.now}, platform: b,
-		orgs: orgStorages{m: map[string]*orgStorage{}}, uploadSecret: uploadSecret}, nil
+		orgs: orgStorages{m: map[string]*orgStorage{}, gen: map[string]uint64{}}, uploadSecret: uploadSecret,
+		ctx: context.WithoutCancel(ctx)}, nil
 }
 
 // backend is one storage and the Distribution app serving it.
@@ -176,6 +177,11 @@ type backend struct {
 	app    *handlers.App
 	driver storagedriver.StorageDriver
 	ns     distribution.Namespace
+	// gcMu: writes to this storage hold it shared for their request, its GC pass
+	// exclusively, so a sweep never deletes the blobs of a push in flight (in this
+	// process; see GC). One per storage: a pass over an organization's bucket holds up
+	// the pushes to that bucket only.
+	gcMu sync.RWMutex
 }
 
 // openBackend opens storage typ with params behind a Distribution app.
@@ -241,7 +247,7 @@ func s3Params(c *s3.Config) (string, map[string]any, error) {
 		if region == "" {
 			region = "us-east-1"
 		}
-		return "s3", map[string]any{
+		return limitedS3Driver, map[string]any{
 			"accesskey": c.AccessKey, "secretkey": c.SecretKey, "bucket": c.Bucket,
 			"region": region, "regionendpoint": scheme + c.Endpoint,
 			"forcepathstyle": c.PathStyle, "secure": !c.Insecure, "rootdirectory": S3Prefix,
@@ -411,8 +417,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 		req.Body = http.MaxBytesReader(w, req.Body, room)
-		r.gcMu.RLock()
-		defer r.gcMu.RUnlock()
+		b.gcMu.RLock()
+		defer b.gcMu.RUnlock()
 	}
 	if b != r.platform && readsImage(req.Method, m.Route.GetName()) {
 		// An image pushed before the organization's storage moved to its own bucket is

@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/minio/minio-go/v7"
 	"github.com/opencontainers/go-digest"
 
@@ -206,5 +209,45 @@ func TestOrgStorage(t *testing.T) {
 	f.reg.ForgetOrgStorage("org-a")
 	if _, err := remote.Image(f.ref(t, "org-a/app:v1"), basic(userA)); status(err) != http.StatusServiceUnavailable {
 		t.Fatalf("pull with the storage unknown: %v, want 503", err)
+	}
+}
+
+// TestOrgGCSharedBucketLinks: in a bucket two organizations share, one's GC keeps a blob
+// that only the other's repository links (uploaded, no manifest referencing it yet).
+func TestOrgGCSharedBucketLinks(t *testing.T) {
+	srv := s3test.Start(t)
+	platform, own := srv.Bucket(t), srv.Bucket(t)
+	f := newFixture(t, Config{S3: &platform, OrgStorage: func(_ context.Context, org string) (*s3.Config, error) {
+		return &own, nil // org-a and org-b share a bucket
+	}})
+	push(t, f, "org-a/app:v1", basic(adminA))
+	layer, err := random.Layer(1024, types.DockerLayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repoB, err := name.NewRepository(f.host+"/org-b/wip", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteLayer(repoB, layer, basic(adminB)); err != nil {
+		t.Fatal(err)
+	}
+	f.now = time.Now().Add(2 * DefaultGCGrace)
+	if _, err := f.reg.GC(context.Background(), GCOptions{OrgStorages: []string{"org-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	f.now = time.Now()
+	d, _ := layer.Digest()
+	got, err := remote.Layer(repoB.Digest(d.String()), basic(adminB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := got.Compressed()
+	if err == nil {
+		_, err = io.Copy(io.Discard, rc)
+		_ = rc.Close()
+	}
+	if err != nil {
+		t.Fatalf("org-b's blob after org-a's GC of the shared bucket: %v", err)
 	}
 }

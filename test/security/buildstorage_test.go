@@ -1,9 +1,7 @@
 package security
 
 import (
-	"bytes"
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +23,9 @@ import (
 // spec. A user key cannot take them into a sandbox (environment, image pull credentials),
 // cannot change the build storage, and an administrator cannot make the gateway connect
 // to a host of its choosing (the dev server allows no S3 endpoint: CUSTOMER_OWNED is
-// refused before any connection). The values are in no response and not in the log.
+// refused before any connection). The values are in no response. (That they are not in
+// the log is checked where they are used, with a real bucket: the dev server here allows
+// no endpoint, so it never reads them; TestBuildStorageCustomerOwned, internal/gateway.)
 func TestBuildStorageCredentialsStayOut(t *testing.T) {
 	d := needDev(t)
 	const secret = "bsc-secret-7f3a9c01e2"
@@ -96,8 +96,5 @@ func TestBuildStorageCredentialsStayOut(t *testing.T) {
 	if g, err := settings(adminA).GetBuildStorageConfig(ctx, connect.NewRequest(&sandboxv1.GetBuildStorageConfigRequest{})); err != nil ||
 		g.Msg.GetMode() == sandboxv1.BuildStorageMode_BUILD_STORAGE_MODE_CUSTOMER_OWNED || g.Msg.GetLocation() != "" {
 		t.Fatalf("after the refusals: %v %v", g, err)
-	}
-	if b, _ := os.ReadFile(d.Log); bytes.Contains(b, []byte(secret)) {
-		t.Error("the secret is in the server's log")
 	}
 }
