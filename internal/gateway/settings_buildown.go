@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/s3"
+	"github.com/sandboxd/sandboxd/internal/registry"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/textclip"
@@ -206,14 +207,14 @@ func (s *Server) ownStorage(ctx context.Context, org, bucket, location string) (
 func (s *Server) OrgBuildStorage(ctx context.Context, org string) (*s3.Config, error) {
 	c, err := s.buildStorageConfig(ctx, org)
 	if err != nil {
-		return nil, err
+		return nil, transientStorage(err)
 	}
 	if !customerOwned(c.Mode) {
 		return nil, nil
 	}
 	cfg, vs, err := s.ownStorage(ctx, org, c.Bucket, c.Location)
 	if err != nil {
-		return nil, err
+		return nil, transientStorage(err)
 	}
 	if len(vs) > 0 {
 		return nil, fmt.Errorf("build storage of %s: %s", org, apierr.Describe(vs))
@@ -322,4 +323,15 @@ func locationProblem(l string) string {
 		return "must be an allowed S3 endpoint's host[:port]"
 	}
 	return ""
+}
+
+// transientStorage marks err as registry.ErrOrgStorageTransient when it says only that
+// the store or the secrets cannot be read now (CWSANDBOX_BACKEND_UNAVAILABLE, a
+// deadline): the registry may then keep serving pulls from its last answer. Anything
+// else (the credentials gone or undecryptable) ends the answer's use at once.
+func transientStorage(err error) error {
+	if apierr.Reason(err) == apierr.BackendUnavailable || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", registry.ErrOrgStorageTransient, err)
+	}
+	return err
 }

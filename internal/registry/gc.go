@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/distribution/distribution/v3"
@@ -123,7 +124,7 @@ func (r *Registry) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 func (r *Registry) gcOrg(ctx context.Context, org string, opts GCOptions) (GCResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.OrgTimeout)
 	defer cancel()
-	b, err := r.backendFor(ctx, org)
+	b, err := r.backendFor(ctx, org, true) // a pass deletes: never on a stale answer
 	switch {
 	case err != nil:
 		return GCResult{}, fmt.Errorf("registry gc: %w", err)
@@ -136,7 +137,9 @@ func (r *Registry) gcOrg(ctx context.Context, org string, opts GCOptions) (GCRes
 // gcStorage is one pass over storage b: every repository when org is "", else only
 // org's (the others are kept whole).
 func (r *Registry) gcStorage(ctx context.Context, b *backend, org string, opts GCOptions) (GCResult, error) {
-	b.gcMu.Lock()
+	if err := lockForGC(ctx, &b.gcMu); err != nil {
+		return GCResult{}, fmt.Errorf("registry gc: waiting for the storage's writes to end: %w", err)
+	}
 	defer b.gcMu.Unlock()
 	g := &gcPass{r: r, b: b, only: org, ctx: ctx, cutoff: r.cfg.now().Add(-opts.Grace), keep: opts.Keep, marked: map[digest.Digest]bool{}}
 	enum, ok := b.ns.(distribution.RepositoryEnumerator)
@@ -367,6 +370,9 @@ func (g *gcPass) markOthers() error {
 	if g.only == "" {
 		return nil
 	}
+	// Whoever holds the bucket's credentials can write any number of objects under
+	// other names: the walk is bounded, and a pass that reaches the bound deletes nothing.
+	walked := 0
 	orgs, err := g.b.driver.List(g.ctx, storageRoot+"/repositories")
 	if err != nil {
 		if isNotFound(err) {
@@ -379,6 +385,9 @@ func (g *gcPass) markOthers() error {
 			continue
 		}
 		err := g.b.driver.Walk(g.ctx, dir, func(fi storagedriver.FileInfo) error {
+			if walked++; walked > maxOtherLinks {
+				return fmt.Errorf("more than %d objects under other organizations' repositories in this bucket: nothing collected", maxOtherLinks)
+			}
 			p := fi.Path()
 			if fi.IsDir() || !strings.HasSuffix(p, "/link") {
 				return nil
@@ -494,4 +503,23 @@ func isNotFound(err error) bool {
 	var tu distribution.ErrTagUnknown
 	var bu = distribution.ErrBlobUnknown
 	return errors.As(err, &pnf) || errors.As(err, &mu) || errors.As(err, &tu) || errors.Is(err, bu)
+}
+
+// maxOtherLinks bounds the objects markOthers walks in one pass.
+const maxOtherLinks = 1 << 20
+
+// lockForGC takes mu exclusively once no write holds it, polling until ctx ends. Unlike
+// Lock it gives up with ctx, and a pass waiting for it never makes new writes queue
+// behind it (a write stuck on an unresponsive endpoint stalls that pass only).
+func lockForGC(ctx context.Context, mu *sync.RWMutex) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !mu.TryLock() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
 }

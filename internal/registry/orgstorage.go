@@ -42,6 +42,16 @@ const (
 // orgResolveTimeout bounds one OrgStorage call (shared by the requests waiting on it).
 const orgResolveTimeout = 15 * time.Second
 
+// MaxStaleOrgStorage bounds how long after its last check an answer may still serve reads
+// while OrgStorage fails transiently.
+const MaxStaleOrgStorage = 10 * DefaultOrgStorageTTL
+
+// ErrOrgStorageTransient marks an OrgStorage error that says nothing about the
+// organization's config (its store cannot be read now): the last answer may keep serving
+// reads. Any other error (the credentials deleted, the endpoint no longer allowed) ends
+// its use at once.
+var ErrOrgStorageTransient = errors.New("the organization's build storage cannot be checked now")
+
 type orgStorages struct {
 	mu   sync.Mutex
 	tick uint64
@@ -85,13 +95,17 @@ func (r *Registry) ForgetOrgStorage(org string) {
 	}
 }
 
-// backendFor is the storage of org's repositories.
+// backendFor is the storage of org's repositories; write says whether the request
+// writes or deletes there.
 //
-// An answer is used for OrgStorageTTL. When OrgStorage then fails (the store is down),
-// the last answer keeps being used (logged): a config cannot change while the store is
-// down, except through this registry's own gateway, whose ForgetOrgStorage makes the
-// old answer unusable (a 503 until OrgStorage answers). Without an answer, 503.
-func (r *Registry) backendFor(ctx context.Context, org string) (*backend, error) {
+// An answer is used for OrgStorageTTL. When OrgStorage then fails transiently
+// (ErrOrgStorageTransient: the store is down), the last answer keeps serving reads for at
+// most MaxStaleOrgStorage (logged): another gateway replica may have changed the config
+// meanwhile, so a stale answer never takes a write (it could land the organization's
+// images in a storage that is no longer its own), and this registry's own
+// ForgetOrgStorage makes it unusable at once. Any other error (the credentials deleted,
+// the endpoint no longer allowed), and no answer at all, is a 503.
+func (r *Registry) backendFor(ctx context.Context, org string, write bool) (*backend, error) {
 	if r.cfg.OrgStorage == nil {
 		return r.platform, nil
 	}
@@ -126,7 +140,7 @@ func (r *Registry) backendFor(ctx context.Context, org string) (*backend, error)
 		}
 		if err != nil {
 			e, ok := o.m[org]
-			if !ok || e.forgotten {
+			if !ok || e.forgotten || write || !errors.Is(err, ErrOrgStorageTransient) || now.Sub(e.checked) > MaxStaleOrgStorage {
 				o.mu.Unlock()
 				return nil, err
 			}

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -57,30 +58,54 @@ func TestOrgStorageResolverDown(t *testing.T) {
 	rs := &resolver{where: map[string]*s3.Config{"org-a": offline}}
 	f := newFixture(t, Config{OrgStorage: rs.get})
 	ctx := context.Background()
-	own, err := f.reg.backendFor(ctx, "org-a")
+	own, err := f.reg.backendFor(ctx, "org-a", false)
 	if err != nil || own == f.reg.platform {
 		t.Fatalf("org-a: %v, own bucket %v", err, own != f.reg.platform)
 	}
-	if b, err := f.reg.backendFor(ctx, "org-b"); err != nil || b != f.reg.platform {
+	if b, err := f.reg.backendFor(ctx, "org-b", false); err != nil || b != f.reg.platform {
 		t.Fatalf("org-b: %v", err)
 	}
-	rs.set(func(rs *resolver) { rs.err = errors.New("store down") })
+	// An error that says something about the config (the credentials deleted) ends the
+	// answer's use at once.
+	rs.set(func(rs *resolver) { rs.err = errors.New("credentials gone") })
 	f.now = f.now.Add(2 * DefaultOrgStorageTTL)
-	if b, err := f.reg.backendFor(ctx, "org-a"); err != nil || b != own {
-		t.Errorf("org-a with the store down: %v, same bucket %v", err, b == own)
+	if _, err := f.reg.backendFor(ctx, "org-a", false); err == nil {
+		t.Error("org-a with its credentials gone: no error (the last answer was used)")
 	}
-	if b, err := f.reg.backendFor(ctx, "org-b"); err != nil || b != f.reg.platform {
-		t.Errorf("org-b (MANAGED) with the store down: %v", err)
+	rs.set(func(rs *resolver) { rs.err = nil })
+	if b, err := f.reg.backendFor(ctx, "org-a", false); err != nil || b == f.reg.platform {
+		t.Fatalf("org-a back: %v", err)
 	}
-	if _, err := f.reg.backendFor(ctx, "org-c"); err == nil {
+	rs.set(func(rs *resolver) { rs.err = fmt.Errorf("%w: store down", ErrOrgStorageTransient) })
+	f.now = f.now.Add(2 * DefaultOrgStorageTTL)
+	if b, err := f.reg.backendFor(ctx, "org-a", false); err != nil || b != own {
+		t.Errorf("org-a read with the store down: %v, same bucket %v", err, b == own)
+	}
+	if b, err := f.reg.backendFor(ctx, "org-b", false); err != nil || b != f.reg.platform {
+		t.Errorf("org-b (MANAGED) read with the store down: %v", err)
+	}
+	// Another replica may have changed the config: a stale answer takes no write.
+	if _, err := f.reg.backendFor(ctx, "org-b", true); err == nil {
+		t.Error("org-b write with the store down: no error (a stale answer took a write)")
+	}
+	if _, err := f.reg.backendFor(ctx, "org-a", true); err == nil {
+		t.Error("org-a write with the store down: no error (a stale answer took a write)")
+	}
+	// Nor any read once it is older than MaxStaleOrgStorage.
+	f.now = f.now.Add(MaxStaleOrgStorage)
+	if _, err := f.reg.backendFor(ctx, "org-b", false); err == nil {
+		t.Error("org-b read, answer older than MaxStaleOrgStorage: no error")
+	}
+	f.now = f.now.Add(-MaxStaleOrgStorage)
+	if _, err := f.reg.backendFor(ctx, "org-c", false); err == nil {
 		t.Error("org-c, never answered, with the store down: no error")
 	}
 	f.reg.ForgetOrgStorage("org-a")
-	if _, err := f.reg.backendFor(ctx, "org-a"); err == nil {
+	if _, err := f.reg.backendFor(ctx, "org-a", false); err == nil {
 		t.Error("org-a forgotten with the store down: no error (the old answer was used)")
 	}
 	rs.set(func(rs *resolver) { rs.err = nil; rs.where["org-a"] = nil })
-	if b, err := f.reg.backendFor(ctx, "org-a"); err != nil || b != f.reg.platform {
+	if b, err := f.reg.backendFor(ctx, "org-a", false); err != nil || b != f.reg.platform {
 		t.Errorf("org-a back: %v, platform %v", err, b == f.reg.platform)
 	}
 }
@@ -97,7 +122,7 @@ func TestOrgStorageForgetDuringResolve(t *testing.T) {
 	out := make(chan result, 4)
 	for range 4 {
 		go func() {
-			b, err := f.reg.backendFor(context.Background(), "org-a")
+			b, err := f.reg.backendFor(context.Background(), "org-a", false)
 			out <- result{b, err}
 		}()
 	}
@@ -117,7 +142,7 @@ func TestOrgStorageForgetDuringResolve(t *testing.T) {
 			t.Errorf("after the change: %v, platform %v (the old answer was used)", r.err, r.b == f.reg.platform)
 		}
 	}
-	if b, err := f.reg.backendFor(context.Background(), "org-a"); err != nil || b != f.reg.platform {
+	if b, err := f.reg.backendFor(context.Background(), "org-a", false); err != nil || b != f.reg.platform {
 		t.Errorf("stored answer: %v, platform %v", err, b == f.reg.platform)
 	}
 }
@@ -128,7 +153,7 @@ func TestOrgStorageOutlivesRequest(t *testing.T) {
 	rs := &resolver{where: map[string]*s3.Config{"org-a": offline}}
 	f := newFixture(t, Config{OrgStorage: rs.get})
 	ctx, cancel := context.WithCancel(context.Background())
-	b, err := f.reg.backendFor(ctx, "org-a")
+	b, err := f.reg.backendFor(ctx, "org-a", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,5 +238,34 @@ func TestOrgGCHungEndpoint(t *testing.T) {
 		}
 	case <-time.After(timeout + 10*time.Second):
 		t.Fatal("the GC did not end at OrgTimeout")
+	}
+}
+
+// TestLockForGCGivesUp: a pass waiting for a storage's lock gives up with its context,
+// and new writes are not queued behind it (a write stuck on a hung endpoint holds its
+// share; with sync.RWMutex.Lock the pass would wait forever and block every new write).
+func TestLockForGCGivesUp(t *testing.T) {
+	var mu sync.RWMutex
+	mu.RLock() // a write stuck on an unresponsive endpoint
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- lockForGC(ctx, &mu) }()
+	time.Sleep(100 * time.Millisecond)
+	if !mu.TryRLock() {
+		t.Fatal("a new write is queued behind the waiting pass")
+	}
+	mu.RUnlock()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("lockForGC = %v, want the context's deadline", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("lockForGC did not give up with its context")
+	}
+	mu.RUnlock()
+	if err := lockForGC(context.Background(), &mu); err != nil {
+		t.Errorf("free lock: %v", err)
 	}
 }

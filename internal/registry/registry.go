@@ -91,10 +91,12 @@ type Config struct {
 	// OrgStorage, optional, says where an organization's repositories are stored: an S3
 	// bucket of its own (a build storage config of mode CUSTOMER_OWNED), or nil for the
 	// platform storage (Dir or S3). It is asked again after OrgStorageTTL (0:
-	// DefaultOrgStorageTTL), and at once after ForgetOrgStorage. An error keeps the last
-	// answer in use (unless ForgetOrgStorage dropped it); without one, the request is
-	// answered 503: an organization's images never fall back to the platform storage for
-	// writes. See orgstorage.go.
+	// DefaultOrgStorageTTL), and at once after ForgetOrgStorage. An error wrapping
+	// ErrOrgStorageTransient (the store cannot be read now) keeps the last answer in use
+	// for reads (image pulls), for at most MaxStaleOrgStorage, unless ForgetOrgStorage
+	// dropped it; any other error, and every write, is answered 503: an organization's
+	// images are never written to a storage that may no longer be its own. See
+	// orgstorage.go.
 	OrgStorage func(ctx context.Context, org string) (*s3.Config, error)
 	// OrgStorageTTL is how long an OrgStorage answer is used.
 	OrgStorageTTL time.Duration
@@ -393,7 +395,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	// The organization's storage: its own bucket (CUSTOMER_OWNED) or the platform's.
-	b, err := r.backendFor(req.Context(), id.org)
+	b, err := r.backendFor(req.Context(), id.org, req.Method != http.MethodGet && req.Method != http.MethodHead)
 	if err != nil {
 		r.cfg.Logger.Warn("registry: organization storage unavailable", "org", id.org, "err", err)
 		serveError(w, errcode.ErrorCodeUnavailable.WithMessage("the organization's build storage cannot be used now"))
