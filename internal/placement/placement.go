@@ -187,15 +187,7 @@ const ConstraintSecretRefs = "platform.secret_refs"
 // secretRefViolations are runner r's refusals of the spec's KUBERNETES secret store
 // references (none when it reads them or there are none).
 func secretRefViolations(r Runner, fields []string) []apierr.Violation {
-	if !r.NoSecretRefs {
-		return nil
-	}
-	vs := make([]apierr.Violation, len(fields))
-	for i, f := range fields {
-		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
-			Description: "references a KUBERNETES secret store, which only a Kubernetes runner reads (" + ConstraintSecretRefs + "); this runner's backend is not Kubernetes"}
-	}
-	return vs
+	return fieldViolations(r, r.NoSecretRefs, fields, "references a KUBERNETES secret store, which only a Kubernetes runner reads ("+ConstraintSecretRefs+"); this runner's backend is not Kubernetes")
 }
 
 // ConstraintGlobalVolumes: a sandbox that mounts a GLOBAL volume runs only on a runner
@@ -205,15 +197,7 @@ const ConstraintGlobalVolumes = "platform.global_volumes"
 // globalVolumeViolations are runner r's refusals of the spec's GLOBAL volumes (none when
 // it mounts them or there are none).
 func globalVolumeViolations(r Runner, fields []string) []apierr.Violation {
-	if !r.NoGlobalVolumes {
-		return nil
-	}
-	vs := make([]apierr.Violation, len(fields))
-	for i, f := range fields {
-		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
-			Description: "is a GLOBAL volume, which this runner cannot mount (" + ConstraintGlobalVolumes + "): it has no blob store, or its backend cannot fill and commit the volume's copy"}
-	}
-	return vs
+	return fieldViolations(r, r.NoGlobalVolumes, fields, "is a GLOBAL volume, which this runner cannot mount ("+ConstraintGlobalVolumes+"): it has no blob store, or its backend cannot fill and commit the volume's copy")
 }
 
 // ConstraintGlobalVolumeWriters: a sandbox that mounts a GLOBAL volume read-write runs
@@ -223,13 +207,18 @@ const ConstraintGlobalVolumeWriters = "platform.global_volume_writers"
 // globalWriterViolations are runner r's refusals of the spec's read-write GLOBAL mounts
 // (none when it commits them or there are none).
 func globalWriterViolations(r Runner, fields []string) []apierr.Violation {
-	if !r.NoGlobalVolumeWriters {
+	return fieldViolations(r, r.NoGlobalVolumeWriters, fields, "is a GLOBAL volume mounted read-write, which this runner mounts read-only only ("+ConstraintGlobalVolumeWriters+"): its backend cannot commit a writer's copy; mount it read-only")
+}
+
+// fieldViolations are runner r's refusals of each of the spec's fields when refused (a
+// capability it lacks), each described by desc; none when not refused.
+func fieldViolations(r Runner, refused bool, fields []string, desc string) []apierr.Violation {
+	if !refused {
 		return nil
 	}
 	vs := make([]apierr.Violation, len(fields))
 	for i, f := range fields {
-		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f,
-			Description: "is a GLOBAL volume mounted read-write, which this runner mounts read-only only (" + ConstraintGlobalVolumeWriters + "): its backend cannot commit a writer's copy; mount it read-only"}
+		vs[i] = apierr.Violation{Field: "runner[" + r.ID + "]." + f, Description: desc}
 	}
 	return vs
 }

@@ -194,6 +194,10 @@ func pruneGlobalGenerations(ctx context.Context, st blob.Store, prefix string, k
 
 // checkGlobals refuses a spec with GLOBAL volume copies this runner cannot serve.
 func (r *Runner) checkGlobals(spec *runtime.Spec) error {
+	var sup runtime.Support
+	if b, ok := r.backend.(runtime.SupportReporter); ok {
+		sup = b.Support()
+	}
 	for _, v := range spec.Volumes {
 		if v.Global == nil {
 			continue
@@ -204,12 +208,12 @@ func (r *Runner) checkGlobals(spec *runtime.Spec) error {
 		if r.cfg.Blobs == nil {
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL, and this runner has no blob store to sync it with", v.Name)
 		}
-		if b, ok := r.backend.(runtime.SupportReporter); ok && b.Support().NoGlobalVolumes {
+		if sup.NoGlobalVolumes {
 			// Read-only too: refused here rather than failing the sandbox when its copy
 			// cannot be filled (Support.NoGlobalVolumes: placement sends it elsewhere).
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL, and this runner's backend cannot hold GLOBAL volumes (mount it on another runner)", v.Name)
 		}
-		if b, ok := r.backend.(runtime.SupportReporter); ok && b.Support().NoGlobalVolumeSubPaths {
+		if sup.NoGlobalVolumeSubPaths {
 			for _, c := range spec.AllContainers() {
 				for _, m := range c.VolumeMounts {
 					if m.Volume == v.Name && m.SubPath != "" {
@@ -221,7 +225,7 @@ func (r *Runner) checkGlobals(spec *runtime.Spec) error {
 		if v.Global.CommitGeneration == 0 {
 			continue
 		}
-		if b, ok := r.backend.(runtime.SupportReporter); ok && b.Support().NoGlobalVolumeWriters {
+		if sup.NoGlobalVolumeWriters {
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL and mounted read-write: this runner's backend mounts GLOBAL volumes read-only only, it cannot commit a writer's copy (mount it read-only, or read-write on another runner)", v.Name)
 		}
 		_, ok := r.backend.(runtime.VolumeCapturer)
