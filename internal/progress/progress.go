@@ -87,6 +87,7 @@ type Pull struct {
 	layers []Layer
 	done   []atomic.Int64
 	start  time.Time
+	end    time.Time // when its last layer was complete
 }
 
 // NewPull starts counting a pull of image (the reference as given).
@@ -124,9 +125,16 @@ func (p *Pull) Complete(i int) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if i >= 0 && i < len(p.layers) {
-		p.layers[i].Complete = true
+	if i < 0 || i >= len(p.layers) || p.layers[i].Complete {
+		return
 	}
+	p.layers[i].Complete = true
+	for _, l := range p.layers {
+		if !l.Complete {
+			return
+		}
+	}
+	p.end = time.Now()
 }
 
 // PullSnapshot is a pull as it is now.
@@ -134,6 +142,9 @@ type PullSnapshot struct {
 	Image                   string
 	LayersDone, LayersTotal int
 	BytesDone, BytesTotal   int64 // compressed; a complete layer counts whole
+	// Elapsed is how long the pull has taken: until now, or until its last layer was
+	// complete.
+	Elapsed time.Duration
 	// Layers lists at most MaxLayers of them, those not complete first, in image order.
 	Layers []Layer
 }
@@ -143,6 +154,11 @@ func (p *Pull) Snapshot() PullSnapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := PullSnapshot{Image: p.image, LayersTotal: len(p.layers)}
+	if p.end.IsZero() {
+		s.Elapsed = time.Since(p.start)
+	} else {
+		s.Elapsed = p.end.Sub(p.start)
+	}
 	all := make([]Layer, len(p.layers))
 	for i, l := range p.layers {
 		l.Done = p.done[i].Load()

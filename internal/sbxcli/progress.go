@@ -1,6 +1,7 @@
 package sbxcli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -46,7 +47,12 @@ type startView struct {
 	rateBytes int64
 	rate      float64 // bytes/s
 	pullStart time.Time
+	// summed: the images whose pull summary was printed (at most maxSummed).
+	summed []string
 }
+
+// maxSummed bounds the pull summaries one start prints (the server sends at most 8 pulls).
+const maxSummed = 16
 
 func newStartView(w io.Writer, tty bool, id, image string, now func() time.Time) *startView {
 	t := now()
@@ -92,6 +98,15 @@ func (v *startView) update(p sandbox.Progress) {
 	}
 	v.waiting = p.WaitingFor
 	v.pulls = p.Pulls
+	if v.phase != sandbox.PhasePullingImage {
+		// A watch that began after the pull (a fast one) never sees the pulling phase:
+		// the done pulls it is told about are summed up all the same.
+		for _, pl := range p.Pulls {
+			if pl.LayersTotal > 0 && pl.LayersDone == pl.LayersTotal {
+				v.sumUp(pl, 0)
+			}
+		}
+	}
 	if b := pulledBytes(p.Pulls); v.phase == sandbox.PhasePullingImage && now.Sub(v.rateAt) >= time.Second {
 		v.rate = float64(b-v.rateBytes) / now.Sub(v.rateAt).Seconds()
 		v.rateAt, v.rateBytes = now, b
@@ -104,14 +119,30 @@ func (v *startView) endPhase(now time.Time) {
 	if v.phase != sandbox.PhasePullingImage || len(v.pulls) == 0 {
 		return
 	}
-	d := now.Sub(v.pullStart)
 	for _, p := range v.pulls {
-		line := fmt.Sprintf("pulled image %s: %d %s, %s in %s", p.Image, p.LayersTotal, plural(p.LayersTotal, "layer", "layers"), mb(p.BytesTotal), secs(d))
-		if d >= 100*time.Millisecond && p.BytesTotal > 0 {
-			line += fmt.Sprintf(" (%s/s)", mb(int64(float64(p.BytesTotal)/d.Seconds())))
-		}
-		v.println("sbx: sandbox " + v.id + ": " + line)
+		v.sumUp(p, now.Sub(v.pullStart))
 	}
+}
+
+// sumUp prints pull p's summary once: its size and how long it took (the server's
+// word, else seen, the time sbx watched it; unknown, no time).
+func (v *startView) sumUp(p sandbox.ImagePull, seen time.Duration) {
+	if slices.Contains(v.summed, p.Image) || len(v.summed) == maxSummed {
+		return
+	}
+	v.summed = append(v.summed, p.Image)
+	d := cmp.Or(p.Elapsed, seen)
+	line := fmt.Sprintf("pulled image %s: %d %s, %s", p.Image, p.LayersTotal, plural(p.LayersTotal, "layer", "layers"), mb(p.BytesTotal))
+	switch {
+	case d >= time.Second:
+		line += " in " + secs(d)
+	case d > 0:
+		line += fmt.Sprintf(" in %dms", max(d.Milliseconds(), 1))
+	}
+	if d >= 100*time.Millisecond && p.BytesTotal > 0 {
+		line += fmt.Sprintf(" (%s/s)", mb(int64(float64(p.BytesTotal)/d.Seconds())))
+	}
+	v.println("sbx: sandbox " + v.id + ": " + line)
 }
 
 // tick redraws the terminal line (spinner, time) or, without a terminal, says what a

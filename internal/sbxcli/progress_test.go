@@ -58,6 +58,35 @@ func TestStartViewPlain(t *testing.T) {
 	}
 }
 
+// A watch that begins after a fast pull never sees the pulling phase: the done pull's
+// summary is printed all the same, once, with the time the server says it took; a pull
+// not done (it failed) is not summed up outside its phase.
+func TestStartViewLateWatchSumsUpDonePull(t *testing.T) {
+	var buf bytes.Buffer
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	v := newStartView(&buf, false, "sb-1", "busybox", c.now)
+	done := sandbox.ImagePull{Image: "busybox", LayersDone: 2, LayersTotal: 2, BytesDone: 2_000_000, BytesTotal: 2_000_000, Elapsed: 400 * time.Millisecond}
+	partial := sandbox.ImagePull{Image: "other", LayersDone: 1, LayersTotal: 2, BytesDone: 1_000, BytesTotal: 2_000}
+	v.update(sandbox.Progress{State: sandbox.StateCreating, Phase: sandbox.PhaseStartingContainer, Pulls: []sandbox.ImagePull{done, partial}})
+	c.add(50 * time.Millisecond)
+	v.update(sandbox.Progress{State: sandbox.StateRunning, Phase: sandbox.PhaseRunning, Pulls: []sandbox.ImagePull{done, partial}})
+	v.finish()
+	want := "sbx: sandbox sb-1: pulled image busybox: 2 layers, 2.0 MB in 400ms (5.0 MB/s)\n"
+	if buf.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
+	}
+
+	// An older server says no time: the summary says none.
+	buf.Reset()
+	v = newStartView(&buf, false, "sb-2", "busybox", c.now)
+	done.Elapsed = 0
+	v.update(sandbox.Progress{State: sandbox.StateRunning, Phase: sandbox.PhaseRunning, Pulls: []sandbox.ImagePull{done}})
+	v.finish()
+	if want := "sbx: sandbox sb-2: pulled image busybox: 2 layers, 2.0 MB\n"; buf.String() != want {
+		t.Errorf("got %q, want %q", buf.String(), want)
+	}
+}
+
 // Long phases other than a pull say what they wait for; without any progress from the
 // server, what the state tells.
 func TestStartViewPlainWaits(t *testing.T) {

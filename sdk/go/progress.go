@@ -42,6 +42,9 @@ type ImagePull struct {
 	Image                   string
 	LayersDone, LayersTotal int
 	BytesDone, BytesTotal   int64
+	// Elapsed is how long the pull has taken: until now, or until its last layer was
+	// complete (0: the server does not say).
+	Elapsed time.Duration
 	// Layers lists at most 16 layers, those not complete first.
 	Layers []LayerProgress
 }
@@ -88,6 +91,9 @@ func progressFromProto(m *statev1.WatchSandboxProgressResponse) Progress {
 	for _, ip := range m.GetPulls() {
 		pl := ImagePull{Image: ip.GetImage(), LayersDone: int(ip.GetLayersDone()), LayersTotal: int(ip.GetLayersTotal()),
 			BytesDone: ip.GetBytesDone(), BytesTotal: ip.GetBytesTotal()}
+		if d := ip.GetElapsed(); d.CheckValid() == nil && d.AsDuration() > 0 {
+			pl.Elapsed = d.AsDuration()
+		}
 		for _, l := range ip.GetLayers() {
 			pl.Layers = append(pl.Layers, LayerProgress{Digest: l.GetDigest(), BytesDone: l.GetBytesDone(), BytesTotal: l.GetBytesTotal(), Complete: l.GetComplete()})
 		}

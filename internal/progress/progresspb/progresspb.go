@@ -5,6 +5,10 @@
 package progresspb
 
 import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/textclip"
@@ -29,7 +33,7 @@ func Pulls(pulls []progress.PullSnapshot) []*statev1.ImagePull {
 	var out []*statev1.ImagePull
 	for _, pl := range pulls {
 		ip := &statev1.ImagePull{Image: pl.Image, LayersDone: int32(pl.LayersDone), LayersTotal: int32(pl.LayersTotal),
-			BytesDone: pl.BytesDone, BytesTotal: pl.BytesTotal}
+			BytesDone: pl.BytesDone, BytesTotal: pl.BytesTotal, Elapsed: durationpb.New(pl.Elapsed)}
 		for _, l := range pl.Layers {
 			ip.Layers = append(ip.Layers, &statev1.LayerProgress{Digest: l.Digest, BytesDone: l.Done, BytesTotal: l.Total, Complete: l.Complete})
 		}
@@ -48,7 +52,7 @@ func PullsFrom(pulls []*statev1.ImagePull) []progress.PullSnapshot {
 			break
 		}
 		ps := progress.PullSnapshot{Image: textclip.Clip(ip.GetImage(), MaxImageRef), LayersDone: int(ip.GetLayersDone()), LayersTotal: int(ip.GetLayersTotal()),
-			BytesDone: ip.GetBytesDone(), BytesTotal: ip.GetBytesTotal()}
+			BytesDone: ip.GetBytesDone(), BytesTotal: ip.GetBytesTotal(), Elapsed: ElapsedFrom(ip.GetElapsed())}
 		for j, l := range ip.GetLayers() {
 			if j == progress.MaxLayers {
 				break
@@ -58,4 +62,16 @@ func PullsFrom(pulls []*statev1.ImagePull) []progress.PullSnapshot {
 		out = append(out, ps)
 	}
 	return out
+}
+
+// MaxElapsed bounds a pull's elapsed time taken from a message: no start waits longer.
+const MaxElapsed = 24 * time.Hour
+
+// ElapsedFrom converts a pull's elapsed time from a message another process sent:
+// invalid or negative is 0 (unknown), beyond MaxElapsed is MaxElapsed.
+func ElapsedFrom(d *durationpb.Duration) time.Duration {
+	if d == nil || d.CheckValid() != nil || d.AsDuration() < 0 {
+		return 0
+	}
+	return min(d.AsDuration(), MaxElapsed)
 }

@@ -4,7 +4,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	statev1 "github.com/sandboxd/sandboxd/gen/sandboxd/sandbox/v1"
 	"github.com/sandboxd/sandboxd/internal/progress"
@@ -29,7 +32,7 @@ func TestPhasesAgree(t *testing.T) {
 
 // TestPullsRoundTrip: a bounded snapshot survives both conversions unchanged.
 func TestPullsRoundTrip(t *testing.T) {
-	in := []progress.PullSnapshot{{Image: "busybox", LayersDone: 1, LayersTotal: 2, BytesDone: 10, BytesTotal: 30,
+	in := []progress.PullSnapshot{{Image: "busybox", LayersDone: 1, LayersTotal: 2, BytesDone: 10, BytesTotal: 30, Elapsed: 1500 * time.Millisecond,
 		Layers: []progress.Layer{{Digest: "0123456789ab", Done: 10, Total: 10, Complete: true}, {Digest: "ba9876543210", Total: 20}}}}
 	if got := PullsFrom(Pulls(in)); !reflect.DeepEqual(got, in) {
 		t.Errorf("round trip: got %+v, want %+v", got, in)
@@ -56,6 +59,25 @@ func TestPullsFromBounded(t *testing.T) {
 		}
 		if !utf8.ValidString(ps.Image) {
 			t.Fatalf("image clipped inside a character: %q", ps.Image)
+		}
+	}
+}
+
+// TestElapsedFromBounded: a pull's elapsed time from another process is 0 when invalid
+// or negative and at most MaxElapsed.
+func TestElapsedFromBounded(t *testing.T) {
+	for _, c := range []struct {
+		in   *durationpb.Duration
+		want time.Duration
+	}{
+		{nil, 0},
+		{durationpb.New(-time.Second), 0},
+		{&durationpb.Duration{Seconds: 1, Nanos: -5}, 0}, // invalid: signs differ
+		{durationpb.New(2 * time.Second), 2 * time.Second},
+		{&durationpb.Duration{Seconds: 315_576_000_000}, MaxElapsed},
+	} {
+		if got := ElapsedFrom(c.in); got != c.want {
+			t.Errorf("ElapsedFrom(%v) = %v, want %v", c.in, got, c.want)
 		}
 	}
 }

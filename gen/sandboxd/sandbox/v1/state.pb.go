@@ -10,6 +10,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -239,7 +240,10 @@ type ImagePull struct {
 	BytesDone   int64  `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
 	BytesTotal  int64  `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
 	// At most 16 of its layers, those not complete first, in image order.
-	Layers        []*LayerProgress `protobuf:"bytes,6,rep,name=layers,proto3" json:"layers,omitempty"`
+	Layers []*LayerProgress `protobuf:"bytes,6,rep,name=layers,proto3" json:"layers,omitempty"`
+	// How long the pull has taken: until now while it is under way, until its last layer
+	// was complete once it is done (a watch that starts after the pull still learns it).
+	Elapsed       *durationpb.Duration `protobuf:"bytes,7,opt,name=elapsed,proto3" json:"elapsed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +316,13 @@ func (x *ImagePull) GetBytesTotal() int64 {
 func (x *ImagePull) GetLayers() []*LayerProgress {
 	if x != nil {
 		return x.Layers
+	}
+	return nil
+}
+
+func (x *ImagePull) GetElapsed() *durationpb.Duration {
+	if x != nil {
+		return x.Elapsed
 	}
 	return nil
 }
@@ -1116,7 +1127,7 @@ var File_sandboxd_sandbox_v1_state_proto protoreflect.FileDescriptor
 
 const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1fsandboxd/sandbox/v1/state.proto\x12\x13sandboxd.sandbox.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"<\n" +
+	"\x1fsandboxd/sandbox/v1/state.proto\x12\x13sandboxd.sandbox.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"<\n" +
 	"\x1bWatchSandboxProgressRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x9e\x02\n" +
@@ -1129,7 +1140,7 @@ const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"waitingFor\x12;\n" +
 	"\vphase_since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"phaseSince\x124\n" +
-	"\x05pulls\x18\x06 \x03(\v2\x1e.sandboxd.sandbox.v1.ImagePullR\x05pulls\"\xe1\x01\n" +
+	"\x05pulls\x18\x06 \x03(\v2\x1e.sandboxd.sandbox.v1.ImagePullR\x05pulls\"\x96\x02\n" +
 	"\tImagePull\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x1f\n" +
 	"\vlayers_done\x18\x02 \x01(\x05R\n" +
@@ -1139,7 +1150,8 @@ const file_sandboxd_sandbox_v1_state_proto_rawDesc = "" +
 	"bytes_done\x18\x04 \x01(\x03R\tbytesDone\x12\x1f\n" +
 	"\vbytes_total\x18\x05 \x01(\x03R\n" +
 	"bytesTotal\x12:\n" +
-	"\x06layers\x18\x06 \x03(\v2\".sandboxd.sandbox.v1.LayerProgressR\x06layers\"\x83\x01\n" +
+	"\x06layers\x18\x06 \x03(\v2\".sandboxd.sandbox.v1.LayerProgressR\x06layers\x123\n" +
+	"\aelapsed\x18\a \x01(\v2\x19.google.protobuf.DurationR\aelapsed\"\x83\x01\n" +
 	"\rLayerProgress\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x1d\n" +
 	"\n" +
@@ -1256,33 +1268,35 @@ var file_sandboxd_sandbox_v1_state_proto_goTypes = []any{
 	(*UpdateSandboxLifetimeRequest)(nil),  // 14: sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
 	(*UpdateSandboxLifetimeResponse)(nil), // 15: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
 	(*timestamppb.Timestamp)(nil),         // 16: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 17: google.protobuf.Duration
 }
 var file_sandboxd_sandbox_v1_state_proto_depIdxs = []int32{
 	0,  // 0: sandboxd.sandbox.v1.WatchSandboxProgressResponse.phase:type_name -> sandboxd.sandbox.v1.StartPhase
 	16, // 1: sandboxd.sandbox.v1.WatchSandboxProgressResponse.phase_since:type_name -> google.protobuf.Timestamp
 	3,  // 2: sandboxd.sandbox.v1.WatchSandboxProgressResponse.pulls:type_name -> sandboxd.sandbox.v1.ImagePull
 	4,  // 3: sandboxd.sandbox.v1.ImagePull.layers:type_name -> sandboxd.sandbox.v1.LayerProgress
-	7,  // 4: sandboxd.sandbox.v1.PauseSandboxResponse.status:type_name -> sandboxd.sandbox.v1.PauseStatus
-	16, // 5: sandboxd.sandbox.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
-	16, // 6: sandboxd.sandbox.v1.ResumeSandboxResponse.deadline:type_name -> google.protobuf.Timestamp
-	12, // 7: sandboxd.sandbox.v1.ForkSandboxResponse.forks:type_name -> sandboxd.sandbox.v1.Fork
-	13, // 8: sandboxd.sandbox.v1.Fork.error:type_name -> sandboxd.sandbox.v1.ForkError
-	16, // 9: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse.deadline:type_name -> google.protobuf.Timestamp
-	14, // 10: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:input_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
-	5,  // 11: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:input_type -> sandboxd.sandbox.v1.PauseSandboxRequest
-	8,  // 12: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:input_type -> sandboxd.sandbox.v1.ResumeSandboxRequest
-	10, // 13: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:input_type -> sandboxd.sandbox.v1.ForkSandboxRequest
-	1,  // 14: sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress:input_type -> sandboxd.sandbox.v1.WatchSandboxProgressRequest
-	15, // 15: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:output_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
-	6,  // 16: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:output_type -> sandboxd.sandbox.v1.PauseSandboxResponse
-	9,  // 17: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:output_type -> sandboxd.sandbox.v1.ResumeSandboxResponse
-	11, // 18: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:output_type -> sandboxd.sandbox.v1.ForkSandboxResponse
-	2,  // 19: sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress:output_type -> sandboxd.sandbox.v1.WatchSandboxProgressResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	17, // 4: sandboxd.sandbox.v1.ImagePull.elapsed:type_name -> google.protobuf.Duration
+	7,  // 5: sandboxd.sandbox.v1.PauseSandboxResponse.status:type_name -> sandboxd.sandbox.v1.PauseStatus
+	16, // 6: sandboxd.sandbox.v1.PauseStatus.paused_at:type_name -> google.protobuf.Timestamp
+	16, // 7: sandboxd.sandbox.v1.ResumeSandboxResponse.deadline:type_name -> google.protobuf.Timestamp
+	12, // 8: sandboxd.sandbox.v1.ForkSandboxResponse.forks:type_name -> sandboxd.sandbox.v1.Fork
+	13, // 9: sandboxd.sandbox.v1.Fork.error:type_name -> sandboxd.sandbox.v1.ForkError
+	16, // 10: sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse.deadline:type_name -> google.protobuf.Timestamp
+	14, // 11: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:input_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeRequest
+	5,  // 12: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:input_type -> sandboxd.sandbox.v1.PauseSandboxRequest
+	8,  // 13: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:input_type -> sandboxd.sandbox.v1.ResumeSandboxRequest
+	10, // 14: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:input_type -> sandboxd.sandbox.v1.ForkSandboxRequest
+	1,  // 15: sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress:input_type -> sandboxd.sandbox.v1.WatchSandboxProgressRequest
+	15, // 16: sandboxd.sandbox.v1.SandboxStateService.UpdateSandboxLifetime:output_type -> sandboxd.sandbox.v1.UpdateSandboxLifetimeResponse
+	6,  // 17: sandboxd.sandbox.v1.SandboxStateService.PauseSandbox:output_type -> sandboxd.sandbox.v1.PauseSandboxResponse
+	9,  // 18: sandboxd.sandbox.v1.SandboxStateService.ResumeSandbox:output_type -> sandboxd.sandbox.v1.ResumeSandboxResponse
+	11, // 19: sandboxd.sandbox.v1.SandboxStateService.ForkSandbox:output_type -> sandboxd.sandbox.v1.ForkSandboxResponse
+	2,  // 20: sandboxd.sandbox.v1.SandboxStateService.WatchSandboxProgress:output_type -> sandboxd.sandbox.v1.WatchSandboxProgressResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_sandbox_v1_state_proto_init() }
