@@ -120,7 +120,7 @@ func (h *hop) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest
 	return s.Send(&agentv1.LogsResponse{})
 }
 
-func serve(t *testing.T, h *hop, ic ...connect.Interceptor) string {
+func serve(t testing.TB, h *hop, ic ...connect.Interceptor) string {
 	t.Helper()
 	path, handler := agentv1connect.NewAgentServiceHandler(h, connect.WithInterceptors(ic...))
 	mux := http.NewServeMux()
@@ -135,7 +135,7 @@ func client(url string, ic ...connect.Interceptor) agentv1connect.AgentServiceCl
 }
 
 // chain is gateway (public) → runner (internal) → agent (untraced), as in sandboxd.
-func chain(t *testing.T) (gw agentv1connect.AgentServiceClient, agent, runner *hop) {
+func chain(t testing.TB) (gw agentv1connect.AgentServiceClient, agent, runner *hop) {
 	agent = &hop{}
 	agentURL := serve(t, agent)
 	runner = &hop{next: client(agentURL, Client())}
@@ -320,5 +320,24 @@ func TestOffIsNoop(t *testing.T) {
 	}
 	if agent.got[0] != "" {
 		t.Errorf("tracing off, the agent got traceparent %q", agent.got[0])
+	}
+}
+
+// TestTracerFollowsProvider: the tracer kept between spans is the current global
+// provider's: spans go to a provider set later, and back to the first once it is set again.
+func TestTracerFollowsProvider(t *testing.T) {
+	a := recorder(t, 1)
+	_, sp := Start(context.Background(), "one")
+	sp.End()
+	b := recorder(t, 1)
+	_, sp = Start(context.Background(), "two")
+	sp.End()
+	otel.SetTracerProvider(noop.NewTracerProvider())
+	if _, sp = Start(context.Background(), "off"); sp.IsRecording() {
+		t.Error("a span of the no-op provider records")
+	}
+	sp.End()
+	if len(a.Ended()) != 1 || len(b.Ended()) != 1 {
+		t.Fatalf("provider a got %d spans, b %d: want 1 each", len(a.Ended()), len(b.Ended()))
 	}
 }
