@@ -237,6 +237,15 @@ func (i interceptor) serverStart(ctx context.Context, procedure string, h http.H
 	return tracer().Start(ctx, p.name, opts...)
 }
 
+// clientStart starts the client span of a unary call to procedure and puts its context
+// in the call's header h.
+func clientStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
+	p := spansOf(procedure)
+	ctx, sp := tracer().Start(ctx, p.name, p.client...)
+	propagator.Inject(ctx, headers(h))
+	return ctx, sp
+}
+
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		proc := req.Spec().Procedure
@@ -244,9 +253,7 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			if i.kind != kindClient || !inTrace(ctx) {
 				return next(ctx, req)
 			}
-			p := spansOf(proc)
-			ctx, sp := tracer().Start(ctx, p.name, p.client...)
-			propagator.Inject(ctx, headers(req.Header()))
+			ctx, sp := clientStart(ctx, proc, req.Header())
 			res, err := next(ctx, req)
 			End(sp, err)
 			return res, err
