@@ -166,3 +166,29 @@ type failing struct{}
 
 func (failing) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return errExport }
 func (failing) Shutdown(context.Context) error                             { return nil }
+
+// TestBatcherConcurrent: spans ended from many goroutines, across many full batches and
+// ticks, are each exported once.
+func TestBatcherConcurrent(t *testing.T) {
+	g := newGate(true)
+	g.calls = make(chan int, 100000)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(newBatcher(g, time.Millisecond, 10000, 7)))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { spans(tp, 500) })
+	}
+	wg.Wait()
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[trace.SpanID]bool{}
+	for _, s := range g.GetSpans() {
+		if seen[s.SpanContext.SpanID()] {
+			t.Fatalf("span %s exported twice", s.SpanContext.SpanID())
+		}
+		seen[s.SpanContext.SpanID()] = true
+	}
+	if len(seen) != 4000 {
+		t.Errorf("%d spans exported, want 4000", len(seen))
+	}
+}
