@@ -13,14 +13,14 @@ import (
 // execSpans does what the interceptors do for one traced exec, without the calls: the
 // gateway's public server span, its client span to the runner with the trace context
 // injected, the runner's server span continuing it from the header, its client span to
-// the agent with the context injected; then ends the four, innermost first.
+// the agent; then ends the four, innermost first.
 func execSpans(ctx context.Context) {
 	const proc = "/sandboxd.agent.v1.AgentService/Exec"
 	gctx, gs := interceptor{kind: kindPublic}.serverStart(ctx, proc, http.Header{})
 	h1 := http.Header{}
 	gctx, gc := clientStart(gctx, proc, h1)
 	rctx, rs := interceptor{kind: kindInternal}.serverStart(context.Background(), proc, h1)
-	_, rc := clientStart(rctx, proc, http.Header{})
+	_, rc := clientStart(rctx, proc, nil) // the agent hop (AgentClient): no context sent
 	End(rc, nil)
 	End(rs, nil)
 	End(gc, nil)
@@ -28,7 +28,7 @@ func execSpans(ctx context.Context) {
 	_ = gctx
 }
 
-// BenchmarkExecSpans: the in-process cost of tracing one exec (4 spans, 2 injections, 1
+// BenchmarkExecSpans: the in-process cost of tracing one exec (4 spans, 1 injection, 1
 // extraction; exported in batches to an exporter that drops them) with Setup's batcher
 // and with the SDK's BatchSpanProcessor, in time, CPU time (the export goroutine's
 // wake-ups included) and allocations.
