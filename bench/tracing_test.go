@@ -23,11 +23,14 @@ import (
 // BenchmarkTracingOverhead: tracing on (every call sampled, exported over OTLP/gRPC to a
 // real Jaeger, scripts/build-jaeger.sh) vs off, interleaved in the same run, through a
 // gateway and a runner behind runnerapi over mTLS (both hops traced, and the runner's
-// agent hop): the exec round trip of /bin/true (10 a round in each mode) and create → the
-// first exec has returned (one a round in each mode, no warm pool). Prints the p50 ratios
-// on/off (target ≤ 1.03). Needs the Jaeger binary (skips without it unless
-// SANDBOXD_REQUIRE_JAEGER=1).
+// agent hop): the exec round trip of /bin/true (30 a round in each mode) and create → the
+// first exec has returned (one a round in each mode, no warm pool); the modes alternate
+// call by call. A round is b.N's unit: -benchtime 50x (make bench) is 50 rounds, 1500
+// execs and 50 creates in each mode, about a minute; with fewer than 10 rounds it only
+// checks that it runs. Prints the p50 ratios on/off (target ≤ 1.03). Needs the Jaeger
+// binary (skips without it unless SANDBOXD_REQUIRE_JAEGER=1).
 func BenchmarkTracingOverhead(b *testing.B) {
+	const execsPerRound = 30 // in each mode
 	j := jaegertest.Start(b)
 	s := newStack(b, 0)
 	ctx := context.Background()
@@ -101,23 +104,36 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	}
 
 	var execOn, execOff, cfeOn, cfeOff []time.Duration
+	use := func(traced bool) {
+		if traced {
+			otel.SetTracerProvider(on)
+		} else {
+			otel.SetTracerProvider(off)
+		}
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		// Alternate which mode goes first, so neither always follows the other.
-		modes := []bool{i%2 == 0, i%2 != 0}
-		for _, traced := range modes {
+		// The modes alternate call by call, in ABBA order (A: on in even rounds, off in
+		// odd ones), so both see the same moments of a shared machine and neither always
+		// follows the other; and a round has 30 execs in each mode, not 10: the p50 of a
+		// few hundred execs on a loaded machine moves by more than the 3% target. Tracing
+		// off measured against off (3 runs each, load 6-10 on 2 cores): blocks of 10, 30
+		// rounds: exec p50 ratios ×0.893 to ×1.017; call by call, 300 execs each: ×0.951
+		// to ×1.027; call by call, 1500 each: ×0.997 to ×1.019. What a traced call
+		// leaves to do later — its spans' export — is batched over seconds and lands on
+		// either mode.
+		a := i%2 == 0
+		for k := range 2 * execsPerRound {
+			traced := ((k+k/2)%2 == 0) == a
+			use(traced)
 			if traced {
-				otel.SetTracerProvider(on)
+				execOn = append(execOn, exec(gw, id))
 			} else {
-				otel.SetTracerProvider(off)
+				execOff = append(execOff, exec(gw, id))
 			}
-			for range 10 {
-				if traced {
-					execOn = append(execOn, exec(gw, id))
-				} else {
-					execOff = append(execOff, exec(gw, id))
-				}
-			}
+		}
+		for _, traced := range []bool{a, !a} {
+			use(traced)
 			if traced {
 				cfeOn = append(cfeOn, createFirst())
 			} else {

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -31,7 +34,30 @@ const (
 // carried (callers' baggage could hold anything).
 var propagator = propagation.TraceContext{}
 
-func tracer() trace.Tracer { return otel.GetTracerProvider().Tracer(instrumentation) }
+// tracer is the global tracer provider's tracer. The last one is kept with its provider:
+// the SDK's Tracer takes a lock and hashes the instrumentation scope, on every span of
+// every call otherwise. A provider set later (Setup, tests) is noticed, as it is another
+// provider.
+func tracer() trace.Tracer {
+	tp := otel.GetTracerProvider()
+	// Comparing interfaces of the same non-comparable type panics: only a comparable
+	// provider (every one in use: pointers, the no-op struct) is kept.
+	if c := lastTracer.Load(); c != nil && c.tp == tp {
+		return c.t
+	}
+	t := tp.Tracer(instrumentation)
+	if reflect.TypeOf(tp).Comparable() {
+		lastTracer.Store(&providerTracer{tp: tp, t: t})
+	}
+	return t
+}
+
+type providerTracer struct {
+	tp trace.TracerProvider
+	t  trace.Tracer
+}
+
+var lastTracer atomic.Pointer[providerTracer]
 
 // Start starts span name as a child of ctx's span. Call it only where a trace should
 // begin or continue; End ends it.
@@ -94,6 +120,77 @@ func rpcAttrs(procedure string) []attribute.KeyValue {
 
 func spanName(procedure string) string { return strings.TrimPrefix(procedure, "/") }
 
+// procSpans is what the spans of one procedure start with: its name, and the options
+// of its client, server and public server spans (kind and rpc.* attributes; a public
+// server span is a new root). Made once per procedure rather than on every call.
+type procSpans struct {
+	name                   string
+	client, server, public []trace.SpanStartOption
+}
+
+// maxProcs bounds the procedures whose spans' options are kept. The procedures are
+// those of the services sandboxd serves and calls (a handler's procedure is the one it
+// was made for, not the request's path), far fewer; past the bound they are made per call.
+const maxProcs = 256
+
+var (
+	procs     sync.Map // procedure → *procSpans
+	procsKept atomic.Int32
+)
+
+func spansOf(procedure string) *procSpans {
+	if p, ok := procs.Load(procedure); ok {
+		return p.(*procSpans)
+	}
+	attrs := trace.WithAttributes(rpcAttrs(procedure)...)
+	p := &procSpans{
+		name:   spanName(procedure),
+		client: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), attrs},
+		server: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), attrs},
+		public: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), attrs, trace.WithNewRoot()},
+	}
+	if procsKept.Load() < maxProcs {
+		if _, loaded := procs.LoadOrStore(procedure, p); !loaded {
+			procsKept.Add(1)
+		}
+	}
+	return p
+}
+
+// headers is a propagation carrier over an http.Header that finds the two W3C Trace
+// Context headers by their canonical names directly (http.Header's Get and Set
+// canonicalize the key, which allocates for these two on every call).
+type headers http.Header
+
+func canonical(key string) string {
+	switch key {
+	case "traceparent":
+		return "Traceparent"
+	case "tracestate":
+		return "Tracestate"
+	}
+	return http.CanonicalHeaderKey(key)
+}
+
+func (h headers) Get(key string) string {
+	if v := h[canonical(key)]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (h headers) Set(key, value string) { h[canonical(key)] = []string{value} }
+
+func (h headers) Keys() []string { return propagation.HeaderCarrier(h).Keys() }
+
+// remote is the trace context in header h (invalid: none).
+func remote(h http.Header) trace.SpanContext {
+	if len(h["Traceparent"]) == 0 { // the common case of a public call: nothing to parse
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(propagator.Extract(context.Background(), headers(h)))
+}
+
 // PublicServer traces the calls of the public API (the gateway, the direct data plane):
 // each call is a new trace. A caller's traceparent is untrusted: it neither becomes the
 // parent (a caller could splice our spans into its trace, or force sampling) nor decides
@@ -110,6 +207,12 @@ func Server() connect.Interceptor { return interceptor{kind: kindInternal} }
 // each begin a trace.
 func Client() connect.Interceptor { return interceptor{kind: kindClient} }
 
+// AgentClient is Client for the runner's calls to a sandbox's agent: the same client
+// spans, but no trace context in the call's headers. The agent runs inside the sandbox,
+// untrusted: it exports no spans and reads no trace context, so sending it one would
+// only cost both ends a header per call (and tell the sandbox our trace IDs).
+func AgentClient() connect.Interceptor { return interceptor{kind: kindClient, local: true} }
+
 type kind int
 
 const (
@@ -118,24 +221,40 @@ const (
 	kindClient
 )
 
-type interceptor struct{ kind kind }
+type interceptor struct {
+	kind  kind
+	local bool // a client's spans only: its trace context is not sent (AgentClient)
+}
 
 // serverStart starts the server span of a call with header h.
 func (i interceptor) serverStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(rpcAttrs(procedure)...)}
-	remote := propagator.Extract(context.Background(), propagation.HeaderCarrier(h))
+	p := spansOf(procedure)
+	opts := p.server
+	sc := remote(h)
 	if i.kind == kindPublic {
-		opts = append(opts, trace.WithNewRoot())
-		if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+		opts = p.public
+		if sc.IsValid() {
 			// The link keeps the caller's trace and span IDs, not its tracestate: text a
 			// caller chose is not stored in the trace backend.
 			sc = sc.WithTraceState(trace.TraceState{})
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("sandboxd.link", "caller")}}))
+			opts = append(opts[:len(opts):len(opts)], // a copy: p.public is shared
+				trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("sandboxd.link", "caller")}}))
 		}
-	} else if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+	} else if sc.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	}
-	return tracer().Start(ctx, spanName(procedure), opts...)
+	return tracer().Start(ctx, p.name, opts...)
+}
+
+// clientStart starts the client span of a unary call to procedure and puts its context
+// in the call's header h (nil: nowhere).
+func clientStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
+	p := spansOf(procedure)
+	ctx, sp := tracer().Start(ctx, p.name, p.client...)
+	if h != nil {
+		propagator.Inject(ctx, headers(h))
+	}
+	return ctx, sp
 }
 
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -145,8 +264,11 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			if i.kind != kindClient || !inTrace(ctx) {
 				return next(ctx, req)
 			}
-			ctx, sp := tracer().Start(ctx, spanName(proc), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(rpcAttrs(proc)...))
-			propagator.Inject(ctx, propagation.HeaderCarrier(req.Header()))
+			var h http.Header
+			if !i.local {
+				h = req.Header()
+			}
+			ctx, sp := clientStart(ctx, proc, h)
 			res, err := next(ctx, req)
 			End(sp, err)
 			return res, err
@@ -169,9 +291,12 @@ func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conne
 		if !inTrace(ctx) {
 			return next(ctx, spec)
 		}
-		ctx, sp := tracer().Start(ctx, spanName(spec.Procedure), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(rpcAttrs(spec.Procedure)...))
+		p := spansOf(spec.Procedure)
+		ctx, sp := tracer().Start(ctx, p.name, p.client...)
 		conn := next(ctx, spec)
-		propagator.Inject(ctx, propagation.HeaderCarrier(conn.RequestHeader()))
+		if !i.local {
+			propagator.Inject(ctx, headers(conn.RequestHeader()))
+		}
 		// A stream's span ends with its context or when its response is done: at the
 		// first of CloseResponse and the context's end.
 		sc := &streamClient{StreamingClientConn: conn, span: sp}

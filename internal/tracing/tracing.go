@@ -64,6 +64,9 @@ type Config struct {
 	BatchTimeout time.Duration
 }
 
+// defaultBatchTimeout is Config.BatchTimeout's default.
+const defaultBatchTimeout = 5 * time.Second
+
 // Enabled reports whether c turns tracing on.
 func (c Config) Enabled() bool { return c.Endpoint != "" }
 
@@ -166,12 +169,8 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (shutdown func(conte
 		attribute.String("service.name", c.ServiceName),
 		attribute.String("service.version", version.String()),
 	)
-	batch := []sdktrace.BatchSpanProcessorOption{}
-	if c.BatchTimeout > 0 {
-		batch = append(batch, sdktrace.WithBatchTimeout(c.BatchTimeout))
-	}
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp, batch...),
+		sdktrace.WithSpanProcessor(newBatcher(exp, cmp.Or(c.BatchTimeout, defaultBatchTimeout), batchQueueSize, batchSize)),
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SampleRatio))),
 		// Bounds per span (every one given: a raw limit of 0 allows none). No span of ours

@@ -120,7 +120,7 @@ func (h *hop) Logs(ctx context.Context, req *connect.Request[agentv1.LogsRequest
 	return s.Send(&agentv1.LogsResponse{})
 }
 
-func serve(t *testing.T, h *hop, ic ...connect.Interceptor) string {
+func serve(t testing.TB, h *hop, ic ...connect.Interceptor) string {
 	t.Helper()
 	path, handler := agentv1connect.NewAgentServiceHandler(h, connect.WithInterceptors(ic...))
 	mux := http.NewServeMux()
@@ -135,7 +135,7 @@ func client(url string, ic ...connect.Interceptor) agentv1connect.AgentServiceCl
 }
 
 // chain is gateway (public) → runner (internal) → agent (untraced), as in sandboxd.
-func chain(t *testing.T) (gw agentv1connect.AgentServiceClient, agent, runner *hop) {
+func chain(t testing.TB) (gw agentv1connect.AgentServiceClient, agent, runner *hop) {
 	agent = &hop{}
 	agentURL := serve(t, agent)
 	runner = &hop{next: client(agentURL, Client())}
@@ -320,5 +320,55 @@ func TestOffIsNoop(t *testing.T) {
 	}
 	if agent.got[0] != "" {
 		t.Errorf("tracing off, the agent got traceparent %q", agent.got[0])
+	}
+}
+
+// TestTracerFollowsProvider: the tracer kept between spans is the current global
+// provider's: spans go to a provider set later, and back to the first once it is set again.
+func TestTracerFollowsProvider(t *testing.T) {
+	a := recorder(t, 1)
+	_, sp := Start(context.Background(), "one")
+	sp.End()
+	b := recorder(t, 1)
+	_, sp = Start(context.Background(), "two")
+	sp.End()
+	otel.SetTracerProvider(noop.NewTracerProvider())
+	if _, sp = Start(context.Background(), "off"); sp.IsRecording() {
+		t.Error("a span of the no-op provider records")
+	}
+	sp.End()
+	if len(a.Ended()) != 1 || len(b.Ended()) != 1 {
+		t.Fatalf("provider a got %d spans, b %d: want 1 each", len(a.Ended()), len(b.Ended()))
+	}
+}
+
+// TestAgentClient: the runner's agent hop (AgentClient) records its client span in the
+// trace but sends the agent no trace context, on unary calls and streams.
+func TestAgentClient(t *testing.T) {
+	rec := recorder(t, 1)
+	agent := &hop{}
+	runner := &hop{next: client(serve(t, agent), AgentClient())}
+	gw := client(serve(t, runner, PublicServer()))
+	if _, err := gw.Exec(context.Background(), connect.NewRequest(&agentv1.ExecRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	spans := rec.Ended()
+	if len(spans) != 2 || spans[0].SpanKind() != trace.SpanKindClient || spans[0].Parent().SpanID() != spans[1].SpanContext().SpanID() {
+		t.Fatalf("spans %v, want the agent hop's client span under the server span", spans)
+	}
+	ctx, root := Start(context.Background(), "root")
+	st, err := client(serve(t, agent), AgentClient()).Logs(ctx, connect.NewRequest(&agentv1.LogsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+	}
+	_ = st.Close()
+	root.End()
+	if len(agent.got) != 2 || agent.got[0] != "" || agent.got[1] != "" {
+		t.Errorf("the agent got traceparents %q, want none", agent.got)
+	}
+	if m := byName(rec.Ended()); len(m["sandboxd.agent.v1.AgentService/Logs"]) != 1 {
+		t.Errorf("the stream's client span: %v", m["sandboxd.agent.v1.AgentService/Logs"])
 	}
 }
