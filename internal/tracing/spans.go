@@ -207,12 +207,6 @@ func Server() connect.Interceptor { return interceptor{kind: kindInternal} }
 // each begin a trace.
 func Client() connect.Interceptor { return interceptor{kind: kindClient} }
 
-// AgentClient is Client for the runner's calls to a sandbox's agent: the same client
-// spans, but no trace context in the call's headers. The agent runs inside the sandbox,
-// untrusted: it exports no spans and reads no trace context, so sending it one would
-// only cost both ends a header per call (and tell the sandbox our trace IDs).
-func AgentClient() connect.Interceptor { return interceptor{kind: kindClient, local: true} }
-
 type kind int
 
 const (
@@ -221,10 +215,7 @@ const (
 	kindClient
 )
 
-type interceptor struct {
-	kind  kind
-	local bool // a client's spans only: its trace context is not sent (AgentClient)
-}
+type interceptor struct{ kind kind }
 
 // serverStart starts the server span of a call with header h.
 func (i interceptor) serverStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
@@ -247,13 +238,11 @@ func (i interceptor) serverStart(ctx context.Context, procedure string, h http.H
 }
 
 // clientStart starts the client span of a unary call to procedure and puts its context
-// in the call's header h (nil: nowhere).
+// in the call's header h.
 func clientStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
 	p := spansOf(procedure)
 	ctx, sp := tracer().Start(ctx, p.name, p.client...)
-	if h != nil {
-		propagator.Inject(ctx, headers(h))
-	}
+	propagator.Inject(ctx, headers(h))
 	return ctx, sp
 }
 
@@ -264,11 +253,7 @@ func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			if i.kind != kindClient || !inTrace(ctx) {
 				return next(ctx, req)
 			}
-			var h http.Header
-			if !i.local {
-				h = req.Header()
-			}
-			ctx, sp := clientStart(ctx, proc, h)
+			ctx, sp := clientStart(ctx, proc, req.Header())
 			res, err := next(ctx, req)
 			End(sp, err)
 			return res, err
@@ -294,9 +279,7 @@ func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conne
 		p := spansOf(spec.Procedure)
 		ctx, sp := tracer().Start(ctx, p.name, p.client...)
 		conn := next(ctx, spec)
-		if !i.local {
-			propagator.Inject(ctx, headers(conn.RequestHeader()))
-		}
+		propagator.Inject(ctx, headers(conn.RequestHeader()))
 		// A stream's span ends with its context or when its response is done: at the
 		// first of CloseResponse and the context's end.
 		sc := &streamClient{StreamingClientConn: conn, span: sp}

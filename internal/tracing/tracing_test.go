@@ -341,34 +341,3 @@ func TestTracerFollowsProvider(t *testing.T) {
 		t.Fatalf("provider a got %d spans, b %d: want 1 each", len(a.Ended()), len(b.Ended()))
 	}
 }
-
-// TestAgentClient: the runner's agent hop (AgentClient) records its client span in the
-// trace but sends the agent no trace context, on unary calls and streams.
-func TestAgentClient(t *testing.T) {
-	rec := recorder(t, 1)
-	agent := &hop{}
-	runner := &hop{next: client(serve(t, agent), AgentClient())}
-	gw := client(serve(t, runner, PublicServer()))
-	if _, err := gw.Exec(context.Background(), connect.NewRequest(&agentv1.ExecRequest{})); err != nil {
-		t.Fatal(err)
-	}
-	spans := rec.Ended()
-	if len(spans) != 2 || spans[0].SpanKind() != trace.SpanKindClient || spans[0].Parent().SpanID() != spans[1].SpanContext().SpanID() {
-		t.Fatalf("spans %v, want the agent hop's client span under the server span", spans)
-	}
-	ctx, root := Start(context.Background(), "root")
-	st, err := client(serve(t, agent), AgentClient()).Logs(ctx, connect.NewRequest(&agentv1.LogsRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for st.Receive() {
-	}
-	_ = st.Close()
-	root.End()
-	if len(agent.got) != 2 || agent.got[0] != "" || agent.got[1] != "" {
-		t.Errorf("the agent got traceparents %q, want none", agent.got)
-	}
-	if m := byName(rec.Ended()); len(m["sandboxd.agent.v1.AgentService/Logs"]) != 1 {
-		t.Errorf("the stream's client span: %v", m["sandboxd.agent.v1.AgentService/Logs"])
-	}
-}
