@@ -20,7 +20,7 @@ func execSpans(ctx context.Context) {
 	h1 := http.Header{}
 	gctx, gc := clientStart(gctx, proc, h1)
 	rctx, rs := interceptor{kind: kindInternal}.serverStart(context.Background(), proc, h1)
-	_, rc := clientStart(rctx, proc, nil) // the agent hop (AgentClient): no context sent
+	_, rc := clientStart(rctx, proc, http.Header{}) // the agent hop, with the trace context
 	End(rc, nil)
 	End(rs, nil)
 	End(gc, nil)
@@ -28,7 +28,7 @@ func execSpans(ctx context.Context) {
 	_ = gctx
 }
 
-// BenchmarkExecSpans: the in-process cost of tracing one exec (4 spans, 1 injection, 1
+// BenchmarkExecSpans: the in-process cost of tracing one exec (4 spans, 2 injections, 1
 // extraction; exported in batches to an exporter that drops them) with Setup's batcher
 // and with the SDK's BatchSpanProcessor, in time, CPU time (the export goroutine's
 // wake-ups included) and allocations.
