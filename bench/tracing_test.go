@@ -26,7 +26,7 @@ import (
 // agent hop): the exec round trip of /bin/true (30 a round in each mode) and create → the
 // first exec has returned (one a round in each mode, no warm pool); the modes alternate
 // call by call. A round is b.N's unit: -benchtime 50x (make bench) is 50 rounds, 1500
-// execs and 50 creates in each mode, about a minute; with fewer than 10 rounds it only
+// execs and 50 creates in each mode, about 40 s; with fewer than 10 rounds it only
 // checks that it runs. Prints the p50 ratios on/off (target ≤ 1.03). Needs the Jaeger
 // binary (skips without it unless SANDBOXD_REQUIRE_JAEGER=1).
 func BenchmarkTracingOverhead(b *testing.B) {

@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -12,8 +13,9 @@ import (
 
 // Bounds of the batcher (the OpenTelemetry SDK's BatchSpanProcessor has 2048 and 512).
 const (
-	// batchQueueSize is the most ended spans waiting for export; spans ending while
-	// it is full are dropped (and counted, reported through the error handler).
+	// batchQueueSize is the most ended spans held, waiting for export or in the export
+	// under way; spans ending while it is full are dropped (and counted, reported
+	// through the error handler).
 	batchQueueSize = 8192
 	// batchSize is the most spans of one export request; a full one is exported at
 	// once rather than at the next tick.
@@ -35,13 +37,14 @@ type batcher struct {
 	queueSize int
 	batchSize int
 
-	mu      sync.Mutex
-	queue   []sdktrace.ReadOnlySpan
-	spare   []sdktrace.ReadOnlySpan // the previous queue's array, reused
-	dropped int
-	stopped bool
+	mu       sync.Mutex
+	queue    []sdktrace.ReadOnlySpan
+	spare    []sdktrace.ReadOnlySpan // the previous queue's array, reused
+	inflight int                     // spans taken by the export under way, not yet exported
+	dropped  int
+	stopped  bool
 
-	exporting sync.Mutex    // one export at a time (an exporter need not be safe for more)
+	exporting chan struct{} // one export at a time (an exporter need not be safe for more): held by a send
 	full      chan struct{} // a batch is full (buffered 1: one wake-up pending at most)
 	stop      chan struct{}
 	done      chan struct{}
@@ -52,7 +55,7 @@ var _ sdktrace.SpanProcessor = (*batcher)(nil)
 
 func newBatcher(exp sdktrace.SpanExporter, timeout time.Duration, queueSize, size int) *batcher {
 	b := &batcher{exp: exp, timeout: timeout, queueSize: queueSize, batchSize: min(size, queueSize),
-		full: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		exporting: make(chan struct{}, 1), full: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go b.loop()
 	return b
 }
@@ -68,7 +71,7 @@ func (b *batcher) OnEnd(s sdktrace.ReadOnlySpan) {
 		b.mu.Unlock()
 		return
 	}
-	if len(b.queue) >= b.queueSize {
+	if len(b.queue)+b.inflight >= b.queueSize {
 		b.dropped++
 		b.mu.Unlock()
 		return
@@ -102,43 +105,56 @@ func (b *batcher) loop() {
 }
 
 // export exports every span waiting, in requests of at most batchSize spans, each
-// bounded by batchExportTimeout and ctx. It returns the first error (and reports spans
-// dropped since the last export as one).
+// bounded by batchExportTimeout and ctx. Spans taken count against the queue's bound
+// until their request is done, so at most queueSize spans are held in all. It returns
+// the errors (and spans dropped since the last export as one). A ctx that ends while
+// another export runs, or before this one began, exports nothing: the spans wait.
 func (b *batcher) export(ctx context.Context) error {
-	b.exporting.Lock()
-	defer b.exporting.Unlock()
+	select {
+	case b.exporting <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-b.exporting }()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	b.mu.Lock()
 	spans, dropped := b.queue, b.dropped
-	b.queue, b.spare, b.dropped = b.spare[:0], nil, 0
+	b.queue, b.spare, b.dropped, b.inflight = b.spare[:0], nil, 0, len(spans)
 	b.mu.Unlock()
-	var first error
+	var errs []error
 	if dropped > 0 {
-		first = fmt.Errorf("tracing: %d spans dropped: more than %d waited for export", dropped, b.queueSize)
+		errs = append(errs, fmt.Errorf("tracing: %d spans dropped: more than %d were held for export", dropped, b.queueSize))
 	}
 	for rest := spans; len(rest) > 0; {
 		n := min(len(rest), b.batchSize)
 		ectx, cancel := context.WithTimeout(ctx, batchExportTimeout)
-		err := b.exp.ExportSpans(ectx, rest[:n])
-		cancel()
-		if err != nil && first == nil {
-			first = err
+		if err := b.exp.ExportSpans(ectx, rest[:n]); err != nil {
+			errs = append(errs, err)
 		}
+		cancel()
+		clear(rest[:n]) // the spans can be collected
 		rest = rest[n:]
+		b.mu.Lock()
+		b.inflight -= n
+		b.mu.Unlock()
 	}
-	clear(spans) // the spans can be collected; the array is reused
 	b.mu.Lock()
 	if b.spare == nil && cap(spans) <= b.queueSize {
-		b.spare = spans[:0]
+		b.spare = spans[:0] // the array is reused
 	}
 	b.mu.Unlock()
-	return first
+	return errors.Join(errs...)
 }
 
 // ForceFlush exports every span ended so far.
 func (b *batcher) ForceFlush(ctx context.Context) error { return b.export(ctx) }
 
 // Shutdown stops the background export, exports what waits and shuts the exporter down.
-// Spans ending after it are dropped.
+// Spans ending after it are dropped. When ctx ends first, it returns ctx's error and the
+// rest (the export under way, the last one, the exporter's shutdown) finishes in the
+// background, each step bounded by batchExportTimeout.
 func (b *batcher) Shutdown(ctx context.Context) error {
 	var err error
 	b.once.Do(func() {
@@ -146,15 +162,26 @@ func (b *batcher) Shutdown(ctx context.Context) error {
 		b.stopped = true
 		b.mu.Unlock()
 		close(b.stop)
+		finish := func(ctx context.Context) error {
+			err := b.export(ctx)
+			if serr := b.exp.Shutdown(ctx); err == nil {
+				err = serr
+			}
+			return err
+		}
 		select {
 		case <-b.done:
+			err = finish(ctx)
 		case <-ctx.Done():
 			err = ctx.Err()
-			return
-		}
-		err = b.export(ctx)
-		if serr := b.exp.Shutdown(ctx); err == nil {
-			err = serr
+			go func() {
+				<-b.done
+				bctx, cancel := context.WithTimeout(context.Background(), batchExportTimeout)
+				defer cancel()
+				if err := finish(bctx); err != nil {
+					otel.Handle(err)
+				}
+			}()
 		}
 	})
 	return err

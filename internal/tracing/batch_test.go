@@ -19,6 +19,7 @@ type gate struct {
 	tracetest.InMemoryExporter
 	open     chan struct{}
 	calls    chan int // the size of each export, as it begins
+	mu       sync.Mutex
 	shutdown bool
 }
 
@@ -40,7 +41,18 @@ func (g *gate) ExportSpans(ctx context.Context, s []sdktrace.ReadOnlySpan) error
 	return g.InMemoryExporter.ExportSpans(ctx, s)
 }
 
-func (g *gate) Shutdown(context.Context) error { g.shutdown = true; return nil }
+func (g *gate) Shutdown(context.Context) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.shutdown = true
+	return nil
+}
+
+func (g *gate) isShutdown() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.shutdown
+}
 
 // spans ends n sampled spans of tp.
 func spans(tp trace.TracerProvider, n int) {
@@ -62,16 +74,26 @@ func waitCall(t *testing.T, g *gate, want int) {
 	}
 }
 
-// TestBatcherTimer: spans wait for the timer, then are exported together.
+// TestBatcherTimer: spans wait for the timer, then are exported by it (in one request
+// unless a tick fell between them on a slow machine).
 func TestBatcherTimer(t *testing.T) {
 	g := newGate(true)
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(newBatcher(g, 50*time.Millisecond, 100, 10)))
+	const tick = 300 * time.Millisecond
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(newBatcher(g, tick, 100, 10)))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
+	t0 := time.Now()
 	spans(tp, 3)
-	if n := len(g.GetSpans()); n != 0 {
+	if n := len(g.GetSpans()); n != 0 && time.Since(t0) < tick/2 {
 		t.Fatalf("%d spans exported at once, want them batched", n)
 	}
-	waitCall(t, g, 3)
+	for got := 0; got < 3; {
+		select {
+		case n := <-g.calls:
+			got += n
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of 3 spans exported by the timer", got)
+		}
+	}
 }
 
 // TestBatcherFullBatch: a full batch goes at once, not at the (hour-long) timer; a
@@ -103,8 +125,8 @@ func TestBatcherQueueBound(t *testing.T) {
 	b := newBatcher(g, time.Hour, 4, 2)
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b))
 	spans(tp, 2)
-	waitCall(t, g, 2) // held at the gate: the queue is empty again
-	spans(tp, 7)      // 4 fit, 3 are dropped
+	waitCall(t, g, 2) // held at the gate: they still count against the bound
+	spans(tp, 7)      // 2 fit, 5 are dropped
 	close(g.open)
 	// The drop is reported by the export that follows it: the background one (through
 	// the error handler) or Shutdown's.
@@ -112,11 +134,48 @@ func TestBatcherQueueBound(t *testing.T) {
 	mu.Lock()
 	all := errors.Join(append(reported, err)...)
 	mu.Unlock()
-	if all == nil || !strings.Contains(all.Error(), "3 spans dropped") {
-		t.Errorf("reported %v, want 3 spans dropped", all)
+	if all == nil || !strings.Contains(all.Error(), "5 spans dropped") {
+		t.Errorf("reported %v, want 5 spans dropped", all)
 	}
-	if n := len(g.GetSpans()); n != 6 {
-		t.Errorf("%d spans exported, want 6", n)
+	if n := len(g.GetSpans()); n != 4 {
+		t.Errorf("%d spans exported, want 4", n)
+	}
+}
+
+// TestBatcherCtx: a ForceFlush whose ctx ends while another export is held returns its
+// error and takes nothing (the spans wait for the next export); a Shutdown whose ctx ends
+// while the background export is held returns, and the exporter is still shut down once
+// that export is done.
+func TestBatcherCtx(t *testing.T) {
+	g := newGate(false)
+	b := newBatcher(g, time.Hour, 100, 2)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b))
+	spans(tp, 2)
+	waitCall(t, g, 2) // the background export, held
+	spans(tp, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := b.ForceFlush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("flush during a held export: %v, want the deadline", err)
+	}
+	b.mu.Lock()
+	waiting := len(b.queue)
+	b.mu.Unlock()
+	if waiting != 1 {
+		t.Fatalf("%d spans wait after the failed flush, want 1", waiting)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer scancel()
+	if err := tp.Shutdown(sctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown during a held export: %v, want the deadline", err)
+	}
+	close(g.open)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(g.GetSpans()) != 3 || !g.isShutdown() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the held export: %d spans exported (want 3), exporter shut down %v", len(g.GetSpans()), g.isShutdown())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -135,13 +194,16 @@ func TestBatcherFlushShutdown(t *testing.T) {
 	unsampled := trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, Remote: true}))
 	_, sp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample()))).Tracer("t").Start(unsampled, "u")
+		sdktrace.WithSampler(recordOnly{})).Tracer("t").Start(unsampled, "u")
+	if !sp.IsRecording() || sp.SpanContext().IsSampled() {
+		t.Fatal("the span is not recorded-but-unsampled: the check below would prove nothing")
+	}
 	sp.End()
 	if err := tp.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(g.GetSpans()); n != 5 || !g.shutdown {
-		t.Errorf("after shutdown %d spans exported (want 5), exporter shut down %v", n, g.shutdown)
+	if n := len(g.GetSpans()); n != 5 || !g.isShutdown() {
+		t.Errorf("after shutdown %d spans exported (want 5), exporter shut down %v", n, g.isShutdown())
 	}
 	b.OnEnd(g.GetSpans()[0].Snapshot())
 	if err := b.ForceFlush(context.Background()); err != nil || len(g.GetSpans()) != 5 {
@@ -192,3 +254,12 @@ func TestBatcherConcurrent(t *testing.T) {
 		t.Errorf("%d spans exported, want 4000", len(seen))
 	}
 }
+
+// recordOnly records every span without sampling it: the processor sees it end (a
+// dropped span it would not).
+type recordOnly struct{}
+
+func (recordOnly) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	return sdktrace.SamplingResult{Decision: sdktrace.RecordOnly, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+}
+func (recordOnly) Description() string { return "record only" }

@@ -327,6 +327,7 @@ func TestOffIsNoop(t *testing.T) {
 // provider's: spans go to a provider set later, and back to the first once it is set again.
 func TestTracerFollowsProvider(t *testing.T) {
 	a := recorder(t, 1)
+	tpA := otel.GetTracerProvider()
 	_, sp := Start(context.Background(), "one")
 	sp.End()
 	b := recorder(t, 1)
@@ -337,7 +338,10 @@ func TestTracerFollowsProvider(t *testing.T) {
 		t.Error("a span of the no-op provider records")
 	}
 	sp.End()
-	if len(a.Ended()) != 1 || len(b.Ended()) != 1 {
-		t.Fatalf("provider a got %d spans, b %d: want 1 each", len(a.Ended()), len(b.Ended()))
+	otel.SetTracerProvider(tpA)
+	_, sp = Start(context.Background(), "three")
+	sp.End()
+	if len(a.Ended()) != 2 || len(b.Ended()) != 1 {
+		t.Fatalf("provider a got %d spans (want 2: set again), b %d (want 1)", len(a.Ended()), len(b.Ended()))
 	}
 }
