@@ -52,26 +52,31 @@ type dirState struct {
 }
 
 type extractor struct {
-	ctx     context.Context
-	src     *srcReader
-	tr      *tar.Reader
-	rootfd  int
-	limits  runtime.ArchiveLimits
-	ids     IDMap
-	chown   bool
-	started bool
-	stack   []dirState
-	stats   runtime.ArchiveStats
-	buf     []byte
-	zero    []byte
+	// checkOnly: Check reads the archive and makes nothing (rootfd is -1).
+	checkOnly bool
+	ctx       context.Context
+	src       *srcReader
+	tr        *tar.Reader
+	rootfd    int
+	limits    runtime.ArchiveLimits
+	ids       IDMap
+	chown     bool
+	started   bool
+	stack     []dirState
+	stats     runtime.ArchiveStats
+	buf       []byte
+	zero      []byte
 }
 
 func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap) (runtime.ArchiveStats, error) {
-	rootfd, err := dupDir(root)
-	if err != nil {
-		return runtime.ArchiveStats{}, err
+	rootfd := -1
+	if root != nil {
+		var err error
+		if rootfd, err = dupDir(root); err != nil {
+			return runtime.ArchiveStats{}, err
+		}
+		defer unix.Close(rootfd)
 	}
-	defer unix.Close(rootfd)
 	src := &srcReader{r: r}
 	// The window is bounded (an archive asking for more is refused), so is the memory.
 	// Synchronous decoding: no goroutine reads r behind Extract's back or after it
@@ -85,15 +90,16 @@ func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.Arc
 	}
 	defer dec.Close()
 	ex := &extractor{
-		ctx:    ctx,
-		src:    src,
-		tr:     tar.NewReader(dec),
-		rootfd: rootfd,
-		limits: limits,
-		ids:    ids,
-		chown:  os.Geteuid() == 0,
-		buf:    make([]byte, copyBufSize),
-		zero:   make([]byte, copyBufSize),
+		checkOnly: root == nil,
+		ctx:       ctx,
+		src:       src,
+		tr:        tar.NewReader(dec),
+		rootfd:    rootfd,
+		limits:    limits,
+		ids:       ids,
+		chown:     os.Geteuid() == 0,
+		buf:       make([]byte, copyBufSize),
+		zero:      make([]byte, copyBufSize),
 	}
 	err = ex.run(dec)
 	for _, d := range ex.stack {
@@ -258,35 +264,9 @@ func checkRecords(hdr *tar.Header) ([]xattr, error) {
 }
 
 func (ex *extractor) entry(hdr *tar.Header) error {
-	name := hdr.Name
-	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeSymlink:
-	case tar.TypeDir:
-		name = strings.TrimSuffix(name, "/")
-	case tar.TypeLink:
-		return invalid(hdr.Name, "hard links are not supported")
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		return invalid(hdr.Name, "device nodes and fifos are not supported")
-	default:
-		return invalid(hdr.Name, "entry type %q not supported", hdr.Typeflag)
-	}
-	if name != "." {
-		if err := checkPath(name); err != nil {
-			return invalid(hdr.Name, "%v", err)
-		}
-	}
-	xs, err := checkRecords(hdr)
+	name, xs, err := checkEntry(hdr)
 	if err != nil {
-		return invalid(hdr.Name, "%v", err)
-	}
-	if hdr.Typeflag != tar.TypeSymlink && hdr.Linkname != "" {
-		return invalid(hdr.Name, "link target on a non-link")
-	}
-	if hdr.Typeflag != tar.TypeReg && hdr.Size != 0 {
-		return invalid(hdr.Name, "size on a non-file")
-	}
-	if hdr.Uid < 0 || hdr.Uid > math.MaxUint32 || hdr.Gid < 0 || hdr.Gid > math.MaxUint32 {
-		return invalid(hdr.Name, "owner out of range")
+		return err
 	}
 	ex.stats.Files++
 	if ex.limits.MaxFiles > 0 && ex.stats.Files > ex.limits.MaxFiles {
@@ -295,6 +275,60 @@ func (ex *extractor) entry(hdr *tar.Header) error {
 	if hdr.Typeflag == tar.TypeReg && ex.limits.MaxBytes > 0 && hdr.Size > ex.limits.MaxBytes-ex.stats.Bytes {
 		return tooLarge(hdr.Name, "files of more than %d bytes in all", ex.limits.MaxBytes)
 	}
+	if ex.checkOnly {
+		first := !ex.started
+		ex.started = true
+		switch {
+		case name == "." && (!first || hdr.Typeflag != tar.TypeDir):
+			return invalid(hdr.Name, "the root entry must be the first and a directory")
+		case name != "." && first:
+			return invalid(hdr.Name, "the first entry must be the root directory %q", "./")
+		case hdr.Typeflag == tar.TypeReg:
+			ex.stats.Bytes += hdr.Size
+		}
+		return nil
+	}
+	return ex.place(name, hdr, xs)
+}
+
+// checkEntry checks what one header may say on its own (type, path, records, link,
+// size, owner) and returns its clean name and xattrs.
+func checkEntry(hdr *tar.Header) (string, []xattr, error) {
+	name := hdr.Name
+	switch hdr.Typeflag {
+	case tar.TypeReg, tar.TypeSymlink:
+	case tar.TypeDir:
+		name = strings.TrimSuffix(name, "/")
+	case tar.TypeLink:
+		return "", nil, invalid(hdr.Name, "hard links are not supported")
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		return "", nil, invalid(hdr.Name, "device nodes and fifos are not supported")
+	default:
+		return "", nil, invalid(hdr.Name, "entry type %q not supported", hdr.Typeflag)
+	}
+	if name != "." {
+		if err := checkPath(name); err != nil {
+			return "", nil, invalid(hdr.Name, "%v", err)
+		}
+	}
+	xs, err := checkRecords(hdr)
+	if err != nil {
+		return "", nil, invalid(hdr.Name, "%v", err)
+	}
+	if hdr.Typeflag != tar.TypeSymlink && hdr.Linkname != "" {
+		return "", nil, invalid(hdr.Name, "link target on a non-link")
+	}
+	if hdr.Typeflag != tar.TypeReg && hdr.Size != 0 {
+		return "", nil, invalid(hdr.Name, "size on a non-file")
+	}
+	if hdr.Uid < 0 || hdr.Uid > math.MaxUint32 || hdr.Gid < 0 || hdr.Gid > math.MaxUint32 {
+		return "", nil, invalid(hdr.Name, "owner out of range")
+	}
+	return name, xs, nil
+}
+
+// place makes the checked entry name under its parent.
+func (ex *extractor) place(name string, hdr *tar.Header, xs []xattr) error {
 	first := !ex.started
 	ex.started = true
 	if name == "." {

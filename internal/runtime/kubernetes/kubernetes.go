@@ -354,16 +354,29 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	select {
 	case <-s.done:
 	default:
-		if s.deleted || podEnded(s.pod) || s.spec.Multi() && primaryEnded(s.pod) {
+		// A GLOBAL volume writer's Pod outlives its workload (globalvol.go): the sandbox
+		// ends with the last workload container, not with the Pod.
+		writer := commits(&s.spec)
+		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && s.spec.Multi() && primaryEnded(s.pod) {
 			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit)
 			close(s.done)
 		}
 		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {
 			// The primary's end ends the sandbox: the other containers get the grace
-			// period (the Pod's deletion sends them SIGTERM).
+			// period (the Pod's deletion sends them SIGTERM; a writer's, their agents'
+			// Stop, so the Pod stays for the commit).
 			s.stopping = true
+			var rest []string
+			if writer {
+				rest = runningWorkload(s.pod, &s.spec)
+			}
 			go func() {
 				grace := max(int64(b.cfg.TerminationGrace/time.Second), 1)
+				if writer {
+					if stopped, _ := b.stopWorkload(b.ctx, s, rest, time.Duration(grace)*time.Second); stopped {
+						return
+					}
+				}
 				if err := b.deletePod(b.ctx, s, grace); err != nil {
 					b.log.Warn("stop the other containers after the primary ended", "sandbox", s.id, "err", err)
 				}
@@ -401,7 +414,8 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		return nil, err
 	}
 	serverName := ""
-	if filler && container == containerFiller && needsFiller(&s.spec) {
+	fillerDial := filler && container == containerFiller && needsFiller(&s.spec)
+	if fillerDial {
 		serverName = containerFiller
 	} else if !s.spec.Multi() {
 		if container != "" && container != runtime.DefaultContainerName {
@@ -419,7 +433,13 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 	if s.pod != nil {
 		ip = s.pod.Status.PodIP
 	}
+	// A GLOBAL writer's filler is reached after the workload ended, until the Pod goes
+	// (the commit: CaptureVolume).
+	podLive := !s.deleted && !podEnded(s.pod) && (s.pod == nil || s.pod.DeletionTimestamp == nil)
 	b.mu.Unlock()
+	if fillerDial && commits(&s.spec) && podLive && ip != "" {
+		return b.dialGate(ctx, s, ip, serverName)
+	}
 	select {
 	case <-s.done:
 		// Its IP may be gone from the node: a dial would wait for ARP to give up.
@@ -497,6 +517,20 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	}
 	// A capture reads the volume through the agent: the Pod stays until it is done.
 	b.waitCaptures(ctx, s)
+	if commits(&s.spec) {
+		// A GLOBAL volume writer: the workload stops, the Pod stays until the runner has
+		// archived the copy and destroys it (globalvol.go).
+		b.mu.Lock()
+		names := runningWorkload(s.pod, &s.spec)
+		b.mu.Unlock()
+		stopped, err := b.stopWorkload(ctx, s, names, grace)
+		if err != nil {
+			return fmt.Errorf("stop %s: %w", id, err)
+		}
+		if stopped {
+			return nil
+		}
+	}
 	secs := int64((grace + time.Second - 1) / time.Second)
 	// 0 would remove the Pod object at once, before the kubelet reports how it ended.
 	secs = max(secs, 1)

@@ -494,6 +494,7 @@ func (b *Backend) agentClient(id, container string) interface {
 	Exec(context.Context, *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error)
 	Watch(context.Context, *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.StatusResponse], error)
 	Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error)
+	Stop(context.Context, *connect.Request[agentv1.StopRequest]) (*connect.Response[agentv1.StopResponse], error)
 } {
 	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialAgent(ctx, id, container, true) })
 }

@@ -170,14 +170,22 @@ func exitOf(p *corev1.Pod, deleted bool, restartLimit int) runtime.Exit {
 
 // agentStatus is the agent's status.json as the gate left it in its termination message,
 // with the termination that holds it; nil when none holds one.
+//
+// A GLOBAL volume writer's Pod (globalvol.go) keeps its gate up after the primary's
+// agent has ended: that agent leaves its status in the primary container's own
+// termination message (gate.FlagTerminationLog), which is read when the gate's holds
+// none. Either is the sandbox's to write (status.json lies in its run dir), and either
+// is bounded alike (boundedFinal).
 func agentStatus(p *corev1.Pod) (*agentv1.StatusResponse, *corev1.ContainerStateTerminated) {
-	cs := containerStatus(p, containerGate)
-	if cs == nil {
-		return nil, nil
-	}
-	for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, lastTerminated(cs)} {
-		if st := statusInMessage(t); st != nil {
-			return st, t
+	for _, name := range []string{containerGate, containerMain} {
+		cs := containerStatus(p, name)
+		if cs == nil {
+			continue
+		}
+		for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, lastTerminated(cs)} {
+			if st := statusInMessage(t); st != nil {
+				return st, t
+			}
 		}
 	}
 	return nil, nil

@@ -1,0 +1,122 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
+)
+
+// podArchiveFake captures volumes as the Kubernetes backend does: live only
+// (LiveCapturer), a GLOBAL writer's copy also once stopped (StoppedGlobalCapturer) when
+// stopped is set, the archive made "in the Pod": data, with the statistics it claims.
+type podArchiveFake struct {
+	*runtimetest.Fake
+	stopped bool
+	data    []byte
+	claims  runtime.ArchiveStats
+}
+
+func (podArchiveFake) CapturesLive() bool             { return true }
+func (f podArchiveFake) CapturesStoppedGlobals() bool { return f.stopped }
+func (f podArchiveFake) CaptureVolume(context.Context, string, string) (runtime.VolumeCapture, error) {
+	return podCapture{f}, nil
+}
+
+type podCapture struct{ f podArchiveFake }
+
+func (podCapture) Pause() time.Duration { return 0 }
+func (c podCapture) WriteArchive(_ context.Context, w io.Writer) (runtime.ArchiveStats, error) {
+	_, err := w.Write(c.f.data)
+	return c.f.claims, err
+}
+func (podCapture) Close() error { return nil }
+
+// TestCommitGlobalFromPod: a runner whose backend captures a stopped GLOBAL writer takes
+// writers (one that captures only live sandboxes refuses them); the archive made in the
+// sandbox's Pod is checked as it is uploaded: a valid one is committed with the runner's
+// own count of its content (not what the Pod claims), one that is not an archive, or
+// whose files exceed the volume's size whatever the Pod claims, is not committed and the
+// previous generation stays.
+func TestCommitGlobalFromPod(t *testing.T) {
+	ctx := context.Background()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "f"), []byte("12345678"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var good bytes.Buffer
+	if _, err := fsarchive.Write(ctx, root, &good, fsarchive.IDMap{}); err != nil {
+		t.Fatal(err)
+	}
+	root.Close()
+	lie := runtime.ArchiveStats{Files: 1, Bytes: 1}
+
+	store := openStore(t)
+	newRunner := func(be runtime.Backend) *Runner {
+		r, err := New(ctx, Config{Backend: be, DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), Blobs: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		return r
+	}
+	fake := func() *runtimetest.Fake { f := runtimetest.NewFake(); t.Cleanup(f.Close); return f }
+	writer := globalSpec()
+	writer.Container.VolumeMounts[0].ReadOnly = false
+	writer.Volumes[0].Global.CommitGeneration = 1
+	if err := newRunner(podArchiveFake{Fake: fake()}).checkGlobals(&writer); err == nil || !strings.Contains(err.Error(), "cannot upload a writer's copy") {
+		t.Errorf("a live-only capturer took a writer: %v", err)
+	}
+	if err := newRunner(podArchiveFake{Fake: fake(), stopped: true}).checkGlobals(&writer); err != nil {
+		t.Errorf("a stopped-writer capturer refused a writer: %v", err)
+	}
+
+	prefix := writer.Volumes[0].Global.BlobPrefix
+	for _, c := range []struct {
+		name string
+		data []byte
+		size int64
+		want string // "" = committed
+	}{
+		{"not an archive", []byte("garbage from the Pod"), DefaultGlobalVolumeBytes, "not valid"},
+		{"files over the size", good.Bytes(), 7, "more than its 7 bytes"},
+		{"valid", good.Bytes(), DefaultGlobalVolumeBytes, ""},
+	} {
+		if err := WriteGlobalManifest(ctx, store, prefix, GlobalManifest{Generation: 0}); err != nil {
+			t.Fatal(err)
+		}
+		r := newRunner(podArchiveFake{Fake: fake(), stopped: true, data: c.data, claims: lie})
+		v := writer.Volumes[0]
+		v.SizeBytes = c.size
+		m, err := r.commitGlobal("sbx-1", v)
+		got, rerr := ReadGlobalManifest(ctx, store, prefix)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		if c.want != "" {
+			if err == nil || !strings.Contains(err.Error(), c.want) || got.Generation != 0 {
+				t.Errorf("%s: %v, generation %d; want %q and generation 0 kept", c.name, err, got.Generation, c.want)
+			}
+			if _, gerr := store.Get(ctx, GlobalArchiveKey(prefix, 1, "sbx-1")); gerr == nil {
+				t.Errorf("%s: the refused archive is kept", c.name)
+			}
+			continue
+		}
+		if err != nil || got.Generation != 1 || m.ContentBytes != 8 || m.Files != 2 {
+			t.Errorf("%s: %+v, %v (stored %+v); want generation 1 with the runner's count (8 bytes, 2 entries), not the Pod's %+v", c.name, m, err, got, lie)
+		}
+	}
+}

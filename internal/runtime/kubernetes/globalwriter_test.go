@@ -1,0 +1,439 @@
+package kubernetes
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+// writerSpec mounts GLOBAL copy "g" read-write in the primary as its writer (it commits
+// generation 3 on top of 2, restored from digest d; "" for an empty volume).
+func writerSpec(d string) *runtime.Spec {
+	spec := globalSpec(d)
+	spec.Container.VolumeMounts[1].ReadOnly = false
+	spec.Volumes[1].Global.CommitGeneration = 3
+	return spec
+}
+
+// TestGlobalVolumeWriterSupport: the Kubernetes backend commits GLOBAL writers (no
+// NoGlobalVolumeWriters; a stopped writer's copy is captured), still fills no sub_path.
+func TestGlobalVolumeWriterSupport(t *testing.T) {
+	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", SnapshotCacheDir: t.TempDir()}, sandboxes: map[string]*sandbox{}}
+	s := b.Support()
+	if s.NoGlobalVolumes || s.NoGlobalVolumeWriters || !s.NoGlobalVolumeSubPaths {
+		t.Errorf("Support %+v: want GLOBAL volumes and writers, no sub_path", s)
+	}
+	var lc runtime.LiveCapturer = b
+	var sc runtime.StoppedGlobalCapturer = b
+	if !lc.CapturesLive() || !sc.CapturesStoppedGlobals() {
+		t.Error("want a live capturer that captures stopped GLOBAL writers")
+	}
+}
+
+// TestGlobalVolumeWriterPod: a writer's Pod has the filler also for an empty volume
+// (nothing to restore, a copy to archive), the gate held for the filler, and the
+// primary's agent leaving its status in its own termination message; the filler is not
+// ended after the fill. A reader's Pod keeps the read-only shape.
+func TestGlobalVolumeWriterPod(t *testing.T) {
+	b := snapBackend(t, 0)
+	b.cfg.Namespace, b.cfg.RunnerID, b.cfg.AgentImage, b.cfg.TerminationGrace = "ns", "r1", "agent:1", 10e9
+	b.cfg.ImageConfig = func(context.Context, string, *runtime.Credentials) (image.Config, error) { return image.Config{}, nil }
+	d := digestOfBytes([]byte("x"))
+	sc, _ := securityFor(nil, "")
+	for name, spec := range map[string]*runtime.Spec{"restored": writerSpec(d), "empty": writerSpec("")} {
+		if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
+			t.Fatal(err)
+		}
+		if !needsFiller(spec) || !commits(spec) || globalIndex(spec, "g") != 1 || globalIndex(spec, "s") != -1 {
+			t.Errorf("%s: needsFiller %v, commits %v, globalIndex %d", name, needsFiller(spec), commits(spec), globalIndex(spec, "g"))
+		}
+		pod := b.podFor(spec, "", b.labels(spec), nil, sc)
+		b.addFiller(pod, spec)
+		f := containerNamed(pod, containerFiller)
+		if f == nil || mountAt(f, "/sandbox-volumes/1") == nil || mountAt(f, "/sandbox-volumes/1").ReadOnly {
+			t.Fatalf("%s: filler %v, want it mounting the copy writable", name, f)
+		}
+		if g := containerNamed(pod, containerGate); !slices.Equal(g.Command, []string{"/sandbox-gate", "serve", gate.FlagHold, containerFiller}) {
+			t.Errorf("%s: gate command %v, want it held for the filler", name, g.Command)
+		}
+		if m := containerNamed(pod, containerMain); !slices.Equal(m.Command, []string{gate.GatePath, "exec-agent", gate.FlagTerminationLog}) {
+			t.Errorf("%s: primary command %v, want its agent's status in its termination message", name, m.Command)
+		}
+		if m := mountAt(containerNamed(pod, containerMain), "/data"); m == nil || m.ReadOnly {
+			t.Errorf("%s: the writer's mount %v, want read-write", name, m)
+		}
+		// The filler stays (no noop start): endFiller does not even dial it.
+		if err := b.endFiller(context.Background(), &sandbox{id: "nope", spec: *spec}); err != nil {
+			t.Errorf("%s: endFiller of a writer: %v, want nothing done", name, err)
+		}
+	}
+	// A group writer: the primary gets the termination log too, the gate the hold.
+	gspec := writerSpec(d)
+	gspec.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
+	g, err := b.prepareGroup(context.Background(), gspec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpod := b.podForGroup(gspec, g, "", b.labels(gspec), nil)
+	b.addFiller(gpod, gspec)
+	if c := containerNamed(gpod, containerMain); !slices.Contains(c.Command, gate.FlagTerminationLog) {
+		t.Errorf("group primary command %v", c.Command)
+	}
+	if c := containerNamed(gpod, containerGate); !slices.Contains(c.Command, gate.FlagHold) {
+		t.Errorf("group gate command %v", c.Command)
+	}
+	if got := workloadPodNames(gspec); !slices.Equal(got, []string{containerMain, "web"}) {
+		t.Errorf("group workload %v", got)
+	}
+
+	// A reader: unchanged (the gate ends with the primary, the filler is ended).
+	reader := globalSpec(d)
+	pod := b.podFor(reader, "", b.labels(reader), nil, sc)
+	b.addFiller(pod, reader)
+	if c := containerNamed(pod, containerGate); slices.Contains(c.Command, gate.FlagHold) {
+		t.Errorf("reader gate command %v", c.Command)
+	}
+	if c := containerNamed(pod, containerMain); slices.Contains(c.Command, gate.FlagTerminationLog) {
+		t.Errorf("reader primary command %v", c.Command)
+	}
+	if err := b.endFiller(context.Background(), &sandbox{id: "nope", spec: *reader}); err == nil {
+		t.Error("endFiller of a reader did nothing")
+	}
+}
+
+// writerPod is a writer Pod's status: the primary (with its agent's final status in its
+// termination message when ended), the gate and the filler running.
+func writerPod(mainEnded bool, msg string) *corev1.Pod {
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
+	main := corev1.ContainerStatus{Name: containerMain, State: running}
+	if mainEnded {
+		main.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: msg,
+			StartedAt: metav1.NewTime(time.Now().Add(-time.Minute)), FinishedAt: metav1.Now()}}
+	}
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sbx-x", Namespace: "ns", UID: "u1", Labels: map[string]string{LabelSandbox: "x"}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", ContainerStatuses: []corev1.ContainerStatus{
+			{Name: containerGate, State: running}, main, {Name: containerFiller, State: running}}}}
+}
+
+// behindGateWithFiller is behindGate for a writer: the gate serves the primary's agent
+// (primary, a handler) and the filler's (a real agent in standby, its own identity) under
+// ContainersDir, held for the filler; the filler's copy is dir/copy.
+func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1connect.AgentServiceHandler) (*Backend, *sandbox, string) {
+	t.Helper()
+	dir := t.TempDir()
+	client, clientPEM, _, err := selfSigned("sandboxd-runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"tls.crt": serverPEM, "tls.key": serverKeyPEM, "client.crt": clientPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ident, fident := agent.NewIdentity("x"), agent.NewIdentity("x/"+containerFiller)
+	containers := filepath.Join(dir, "containers")
+	if err := os.MkdirAll(filepath.Join(containers, containerFiller), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	listen := func(path string, id *agentconfig.Identity) net.Listener {
+		raw, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := agent.WithIdentity(raw, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ln
+	}
+	pln := listen(filepath.Join(dir, "primary.sock"), ident)
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(primary))
+	srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go func() { _ = srv.Serve(pln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	fln := listen(filepath.Join(containers, containerFiller, gate.Socket), fident)
+	fillerDone := make(chan struct{})
+	go func() {
+		defer close(fillerDone)
+		_, _ = agent.Run(ctx, agent.Options{Config: &agentconfig.Config{Standby: true, WorkingDir: dir}, StateDir: filepath.Join(dir, "filler-run"), Listener: fln})
+	}()
+	t.Cleanup(func() { <-fillerDone })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	go func() {
+		_ = gate.Serve(ctx, gate.ServeOptions{
+			Listen: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
+			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), DialTimeout: time.Second,
+			ContainersDir: containers, HoldFor: containerFiller,
+		})
+	}()
+	b := snapBackend(t, 0)
+	b.ctx = ctx
+	b.log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	b.cfg.Namespace, b.cfg.StartTimeout, b.cfg.ForceDeleteAfter = "ns", 30*time.Second, time.Second
+	b.cfg.Client = fake.NewSimpleClientset()
+	b.cfg.Dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		for i := 0; ; i++ {
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil || i > 50 {
+				return c, err
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	spec := writerSpec("")
+	spec.ID = "x"
+	s := &sandbox{id: "x", spec: *spec, client: client, server: server.Certificate[0], ident: ident, uid: "u1",
+		idents: map[string]*agentconfig.Identity{containerFiller: fident},
+		pod:    writerPod(false, ""), changed: make(chan struct{}), done: make(chan struct{})}
+	b.sandboxes["x"] = s
+	return b, s, dir
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// stopAgent is a primary agent that records Stop calls.
+type stopAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	mu     sync.Mutex
+	graces []time.Duration
+	called chan struct{}
+	refuse bool // answer UNIMPLEMENTED, as an agent older than Stop
+}
+
+func (a *stopAgent) Stop(_ context.Context, req *connect.Request[agentv1.StopRequest]) (*connect.Response[agentv1.StopResponse], error) {
+	if a.refuse {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("no Stop"))
+	}
+	a.mu.Lock()
+	a.graces = append(a.graces, req.Msg.GetGrace().AsDuration())
+	a.mu.Unlock()
+	close(a.called)
+	return connect.NewResponse(&agentv1.StopResponse{}), nil
+}
+
+func podDeletes(cs *fake.Clientset) int {
+	n := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "delete" && a.GetResource().Resource == "pods" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestGlobalWriterStopAndCommit: Stop ends a writer's workload through its agent (Stop
+// with the grace) without deleting the Pod; the sandbox ends once the primary has
+// terminated (its exit from the primary's own termination message) while the gate and
+// the filler run on; the copy is then captured through the filler (the runner's commit),
+// which the runner's own DialAgent still cannot name; once the Pod is going, no capture.
+func TestGlobalWriterStopAndCommit(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ag := &stopAgent{called: make(chan struct{})}
+	b, _, dir := behindGateWithFiller(t, ctx, ag)
+	// The filler's copy (in the Pod, /sandbox-volumes/1).
+	copyDir := filepath.Join(dir, "copy")
+	if err := os.MkdirAll(filepath.Join(copyDir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(copyDir, "sub", "f.txt"), []byte("written by the writer"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(ctx, "x", 7*time.Second) }()
+	select {
+	case <-ag.called:
+	case err := <-stopped:
+		t.Fatalf("Stop returned %v before stopping the agent", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the primary's agent got no Stop")
+	}
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned %v while the primary runs", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// The kubelet reports the primary's end; its agent's final status in its message.
+	b.observe(writerPod(true, `{"state":"MAIN_STATE_STOPPED","exit_code":143,"reason":"Stopped"}`), false)
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop did not return once the workload ended")
+	}
+	if ag.graces[0] != 7*time.Second {
+		t.Errorf("Stop's grace %v, want 7s", ag.graces[0])
+	}
+	if n := podDeletes(b.cfg.Client.(*fake.Clientset)); n != 0 {
+		t.Errorf("%d Pod deletes: the writer's Pod must stay for the commit", n)
+	}
+	ex, err := b.Wait(ctx, "x")
+	if err != nil || ex.ExitCode == nil || *ex.ExitCode != 143 || ex.Reason != "Stopped" {
+		t.Errorf("exit %+v, %v: want the primary's own status (143, Stopped)", ex, err)
+	}
+
+	// The commit: through the filler, after the end. The filler mounts the copy at
+	// /sandbox-volumes/1 in the Pod; here the test's agent sees it at copyDir.
+	c, err := b.CaptureVolume(ctx, "x", "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := c.(*capture)
+	if cp.container != containerFiller || cp.path != "/sandbox-volumes/1" || !cp.filler {
+		t.Errorf("capture %+v, want the filler's /sandbox-volumes/1", cp)
+	}
+	cp.path = copyDir
+	var buf bytes.Buffer
+	if _, err := c.WriteArchive(ctx, &buf); err != nil {
+		t.Fatalf("archive through the filler after the workload ended: %v", err)
+	}
+	c.Close()
+	st, err := fsarchive.Check(ctx, bytes.NewReader(buf.Bytes()), runtime.ArchiveLimits{})
+	if err != nil || st.Bytes != int64(len("written by the writer")) {
+		t.Errorf("the archive: %+v, %v", st, err)
+	}
+	if _, err := b.DialAgent(ctx, "x", containerFiller); err == nil {
+		t.Error("DialAgent reached the filler")
+	}
+	// Other volumes are captured as before (the sandbox has ended: not at all).
+	if _, err := b.CaptureVolume(ctx, "x", "s"); err == nil {
+		t.Error("a scratch volume captured after the end")
+	}
+	// The Pod is being deleted: the copy goes with it.
+	going := writerPod(true, "")
+	going.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	b.observe(going, false)
+	if _, err := b.CaptureVolume(ctx, "x", "g"); err == nil || !strings.Contains(err.Error(), "gone or going") {
+		t.Errorf("capture of a going Pod: %v", err)
+	}
+}
+
+// TestGlobalWriterStopFallback: an agent that cannot stop its workload (older than
+// Stop) gets the Pod deleted, as any Pod's Stop does (the writes are lost).
+func TestGlobalWriterStopFallback(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, _, _ := behindGateWithFiller(t, ctx, &stopAgent{refuse: true})
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(ctx, "x", time.Second) }()
+	cs := b.cfg.Client.(*fake.Clientset)
+	deadline := time.Now().Add(10 * time.Second)
+	for podDeletes(cs) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the Pod was not deleted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.observe(writerPod(true, ""), true)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGlobalWriterEnd: a writer's sandbox ends when its workload has (not with the Pod,
+// which runs on for the commit); a reader's only with its Pod. A group writer's sidecars
+// are stopped through their agents when the primary ends, and the sandbox ends with the
+// last of them.
+func TestGlobalWriterEnd(t *testing.T) {
+	b := snapBackend(t, 0)
+	b.cfg.Client = fake.NewSimpleClientset()
+	b.ctx = context.Background()
+	mk := func(spec *runtime.Spec) *sandbox {
+		return &sandbox{id: "x", spec: *spec, changed: make(chan struct{}), done: make(chan struct{})}
+	}
+	isDone := func(s *sandbox) bool {
+		select {
+		case <-s.done:
+			return true
+		default:
+			return false
+		}
+	}
+	w, r := mk(writerSpec("")), mk(globalSpec(""))
+	for _, s := range []*sandbox{w, r} {
+		b.mu.Lock()
+		s.pod = writerPod(false, "")
+		b.evaluateLocked(s)
+		if isDone(s) {
+			t.Errorf("commits %v: ended while the primary runs", commits(&s.spec))
+		}
+		s.pod = writerPod(true, `{"state":"MAIN_STATE_COMPLETED","exit_code":0}`)
+		b.evaluateLocked(s)
+		b.mu.Unlock()
+	}
+	if !isDone(w) || w.exit.ExitCode == nil || *w.exit.ExitCode != 0 || w.exit.Reason == "Killed" {
+		t.Errorf("writer: done %v, exit %+v; want ended, exit 0", isDone(w), w.exit)
+	}
+	if isDone(r) {
+		t.Error("a reader's sandbox ended before its Pod")
+	}
+
+	// A group writer: the primary's end stops the sidecar through its agent, not by
+	// deleting the Pod; the sandbox ends once the sidecar has terminated.
+	gspec := writerSpec("")
+	gspec.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
+	g := mk(gspec)
+	pod := writerPod(true, `{"state":"MAIN_STATE_COMPLETED","exit_code":0}`)
+	pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: "web",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})
+	b.mu.Lock()
+	g.pod = pod
+	b.evaluateLocked(g)
+	stopping := g.stopping
+	b.mu.Unlock()
+	if isDone(g) || !stopping {
+		t.Errorf("group writer: done %v, stopping %v; want the sidecar stopped first", isDone(g), stopping)
+	}
+	ended := pod.DeepCopy()
+	ended.Status.ContainerStatuses[3].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 143}}
+	b.mu.Lock()
+	g.pod = ended
+	b.evaluateLocked(g)
+	b.mu.Unlock()
+	if !isDone(g) {
+		t.Error("group writer: not ended once the sidecar terminated")
+	}
+}
