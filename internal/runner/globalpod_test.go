@@ -1,8 +1,10 @@
 package runner
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -10,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -24,6 +28,7 @@ type podArchiveFake struct {
 	stopped bool
 	data    []byte
 	claims  runtime.ArchiveStats
+	stream  func(io.Writer) error // instead of data
 }
 
 func (podArchiveFake) CapturesLive() bool             { return true }
@@ -36,6 +41,9 @@ type podCapture struct{ f podArchiveFake }
 
 func (podCapture) Pause() time.Duration { return 0 }
 func (c podCapture) WriteArchive(_ context.Context, w io.Writer) (runtime.ArchiveStats, error) {
+	if c.f.stream != nil {
+		return c.f.claims, c.f.stream(w)
+	}
 	_, err := w.Write(c.f.data)
 	return c.f.claims, err
 }
@@ -118,5 +126,49 @@ func TestCommitGlobalFromPod(t *testing.T) {
 		if err != nil || got.Generation != 1 || m.ContentBytes != 8 || m.Files != 2 {
 			t.Errorf("%s: %+v, %v (stored %+v); want generation 1 with the runner's count (8 bytes, 2 entries), not the Pod's %+v", c.name, m, err, got, lie)
 		}
+	}
+
+	// An archive declaring a file far over the volume's size (a sparse file, all zeros:
+	// it compresses to nothing, so the archive's own bound would let it stream for
+	// long): refused at its header, and the capture is ended there, not read to its end.
+	if err := WriteGlobalManifest(ctx, store, prefix, GlobalManifest{Generation: 0}); err != nil {
+		t.Fatal(err)
+	}
+	var streamed int64
+	huge := func(w io.Writer) error {
+		zw, err := zstd.NewWriter(w)
+		if err != nil {
+			return err
+		}
+		tw := tar.NewWriter(zw)
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "./", Mode: 0o755}); err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "sparse", Mode: 0o644, Size: 1 << 40}); err != nil {
+			return err
+		}
+		zeros := make([]byte, 1<<20)
+		for streamed < 1<<40 {
+			if _, err := tw.Write(zeros); err != nil {
+				return err
+			}
+			if err := zw.Flush(); err != nil {
+				return err
+			}
+			streamed += int64(len(zeros))
+			if streamed > 4<<30 {
+				return errors.New("the capture was not ended")
+			}
+		}
+		return nil
+	}
+	r := newRunner(podArchiveFake{Fake: fake(), stopped: true, stream: huge, claims: lie})
+	start := time.Now()
+	_, err = r.commitGlobal("sbx-2", writer.Volumes[0])
+	if err == nil || !strings.Contains(err.Error(), "more than its") || streamed > 64<<20 {
+		t.Errorf("a 1 TiB sparse file: %v after %d bytes streamed (%s); want it refused at once", err, streamed, time.Since(start))
+	}
+	if got, _ := ReadGlobalManifest(ctx, store, prefix); got.Generation != 0 {
+		t.Errorf("committed generation %d", got.Generation)
 	}
 }

@@ -323,7 +323,14 @@ func (r *Runner) commitGlobal(id string, v runtime.Volume) (GlobalManifest, erro
 		go func() {
 			defer close(checked)
 			chkStats, chkErr = fsarchive.Check(ctx, chkR, runtime.ArchiveLimits{MaxBytes: max(v.SizeBytes, 0)})
-			_, _ = io.Copy(io.Discard, chkR) // never block the upload
+			if chkErr != nil {
+				// The archive is refused: its writer's next write fails, which ends the
+				// capture and the upload (an archive declaring a huge sparse file is not
+				// streamed to its end).
+				_ = chkR.CloseWithError(chkErr)
+				return
+			}
+			_, _ = io.Copy(io.Discard, chkR) // trailing bytes: never block the upload
 		}()
 	} else {
 		close(checked)
@@ -347,13 +354,17 @@ func (r *Runner) commitGlobal(id string, v runtime.Volume) (GlobalManifest, erro
 	if check && archErr == nil && chkErr == nil {
 		stats = chkStats
 	}
+	// A refused check ends the capture with its error (chkErr is then also archErr's).
+	refused := check && chkErr != nil && (archErr == nil || errors.Is(archErr, chkErr))
 	switch {
 	case errors.Is(archErr, errSizeExceeded):
 		err = fmt.Errorf("the volume's archive exceeds %d bytes", limit)
+	case refused && errors.Is(chkErr, fsarchive.ErrTooLarge):
+		err = fmt.Errorf("the volume's files hold more than its %d bytes: they would not fit the next copy: %w", v.SizeBytes, chkErr)
+	case refused:
+		err = fmt.Errorf("the archive made in the sandbox is not valid: %w", chkErr)
 	case archErr != nil:
 		err = fmt.Errorf("archive: %w", archErr)
-	case check && errors.Is(chkErr, fsarchive.ErrTooLarge):
-		err = fmt.Errorf("the volume's files hold more than its %d bytes: they would not fit the next copy: %w", v.SizeBytes, chkErr)
 	case check && chkErr != nil:
 		err = fmt.Errorf("the archive made in the sandbox is not valid: %w", chkErr)
 	case putErr != nil:
