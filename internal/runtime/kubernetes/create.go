@@ -217,8 +217,10 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
 		inPod := acfg
-		if len(plan) > 0 {
-			// Held in standby until the restored volumes are filled (snapshot.go).
+		if holdInStandby(spec, plan) {
+			// Held in standby until the restored volumes are filled (snapshot.go), and a
+			// GLOBAL writer's until its filler's agent answers (also on an empty volume):
+			// the gate's hold and the commit go through that agent.
 			start := acfg
 			start.Identity = nil
 			if startCfg, err = json.Marshal(&start); err != nil {

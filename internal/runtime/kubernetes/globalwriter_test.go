@@ -437,3 +437,33 @@ func TestGlobalWriterEnd(t *testing.T) {
 		t.Error("group writer: not ended once the sidecar terminated")
 	}
 }
+
+// TestGlobalWriterEmptyVolumeHeld: a writer of an empty volume (nothing to restore) is
+// still held in standby, and its workload starts only once the filler's agent answers
+// (the gate holds the Pod for that agent, the commit archives through it): with the
+// filler not answering, runRestores fails rather than letting a short command end before
+// the filler is there; with it answering, it returns.
+func TestGlobalWriterEmptyVolumeHeld(t *testing.T) {
+	spec := writerSpec("")
+	if !holdInStandby(spec, nil) || holdInStandby(globalSpec(""), nil) {
+		t.Errorf("holdInStandby: writer %v, reader %v; want only the writer held", holdInStandby(spec, nil), holdInStandby(globalSpec(""), nil))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, s, _ := behindGateWithFiller(t, ctx, &stopAgent{called: make(chan struct{})})
+	if err := b.runRestores(ctx, s, nil); err != nil {
+		t.Fatalf("runRestores with the filler answering: %v", err)
+	}
+	// No filler agent behind the dial: the workload is not started.
+	nb := snapBackend(t, 0)
+	nb.ctx = ctx
+	nb.cfg.Namespace, nb.cfg.StartTimeout = "ns", 500*time.Millisecond
+	nb.cfg.Client = fake.NewSimpleClientset()
+	nb.cfg.Dial = func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("refused") }
+	ns := &sandbox{id: "x", spec: *spec, client: s.client, server: s.server, ident: s.ident, uid: "u1", idents: s.idents,
+		pod: writerPod(false, ""), changed: make(chan struct{}), done: make(chan struct{})}
+	nb.sandboxes["x"] = ns
+	if err := nb.runRestores(ctx, ns, nil); err == nil || !strings.Contains(err.Error(), "filler") {
+		t.Errorf("runRestores with no filler agent: %v, want the filler's error", err)
+	}
+}

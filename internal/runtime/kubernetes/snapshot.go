@@ -484,9 +484,23 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 	}, nil
 }
 
+// holdInStandby reports whether a single-container sandbox's agent is held in standby
+// before its main command starts: to fill its restored volumes, and for a GLOBAL writer
+// (also of an empty volume) until its filler's agent answers.
+func holdInStandby(spec *runtime.Spec, plan []restore) bool {
+	return len(plan) > 0 || commits(spec)
+}
+
 // runRestores fills the planned volumes through the agents (held in standby), each once
 // its container's agent answers.
 func (b *Backend) runRestores(ctx context.Context, s *sandbox, plan []restore) error {
+	if commits(&s.spec) {
+		// A GLOBAL writer's workload starts only once the filler's agent answers: the
+		// gate holds the Pod for that agent, and the commit archives through it.
+		if err := b.waitAgent(ctx, s, containerFiller); err != nil {
+			return fmt.Errorf("GLOBAL volume filler: %w", err)
+		}
+	}
 	for _, r := range plan {
 		if err := b.waitAgent(ctx, s, r.container); err != nil {
 			return fmt.Errorf("restore volume %q: %w", r.volume, err)

@@ -358,16 +358,27 @@ func agentEnded(stop context.Context, statusFile, socket string) {
 	}
 }
 
-// socketGone returns once the agent socket refuses connections or ctx has ended.
+// holdAppear bounds how long the hold waits for the held agent's socket to answer a
+// first time: a refusal before that is "not there yet" (the held container still
+// starting), not "gone"; a held agent that never answers within it ends the hold.
+var holdAppear = 2 * time.Minute
+
+// socketGone returns once the agent socket, having answered at least once (or not
+// within holdAppear), refuses connections, or ctx has ended.
 func socketGone(ctx context.Context, socket string) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
+	seen := false
+	appear := time.Now().Add(holdAppear)
 	for ctx.Err() == nil {
 		c, err := net.DialTimeout("unix", socket, time.Second)
-		if err != nil {
+		if err != nil && (seen || !time.Now().Before(appear)) {
 			return
 		}
-		c.Close()
+		if err == nil {
+			seen = true
+			c.Close()
+		}
 		select {
 		case <-t.C:
 		case <-ctx.Done():

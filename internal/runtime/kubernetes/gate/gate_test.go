@@ -293,7 +293,14 @@ func TestCompleteConfigEnvFromProcess(t *testing.T) {
 // TestServeHold: with HoldFor, the gate stays up after the primary's agent has ended
 // (final status, socket gone) while the held container's agent listens, serves it,
 // and ends (the primary's status in its termination log) once that agent has ended.
-func TestServeHold(t *testing.T) {
+func TestServeHold(t *testing.T) { testServeHold(t, 0) }
+
+// TestServeHoldLate: the held container's agent listens only after the primary's has
+// ended (the filler still starting): the gate waits for its socket to appear rather
+// than taking "not there yet" for "gone".
+func TestServeHoldLate(t *testing.T) { testServeHold(t, 700*time.Millisecond) }
+
+func testServeHold(t *testing.T, late time.Duration) {
 	dir := t.TempDir()
 	_, serverDER := keyPair(t, dir, "server")
 	client, _ := keyPair(t, dir, "client")
@@ -305,20 +312,19 @@ func TestServeHold(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(containers, "filler"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	filler, err := net.Listen("unix", filepath.Join(containers, "filler", Socket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			c, err := filler.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("filler"))
-			c.Close()
+	listen := func() net.Listener {
+		filler, err := net.Listen("unix", filepath.Join(containers, "filler", Socket))
+		if err != nil {
+			t.Error(err)
 		}
-	}()
+		return filler
+	}
+	fillerc := make(chan net.Listener, 1)
+	if late == 0 {
+		fillerc <- listen()
+	} else {
+		time.AfterFunc(late, func() { fillerc <- listen() })
+	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
@@ -330,6 +336,25 @@ func TestServeHold(t *testing.T) {
 			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), ContainersDir: containers,
 			StatusFile: status, TerminationLog: termLog, HoldFor: "filler", DialTimeout: 200 * time.Millisecond,
 		})
+	}()
+	var filler net.Listener
+	select {
+	case err := <-ended:
+		t.Fatalf("the gate ended before the held agent listened: %v", err)
+	case filler = <-fillerc:
+	}
+	if filler == nil {
+		t.FailNow()
+	}
+	go func() {
+		for {
+			c, err := filler.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("filler"))
+			c.Close()
+		}
 	}()
 	select {
 	case err := <-ended:
