@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
@@ -295,6 +297,59 @@ func workloadEnded(p *corev1.Pod, spec *runtime.Spec) bool {
 		}
 	}
 	return p != nil
+}
+
+// workloadRuns reports whether any workload container of p (the primary, a sidecar)
+// has not terminated.
+func workloadRuns(p *corev1.Pod, spec *runtime.Spec) bool {
+	for _, name := range workloadPodNames(spec) {
+		if cs := podContainerStatus(statusesOf(p), name); cs == nil || cs.State.Terminated == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// workloadRunning reports whether any workload container of p runs.
+func workloadRunning(p *corev1.Pod, spec *runtime.Spec) bool {
+	for _, name := range workloadPodNames(spec) {
+		if cs := podContainerStatus(statusesOf(p), name); cs != nil && cs.State.Running != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// annotationWorkloadStarted is set ("true") on a GLOBAL writer's Pod just before its
+// workload is started (after the fill, once the filler answers): captureGlobal commits
+// only the copy of a Pod so marked, also after a runner restart. Set before the Start,
+// a restart between the two finds the agent still in standby (Recover: neverStarted).
+const annotationWorkloadStarted = "sandboxd.io/workload-started"
+
+// markStarted sets annotationWorkloadStarted on a writer's Pod (its in-memory copy too).
+func (b *Backend) markStarted(ctx context.Context, s *sandbox) error {
+	if !commits(&s.spec) {
+		return nil
+	}
+	patch := []byte(`{"metadata":{"annotations":{"` + annotationWorkloadStarted + `":"true"}}}`)
+	p, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Patch(ctx, podName(s.id), types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("mark the GLOBAL writer's workload started: %w", err)
+	}
+	b.mu.Lock()
+	if s.pod == nil || s.pod.UID == p.UID {
+		cp := s.pod.DeepCopy()
+		if cp == nil {
+			cp = p
+		}
+		if cp.Annotations == nil {
+			cp.Annotations = map[string]string{}
+		}
+		cp.Annotations[annotationWorkloadStarted] = "true"
+		s.pod = cp
+	}
+	b.mu.Unlock()
+	return nil
 }
 
 // stopWorkload ends the workload of a GLOBAL writer's Pod without deleting the Pod: each

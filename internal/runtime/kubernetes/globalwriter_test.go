@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -18,6 +19,8 @@ import (
 	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
@@ -134,7 +137,8 @@ func writerPod(mainEnded bool, msg string) *corev1.Pod {
 		main.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: msg,
 			StartedAt: metav1.NewTime(time.Now().Add(-time.Minute)), FinishedAt: metav1.Now()}}
 	}
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sbx-x", Namespace: "ns", UID: "u1", Labels: map[string]string{LabelSandbox: "x"}},
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sbx-x", Namespace: "ns", UID: "u1", Labels: map[string]string{LabelSandbox: "x"},
+		Annotations: map[string]string{annotationWorkloadStarted: "true"}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", ContainerStatuses: []corev1.ContainerStatus{
 			{Name: containerGate, State: running}, main, {Name: containerFiller, State: running}}}}
 }
@@ -465,5 +469,114 @@ func TestGlobalWriterEmptyVolumeHeld(t *testing.T) {
 	nb.sandboxes["x"] = ns
 	if err := nb.runRestores(ctx, ns, nil); err == nil || !strings.Contains(err.Error(), "filler") {
 		t.Errorf("runRestores with no filler agent: %v, want the filler's error", err)
+	}
+}
+
+// recoverWriter is a writer's Pod and Secret as Recover lists them (runner r1).
+func recoverWriter(t *testing.T, b *Backend, spec *runtime.Spec, statuses []corev1.ContainerStatus, annotations map[string]string) []k8sruntime.Object {
+	t.Helper()
+	_, clientPEM, clientKeyPEM, err := selfSigned("sandboxd-runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, serverPEM, _, err := selfSigned("sandbox-" + spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specJSON, _ := json.Marshal(spec)
+	cfg := func(name string) []byte {
+		b, _ := json.Marshal(&agentconfig.Config{Standby: true, Identity: agent.NewIdentity(spec.ID + "/" + name)})
+		return b
+	}
+	data := map[string][]byte{secretSpec: specJSON, secretClientCert: clientPEM, secretClientKey: clientKeyPEM,
+		gate.TLSCertFile: serverPEM, gate.ConfigFile: cfg(""), fillerConfigKey: cfg(containerFiller)}
+	if spec.Multi() {
+		for _, m := range members(spec) {
+			data[configKey(m)] = cfg(m.name)
+		}
+	}
+	lbls := b.labels(spec)
+	return []k8sruntime.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: secretName(spec.ID), Namespace: "sbx", Labels: lbls}, Data: data},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(spec.ID), Namespace: "sbx", UID: types.UID("u-" + spec.ID), Labels: lbls, Annotations: annotations},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: statuses}},
+	}
+}
+
+// TestGlobalWriterRecover: after a runner restart, a group writer whose primary has
+// ended while a sidecar still runs (its stop grace) is alive, not vanished (its copy is
+// not committed while the sidecar writes); a writer whose workload never started (its
+// image not pulled; the Pod never marked started) is vanished and its copy is never
+// captured for a commit.
+func TestGlobalWriterRecover(t *testing.T) {
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
+	ended := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: `{"state":"MAIN_STATE_COMPLETED","exit_code":0}`}}
+	started := map[string]string{annotationWorkloadStarted: "true"}
+	// Labels need the backend: a first one only for them.
+	lb, _ := newFakeBackend(t, Config{})
+	grp := writerSpec("")
+	grp.ID = "grp"
+	grp.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
+	pull := writerSpec("")
+	pull.ID = "pull"
+	var objs []k8sruntime.Object
+	objs = append(objs, recoverWriter(t, lb, grp, []corev1.ContainerStatus{
+		{Name: containerGate, State: running}, {Name: containerMain, State: ended}, {Name: containerFiller, State: running},
+		{Name: members(grp)[1].pod, State: running}}, started)...)
+	objs = append(objs, recoverWriter(t, lb, pull, []corev1.ContainerStatus{
+		{Name: containerGate, State: running}, {Name: containerFiller, State: running},
+		{Name: containerMain, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff"}}}}, nil)...)
+	b, _ := newFakeBackend(t, Config{}, objs...)
+	recs, err := b.Recover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]runtime.Recovered{}
+	for _, r := range recs {
+		got[r.Spec.ID] = r
+	}
+	if r, ok := got["grp"]; !ok || !r.Alive || r.Exit != nil {
+		t.Errorf("group writer with a sidecar running: %+v; want alive", r)
+	}
+	if r, ok := got["pull"]; !ok || r.Alive || r.Exit == nil || r.Exit.Reason != "Vanished" {
+		t.Errorf("writer never started: %+v; want vanished", r)
+	}
+	if _, err := b.CaptureVolume(t.Context(), "pull", "g"); err == nil || !strings.Contains(err.Error(), "never started") {
+		t.Errorf("capture of a writer that never started: %v", err)
+	}
+	if _, err := b.CaptureVolume(t.Context(), "grp", "g"); err == nil || !strings.Contains(err.Error(), "not ended") {
+		t.Errorf("capture of a group writer whose sidecar runs: %v", err)
+	}
+}
+
+// TestGlobalWriterCaptureGuards: captureGlobal commits only the copy of a workload that
+// was started (the Pod marked, not found in standby by Recover) and has ended.
+func TestGlobalWriterCaptureGuards(t *testing.T) {
+	b := snapBackend(t, 0)
+	spec := writerSpec("")
+	mk := func(p *corev1.Pod) *sandbox { return &sandbox{id: "x", spec: *spec, pod: p} }
+	unmarked := writerPod(true, "")
+	unmarked.Annotations = nil
+	held := mk(writerPod(true, ""))
+	held.neverStarted = true
+	for name, c := range map[string]struct {
+		s    *sandbox
+		want string
+	}{
+		"running":       {mk(writerPod(false, "")), "not ended"},
+		"not marked":    {mk(unmarked), "never started"},
+		"never started": {held, "never started"},
+		"ended":         {mk(writerPod(true, "")), ""},
+	} {
+		cp, err := b.captureGlobal(c.s, "g", 1)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v", name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+		if cp != nil {
+			cp.Close()
+		}
 	}
 }

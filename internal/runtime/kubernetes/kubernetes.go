@@ -220,9 +220,12 @@ type sandbox struct {
 	deleted bool
 	// stopping: the primary of a group has ended and the backend is stopping the rest.
 	stopping bool
-	changed  chan struct{} // closed and replaced on every change
-	done     chan struct{} // closed once exit is set
-	exit     runtime.Exit
+	// neverStarted: Recover found the primary's agent still held in standby (a Create cut
+	// short by a restart): a GLOBAL writer's copy is never committed (captureGlobal).
+	neverStarted bool
+	changed      chan struct{} // closed and replaced on every change
+	done         chan struct{} // closed once exit is set
+	exit         runtime.Exit
 
 	// captures counts the open volume captures (snapshot.go), capturesIdle is closed
 	// when it falls to 0; guarded by Backend.mu.
@@ -719,11 +722,21 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 			cancel()
 		}
-		if rec.Alive && pod.Status.PodIP != "" && restoresVolumes(&s.spec) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
-			// A Create restoring volumes cut short by the restart: its main command was
-			// never started (the agent still holds it): vanished, as above.
+		if rec.Exit != nil && rec.Exit.Reason == "Vanished" && commits(&s.spec) && workloadRunning(pod, &s.spec) {
+			// A GLOBAL writer whose primary has ended while a sidecar still runs (in its
+			// stop grace): alive until its whole workload has ended, so that its copy is
+			// not committed while the sidecar writes.
+			rec.Alive, rec.Exit = true, nil
+		}
+		if rec.Alive && pod.Status.PodIP != "" && (restoresVolumes(&s.spec) || commits(&s.spec)) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
+			// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler) cut
+			// short by the restart: its main command was never started (the agent still
+			// holds it): vanished, as above; a writer's copy is never committed.
 			ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's volumes were being restored when the runner stopped", At: time.Now().UTC()}
 			rec.Alive, rec.Exit = false, &ex
+			b.mu.Lock()
+			s.neverStarted = true
+			b.mu.Unlock()
 		}
 		if rec.Alive {
 			b.startLogs(s)

@@ -159,6 +159,15 @@ func (b *Backend) captureGlobal(s *sandbox, volume string, i int) (runtime.Volum
 	if s.deleted || podEnded(s.pod) || s.pod != nil && s.pod.DeletionTimestamp != nil {
 		return nil, fmt.Errorf("capture GLOBAL volume %q of %s: the Pod is gone or going, and the copy with it", volume, s.id)
 	}
+	// Only a copy the workload has written to its end: never one still being filled, or
+	// one of a workload that never started (a Create cut short, an image never pulled),
+	// or while any workload container may still write.
+	if s.neverStarted || s.pod == nil || s.pod.Annotations[annotationWorkloadStarted] != "true" {
+		return nil, fmt.Errorf("capture GLOBAL volume %q of %s: its workload never started: the copy is not committed", volume, s.id)
+	}
+	if workloadRuns(s.pod, &s.spec) {
+		return nil, fmt.Errorf("capture GLOBAL volume %q of %s: its workload has not ended", volume, s.id)
+	}
 	if s.captures == 0 {
 		s.capturesIdle = make(chan struct{})
 	}
