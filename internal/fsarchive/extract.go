@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"math"
 	"os"
@@ -49,6 +50,9 @@ type dirState struct {
 	mode  uint32
 	mtime time.Time
 	fd    int // open only for the innermost directory, else -1
+	// names: Check's record of the entries made in this directory (hashes of their
+	// names, a random seed), to refuse a repeated path as Extract does (EEXIST).
+	names map[uint64]struct{}
 }
 
 type extractor struct {
@@ -103,7 +107,7 @@ func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.Arc
 	}
 	err = ex.run(dec)
 	for _, d := range ex.stack {
-		if d.fd >= 0 && d.fd != rootfd {
+		if !ex.checkOnly && d.fd >= 0 && d.fd != rootfd {
 			unix.Close(d.fd)
 		}
 	}
@@ -136,7 +140,7 @@ func (ex *extractor) run(dec io.Reader) error {
 	if !ex.started {
 		return fmt.Errorf("%w: no root entry %q", ErrInvalid, "./")
 	}
-	for len(ex.stack) > 0 {
+	for len(ex.stack) > 0 && !ex.checkOnly {
 		if err := ex.pop(); err != nil {
 			return err
 		}
@@ -276,19 +280,71 @@ func (ex *extractor) entry(hdr *tar.Header) error {
 		return tooLarge(hdr.Name, "files of more than %d bytes in all", ex.limits.MaxBytes)
 	}
 	if ex.checkOnly {
-		first := !ex.started
-		ex.started = true
-		switch {
-		case name == "." && (!first || hdr.Typeflag != tar.TypeDir):
-			return invalid(hdr.Name, "the root entry must be the first and a directory")
-		case name != "." && first:
-			return invalid(hdr.Name, "the first entry must be the root directory %q", "./")
-		case hdr.Typeflag == tar.TypeReg:
-			ex.stats.Bytes += hdr.Size
-		}
-		return nil
+		return ex.check(name, hdr, xs)
 	}
 	return ex.place(name, hdr, xs)
+}
+
+// check is place for Check: the same refusals, on a stack of directory names (no
+// descriptors) and a set of the names made in each directory being walked.
+func (ex *extractor) check(name string, hdr *tar.Header, xs []xattr) error {
+	first := !ex.started
+	ex.started = true
+	if name == "." {
+		if !first || hdr.Typeflag != tar.TypeDir {
+			return invalid(hdr.Name, "the root entry must be the first and a directory")
+		}
+		ex.stack = append(ex.stack, dirState{name: ".", fd: -1, names: map[uint64]struct{}{}})
+		return nil
+	}
+	if first {
+		return invalid(hdr.Name, "the first entry must be the root directory %q", "./")
+	}
+	parent, base := path.Split(name)
+	parent = strings.TrimSuffix(parent, "/")
+	if parent == "" {
+		parent = "."
+	}
+	for len(ex.stack) > 0 && ex.stack[len(ex.stack)-1].name != parent {
+		ex.stack = ex.stack[:len(ex.stack)-1]
+	}
+	if len(ex.stack) == 0 {
+		return invalid(hdr.Name, "its directory is not in the archive before it (or is not a directory, or the entries are not in depth-first order)")
+	}
+	top := &ex.stack[len(ex.stack)-1]
+	h := maphash.String(nameSeed, base)
+	if _, ok := top.names[h]; ok {
+		return invalid(hdr.Name, "repeated path")
+	}
+	top.names[h] = struct{}{}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		ex.stack = append(ex.stack, dirState{name: name, fd: -1, names: map[uint64]struct{}{}})
+	case tar.TypeReg:
+		ex.stats.Bytes += hdr.Size
+	case tar.TypeSymlink:
+		return checkSymlink(hdr, xs)
+	}
+	return nil
+}
+
+// nameSeed seeds check's name hashes (random: an archive cannot aim at a collision).
+var nameSeed = maphash.MakeSeed()
+
+// checkSymlink refuses a symlink entry Extract would not make.
+func checkSymlink(hdr *tar.Header, xs []xattr) error {
+	target := hdr.Linkname
+	switch {
+	case target == "":
+		return invalid(hdr.Name, "empty symlink target")
+	case len(target) > MaxLink:
+		return invalid(hdr.Name, "symlink target longer than %d bytes", MaxLink)
+	case strings.IndexByte(target, 0) >= 0:
+		return invalid(hdr.Name, "NUL in symlink target")
+	case len(xs) > 0:
+		return invalid(hdr.Name, "xattrs on a symlink")
+	}
+	return nil
 }
 
 // checkEntry checks what one header may say on its own (type, path, records, link,
@@ -490,18 +546,10 @@ func (ex *extractor) file(pfd int, base string, hdr *tar.Header, xs []xattr) err
 }
 
 func (ex *extractor) symlink(pfd int, base string, hdr *tar.Header, xs []xattr) error {
-	target := hdr.Linkname
-	switch {
-	case target == "":
-		return invalid(hdr.Name, "empty symlink target")
-	case len(target) > MaxLink:
-		return invalid(hdr.Name, "symlink target longer than %d bytes", MaxLink)
-	case strings.IndexByte(target, 0) >= 0:
-		return invalid(hdr.Name, "NUL in symlink target")
-	case len(xs) > 0:
-		return invalid(hdr.Name, "xattrs on a symlink")
+	if err := checkSymlink(hdr, xs); err != nil {
+		return err
 	}
-	if err := unix.Symlinkat(target, pfd, base); err != nil {
+	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return invalid(hdr.Name, "repeated path")
 		}

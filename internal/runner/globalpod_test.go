@@ -172,3 +172,16 @@ func TestCommitGlobalFromPod(t *testing.T) {
 		t.Errorf("committed generation %d", got.Generation)
 	}
 }
+
+// TestPodArchiveLimits: a Pod-made GLOBAL archive is checked within the limits its
+// restores extract it within (the entries too), so a committed generation never makes
+// the volume unrestorable.
+func TestPodArchiveLimits(t *testing.T) {
+	l := podArchiveLimits(1 << 30)
+	if l.MaxFiles != maxRestoreFiles || l.MaxBytes != 1<<30 {
+		t.Errorf("limits %+v, want MaxFiles %d (as restores), MaxBytes the volume's size", l, maxRestoreFiles)
+	}
+	if l := podArchiveLimits(-1); l.MaxBytes != 0 {
+		t.Errorf("limits of a volume of no size %+v", l)
+	}
+}

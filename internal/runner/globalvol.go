@@ -322,7 +322,7 @@ func (r *Runner) commitGlobal(id string, v runtime.Volume) (GlobalManifest, erro
 		dst = io.MultiWriter(cw, chkW)
 		go func() {
 			defer close(checked)
-			chkStats, chkErr = fsarchive.Check(ctx, chkR, runtime.ArchiveLimits{MaxBytes: max(v.SizeBytes, 0)})
+			chkStats, chkErr = fsarchive.Check(ctx, chkR, podArchiveLimits(v.SizeBytes))
 			if chkErr != nil {
 				// The archive is refused: its writer's next write fails, which ends the
 				// capture and the upload (an archive declaring a huge sparse file is not
@@ -408,4 +408,12 @@ func checkGlobalBase(ctx context.Context, st blob.Store, g *runtime.GlobalVolume
 		return fmt.Errorf("the volume is at generation %d, not %d this copy started from: another writer committed meanwhile", m.Generation, g.CommitGeneration-1)
 	}
 	return nil
+}
+
+// podArchiveLimits are the limits a Pod-made GLOBAL archive is checked within before it
+// is committed: those its restores extract it within (snapjobs.go: the entries
+// maxRestoreFiles, the files' bytes the volume's size), so that a committed generation
+// is one every later restore can extract.
+func podArchiveLimits(sizeBytes int64) runtime.ArchiveLimits {
+	return runtime.ArchiveLimits{MaxBytes: max(sizeBytes, 0), MaxFiles: maxRestoreFiles}
 }
