@@ -146,7 +146,8 @@ func writerPod(mainEnded bool, msg string) *corev1.Pod {
 // behindGateWithFiller is behindGate for a writer: the gate serves the primary's agent
 // (primary, a handler) and the filler's (a real agent in standby, its own identity) under
 // ContainersDir, held for the filler; the filler's copy is dir/copy.
-func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1connect.AgentServiceHandler) (*Backend, *sandbox, string) {
+// Each sidecar (a group writer) gets its own agent handler, at its name under ContainersDir.
+func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1connect.AgentServiceHandler, sidecars ...sidecarAgent) (*Backend, *sandbox, string) {
 	t.Helper()
 	dir := t.TempDir()
 	client, clientPEM, _, err := selfSigned("sandboxd-runner")
@@ -178,13 +179,26 @@ func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1conn
 		}
 		return ln
 	}
-	pln := listen(filepath.Join(dir, "primary.sock"), ident)
-	mux := http.NewServeMux()
-	mux.Handle(agentv1connect.NewAgentServiceHandler(primary))
-	srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
-	srv.Protocols.SetUnencryptedHTTP2(true)
-	go func() { _ = srv.Serve(pln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	serve := func(ln net.Listener, h agentv1connect.AgentServiceHandler) {
+		mux := http.NewServeMux()
+		mux.Handle(agentv1connect.NewAgentServiceHandler(h))
+		srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
+		srv.Protocols.SetUnencryptedHTTP2(true)
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+	}
+	serve(listen(filepath.Join(dir, "primary.sock"), ident), primary)
+	idents := map[string]*agentconfig.Identity{containerFiller: fident}
+	spec := writerSpec("")
+	spec.ID = "x"
+	for _, sc := range sidecars {
+		if err := os.MkdirAll(filepath.Join(containers, sc.name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		idents[sc.name] = agent.NewIdentity("x/" + sc.name)
+		serve(listen(filepath.Join(containers, sc.name, gate.Socket), idents[sc.name]), sc.handler)
+		spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: sc.name, Image: "busybox", Command: "sh"})
+	}
 	fln := listen(filepath.Join(containers, containerFiller, gate.Socket), fident)
 	fillerDone := make(chan struct{})
 	go func() {
@@ -220,10 +234,8 @@ func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1conn
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	spec := writerSpec("")
-	spec.ID = "x"
 	s := &sandbox{id: "x", spec: *spec, client: client, server: server.Certificate[0], ident: ident, uid: "u1",
-		idents: map[string]*agentconfig.Identity{containerFiller: fident},
+		idents: idents,
 		pod:    writerPod(false, ""), changed: make(chan struct{}), done: make(chan struct{})}
 	b.sandboxes["x"] = s
 	return b, s, dir
@@ -234,6 +246,12 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// sidecarAgent is a group writer's sidecar agent for behindGateWithFiller.
+type sidecarAgent struct {
+	name    string
+	handler agentv1connect.AgentServiceHandler
 }
 
 // stopAgent is a primary agent that records Stop calls.
@@ -415,30 +433,41 @@ func TestGlobalWriterEnd(t *testing.T) {
 		t.Error("a reader's sandbox ended before its Pod")
 	}
 
-	// A group writer: the primary's end stops the sidecar through its agent, not by
-	// deleting the Pod; the sandbox ends once the sidecar has terminated.
-	gspec := writerSpec("")
-	gspec.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
-	g := mk(gspec)
+	// A group writer (registered, behind a real gate, its sidecar's agent a stop agent):
+	// the primary's end stops the sidecar through its agent, not by deleting the Pod;
+	// the sandbox ends once the sidecar has terminated.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	web := &stopAgent{called: make(chan struct{})}
+	gb, g, _ := behindGateWithFiller(t, ctx, &stopAgent{called: make(chan struct{})}, sidecarAgent{"web", web})
+	wpod := members(&g.spec)[1].pod
 	pod := writerPod(true, `{"state":"MAIN_STATE_COMPLETED","exit_code":0}`)
-	pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: "web",
+	pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: wpod,
 		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})
-	b.mu.Lock()
-	g.pod = pod
-	b.evaluateLocked(g)
+	gb.observe(pod, false)
+	gb.mu.Lock()
 	stopping := g.stopping
-	b.mu.Unlock()
+	gb.mu.Unlock()
 	if isDone(g) || !stopping {
 		t.Errorf("group writer: done %v, stopping %v; want the sidecar stopped first", isDone(g), stopping)
 	}
+	select {
+	case <-web.called:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sidecar's agent got no Stop")
+	}
 	ended := pod.DeepCopy()
 	ended.Status.ContainerStatuses[3].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 143}}
-	b.mu.Lock()
-	g.pod = ended
-	b.evaluateLocked(g)
-	b.mu.Unlock()
-	if !isDone(g) {
+	gb.observe(ended, false)
+	select {
+	case <-g.done:
+	case <-time.After(5 * time.Second):
 		t.Error("group writer: not ended once the sidecar terminated")
+	}
+	// The stop's goroutine returns once it saw the end; a fallback would delete the Pod.
+	time.Sleep(500 * time.Millisecond)
+	if n := podDeletes(gb.cfg.Client.(*fake.Clientset)); n != 0 {
+		t.Errorf("%d Pod deletes: the group writer's sidecar must be stopped through its agent", n)
 	}
 }
 
@@ -544,7 +573,9 @@ func TestGlobalWriterRecover(t *testing.T) {
 	if _, err := b.CaptureVolume(t.Context(), "pull", "g"); err == nil || !strings.Contains(err.Error(), "never started") {
 		t.Errorf("capture of a writer that never started: %v", err)
 	}
-	if _, err := b.CaptureVolume(t.Context(), "grp", "g"); err == nil || !strings.Contains(err.Error(), "not ended") {
+	// Refused: the sidecar runs (or, its agent not reachable here, the backend's stop
+	// fell back to deleting the Pod).
+	if _, err := b.CaptureVolume(t.Context(), "grp", "g"); err == nil || !strings.Contains(err.Error(), "not ended") && !strings.Contains(err.Error(), "gone or going") {
 		t.Errorf("capture of a group writer whose sidecar runs: %v", err)
 	}
 }
