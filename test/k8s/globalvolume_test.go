@@ -416,4 +416,43 @@ func TestGlobalVolumeWriter(t *testing.T) {
 			t.Fatalf("the writer's Pod is still there: %v", err)
 		}
 	}
+
+	// A group writer (a sidecar beside the primary): the primary's exit stops the
+	// sidecar through its agent (the Pod stays), then the copy is committed.
+	res, err = e.api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{
+			{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `sleep 1; echo group >> /data/a.txt`},
+				VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data"}}},
+			{Name: "side", Image: busybox, Command: "/bin/sh", Args: []string{"-c", idle}},
+		},
+		Volumes: []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
+	}}}))
+	if err != nil {
+		t.Fatalf("group writer: %v", err)
+	}
+	gwWait(t, e.api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	m3 := e.waitGeneration(t, 3)
+	if got := e.generationFiles(t, m3, "a.txt"); got["a.txt"] != "one\ntwo\ngroup\n" {
+		t.Errorf("generation 3 (the group writer's): %v", got)
+	}
+
+	// A hostile writer: a file far over the volume's size (sparse: it takes no disk, and
+	// all zeros it compresses to nothing) and a symlink to the Pod's root. The archive
+	// made in its Pod is refused by the runner's check at that file's header: nothing is
+	// committed, generation 3 stays, and the lease is released (the next writer runs).
+	res, err = create(false, `ln -s / /data/escape && truncate -s 20G /data/sparse && ls -ls /data/sparse`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwWait(t, e.api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	res, err = create(false, `cat /data/a.txt; test ! -e /data/sparse`)
+	if err != nil {
+		t.Fatalf("the writer after a refused commit: %v", err)
+	}
+	gwWait(t, e.api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	if m := e.waitGeneration(t, 4); m.SandboxID != res.Msg.GetSandboxId() {
+		t.Errorf("generation 4 by %s, want the writer after the refused one", m.SandboxID)
+	} else if got := e.generationFiles(t, m, "a.txt", "sparse"); got["a.txt"] != "one\ntwo\ngroup\n" || !strings.HasPrefix(got["sparse"], "<") {
+		t.Errorf("generation 4: %v, want generation 3's content and no sparse file", got)
+	}
 }
