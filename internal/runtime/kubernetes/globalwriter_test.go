@@ -611,3 +611,16 @@ func TestGlobalWriterCaptureGuards(t *testing.T) {
 		}
 	}
 }
+
+// TestPrimaryTerminationLogOnlyForWriters: the primary's own termination message is
+// read as the agent's final status only for a GLOBAL writer's Pod (docs/hardening.md):
+// any other Pod's primary (whose message its workload could set) is never believed.
+func TestPrimaryTerminationLogOnlyForWriters(t *testing.T) {
+	p := writerPod(true, `{"state":"MAIN_STATE_COMPLETED","exit_code":42}`)
+	if ex := exitOf(p, false, 0, true); ex.ExitCode == nil || *ex.ExitCode != 42 {
+		t.Errorf("writer: exit %+v, want the primary's own status (42)", ex)
+	}
+	if ex := exitOf(p, false, 0, false); ex.ExitCode != nil && *ex.ExitCode == 42 {
+		t.Errorf("not a writer: exit %+v read from the primary's own termination message", ex)
+	}
+}

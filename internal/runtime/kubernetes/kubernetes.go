@@ -361,7 +361,7 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 		// ends with the last workload container, not with the Pod.
 		writer := commits(&s.spec)
 		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && s.spec.Multi() && primaryEnded(s.pod) {
-			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit)
+			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit, writer)
 			close(s.done)
 		}
 		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {

@@ -638,7 +638,7 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 		}
 		fromPod(st, cs)
 		if m.primary && (ended || primaryEnded(pod)) {
-			ex := exitOf(pod, false, m.c.RestartLimit)
+			ex := exitOf(pod, false, m.c.RestartLimit, commits(&s.spec))
 			st.State, st.ExitCode, st.Restarts, st.Reason, st.Message = runtime.ContainerExited, ex.ExitCode, ex.Restarts, ex.Reason, ex.Message
 			continue
 		}
