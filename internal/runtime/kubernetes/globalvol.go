@@ -285,11 +285,8 @@ func workloadPodNames(spec *runtime.Spec) []string {
 
 // workloadEnded reports whether every workload container of a GLOBAL writer's Pod has
 // terminated (the Pod runs on with the gate and the filler until the runner has archived
-// the copy), or the gate has (then the filler's hold is over too).
+// the copy). A gate that terminated first does not end the sandbox (gateEnded).
 func workloadEnded(p *corev1.Pod, spec *runtime.Spec) bool {
-	if cs := podContainerStatus(statusesOf(p), containerGate); cs != nil && cs.State.Terminated != nil {
-		return true
-	}
 	for _, name := range workloadPodNames(spec) {
 		cs := podContainerStatus(statusesOf(p), name)
 		if cs == nil || cs.State.Terminated == nil {
@@ -297,6 +294,12 @@ func workloadEnded(p *corev1.Pod, spec *runtime.Spec) bool {
 		}
 	}
 	return p != nil
+}
+
+// gateEnded reports whether p's gate has terminated.
+func gateEnded(p *corev1.Pod) bool {
+	cs := podContainerStatus(statusesOf(p), containerGate)
+	return cs != nil && cs.State.Terminated != nil
 }
 
 // workloadRuns reports whether any workload container of p (the primary, a sidecar)

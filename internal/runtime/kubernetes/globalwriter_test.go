@@ -624,3 +624,39 @@ func TestPrimaryTerminationLogOnlyForWriters(t *testing.T) {
 		t.Errorf("not a writer: exit %+v read from the primary's own termination message", ex)
 	}
 }
+
+// TestGlobalWriterGateEnded: a writer whose gate terminated while its workload runs is
+// not ended (its copy would be committed while it writes): its workload is stopped as on
+// Stop (here its agents are unreachable without the gate: the Pod is deleted), and the
+// sandbox ends with the Pod.
+func TestGlobalWriterGateEnded(t *testing.T) {
+	b := snapBackend(t, 0)
+	b.ctx = context.Background()
+	b.log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	b.cfg.Namespace, b.cfg.ForceDeleteAfter = "ns", time.Second
+	b.cfg.Client = fake.NewSimpleClientset(writerPod(false, ""))
+	b.cfg.Dial = func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("refused") }
+	spec := writerSpec("")
+	spec.ID = "x"
+	s := &sandbox{id: "x", spec: *spec, uid: "u1", changed: make(chan struct{}), done: make(chan struct{})}
+	b.sandboxes["x"] = s
+	p := writerPod(false, "")
+	p.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}
+	b.observe(p, false)
+	select {
+	case <-s.done:
+		t.Fatal("the writer's sandbox ended with its gate while its workload runs")
+	default:
+	}
+	cs := b.cfg.Client.(*fake.Clientset)
+	deadline := time.Now().Add(10 * time.Second)
+	for podDeletes(cs) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the workload was not stopped (no Pod delete after its agents were unreachable)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := b.CaptureVolume(context.Background(), "x", "g"); err == nil {
+		t.Error("the copy captured while the workload ran")
+	}
+}

@@ -364,6 +364,22 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit, writer)
 			close(s.done)
 		}
+		if writer && !s.deleted && !s.stopping && gateEnded(s.pod) && !workloadEnded(s.pod, &s.spec) && !podEnded(s.pod) {
+			// A writer's gate ended while its workload runs (it was killed, or crashed):
+			// the workload is stopped as on Stop (through its agents, else the Pod is
+			// deleted, and the copy with it), not taken for ended while it still writes.
+			s.stopping = true
+			rest := runningWorkload(s.pod, &s.spec)
+			go func() {
+				grace := max(int64(b.cfg.TerminationGrace/time.Second), 1)
+				if stopped, _ := b.stopWorkload(b.ctx, s, rest, time.Duration(grace)*time.Second); stopped {
+					return
+				}
+				if err := b.deletePod(b.ctx, s, grace); err != nil {
+					b.log.Warn("stop a GLOBAL writer whose gate ended", "sandbox", s.id, "err", err)
+				}
+			}()
+		}
 		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {
 			// The primary's end ends the sandbox: the other containers get the grace
 			// period (the Pod's deletion sends them SIGTERM; a writer's, their agents'
