@@ -114,6 +114,13 @@ type Agent struct {
 	// backend that holds a container whose environment only the container knows (the
 	// Kubernetes backend's multi-container Pods: the image's env, as the kubelet set it).
 	standbyBase agentconfig.Config
+
+	// stopMain cancels Run's context (a stop request, as SIGTERM is: the Stop RPC);
+	// killMain is closed once the Stop call's grace has run out: the main command's
+	// process group gets SIGKILL.
+	stopMain context.CancelFunc
+	killMain chan struct{}
+	killOnce sync.Once
 }
 
 // inflight counts running calls.
@@ -191,6 +198,8 @@ func Run(ctx context.Context, opts Options) (int, error) {
 		return 1, err
 	}
 	defer a.devNull.Close()
+	ctx, a.stopMain = context.WithCancel(ctx)
+	defer a.stopMain()
 
 	path, h := agentv1connect.NewAgentServiceHandler(&service{a: a},
 		connect.WithReadMaxBytes(MaxMessageBytes), connect.WithSendMaxBytes(MaxMessageBytes))
@@ -298,6 +307,8 @@ func newAgent(opts Options) (*Agent, error) {
 		execs:       make(map[*proc]struct{}),
 		startCh:     make(chan struct{}),
 		filesDone:   make(chan struct{}),
+		killMain:    make(chan struct{}),
+		stopMain:    func() {},
 	}
 	if opts.Config.Standby {
 		a.cfg = &agentconfig.Config{Standby: true}
@@ -329,6 +340,18 @@ func (a *Agent) configure(cfg *agentconfig.Config) {
 	a.startDone = true
 	a.started.Store(true)
 	close(a.startCh)
+}
+
+// stop is the Stop RPC: a stop request (as SIGTERM), and SIGKILL to the main command's
+// process group once grace has run out.
+func (a *Agent) stop(grace time.Duration) {
+	a.stopMain()
+	kill := func() { a.killOnce.Do(func() { close(a.killMain) }) }
+	if grace <= 0 {
+		kill()
+		return
+	}
+	time.AfterFunc(grace, kill)
 }
 
 // errNotStarted is what calls that need the main command's config get in standby.
@@ -558,7 +581,12 @@ func (a *Agent) supervise(ctx context.Context) int {
 			case <-ctx.Done():
 				stopped = true
 				p.kill(syscall.SIGTERM)
-				code = <-exited
+				select {
+				case code = <-exited:
+				case <-a.killMain: // a Stop call's grace ran out
+					p.kill(syscall.SIGKILL)
+					code = <-exited
+				}
 			}
 			<-outDone
 		} else {

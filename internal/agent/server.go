@@ -559,6 +559,20 @@ func (s *service) requireFiles(ctx context.Context) error {
 	}
 }
 
+// Stop implements the Stop RPC (agent.proto): the main command is stopped, killed after
+// grace (at most maxStopGrace), and the agent ends.
+func (s *service) Stop(_ context.Context, req *connect.Request[agentv1.StopRequest]) (*connect.Response[agentv1.StopResponse], error) {
+	grace := req.Msg.GetGrace().AsDuration()
+	if grace < 0 {
+		return nil, invalidArg("grace: negative")
+	}
+	s.a.stop(min(grace, maxStopGrace))
+	return connect.NewResponse(&agentv1.StopResponse{}), nil
+}
+
+// maxStopGrace bounds a Stop call's grace (a sandbox's longest termination grace).
+const maxStopGrace = 10 * time.Minute
+
 func (s *service) Start(ctx context.Context, req *connect.Request[agentv1.StartRequest]) (*connect.Response[agentv1.StartResponse], error) {
 	var cfg agentconfig.Config
 	if err := json.Unmarshal(req.Msg.Config, &cfg); err != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"math"
 	"os"
@@ -49,29 +50,37 @@ type dirState struct {
 	mode  uint32
 	mtime time.Time
 	fd    int // open only for the innermost directory, else -1
+	// names: Check's record of the entries made in this directory (hashes of their
+	// names, a random seed), to refuse a repeated path as Extract does (EEXIST).
+	names map[uint64]struct{}
 }
 
 type extractor struct {
-	ctx     context.Context
-	src     *srcReader
-	tr      *tar.Reader
-	rootfd  int
-	limits  runtime.ArchiveLimits
-	ids     IDMap
-	chown   bool
-	started bool
-	stack   []dirState
-	stats   runtime.ArchiveStats
-	buf     []byte
-	zero    []byte
+	// checkOnly: Check reads the archive and makes nothing (rootfd is -1).
+	checkOnly bool
+	ctx       context.Context
+	src       *srcReader
+	tr        *tar.Reader
+	rootfd    int
+	limits    runtime.ArchiveLimits
+	ids       IDMap
+	chown     bool
+	started   bool
+	stack     []dirState
+	stats     runtime.ArchiveStats
+	buf       []byte
+	zero      []byte
 }
 
 func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap) (runtime.ArchiveStats, error) {
-	rootfd, err := dupDir(root)
-	if err != nil {
-		return runtime.ArchiveStats{}, err
+	rootfd := -1
+	if root != nil {
+		var err error
+		if rootfd, err = dupDir(root); err != nil {
+			return runtime.ArchiveStats{}, err
+		}
+		defer unix.Close(rootfd)
 	}
-	defer unix.Close(rootfd)
 	src := &srcReader{r: r}
 	// The window is bounded (an archive asking for more is refused), so is the memory.
 	// Synchronous decoding: no goroutine reads r behind Extract's back or after it
@@ -85,19 +94,20 @@ func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.Arc
 	}
 	defer dec.Close()
 	ex := &extractor{
-		ctx:    ctx,
-		src:    src,
-		tr:     tar.NewReader(dec),
-		rootfd: rootfd,
-		limits: limits,
-		ids:    ids,
-		chown:  os.Geteuid() == 0,
-		buf:    make([]byte, copyBufSize),
-		zero:   make([]byte, copyBufSize),
+		checkOnly: root == nil,
+		ctx:       ctx,
+		src:       src,
+		tr:        tar.NewReader(dec),
+		rootfd:    rootfd,
+		limits:    limits,
+		ids:       ids,
+		chown:     os.Geteuid() == 0,
+		buf:       make([]byte, copyBufSize),
+		zero:      make([]byte, copyBufSize),
 	}
 	err = ex.run(dec)
 	for _, d := range ex.stack {
-		if d.fd >= 0 && d.fd != rootfd {
+		if !ex.checkOnly && d.fd >= 0 && d.fd != rootfd {
 			unix.Close(d.fd)
 		}
 	}
@@ -130,7 +140,7 @@ func (ex *extractor) run(dec io.Reader) error {
 	if !ex.started {
 		return fmt.Errorf("%w: no root entry %q", ErrInvalid, "./")
 	}
-	for len(ex.stack) > 0 {
+	for len(ex.stack) > 0 && !ex.checkOnly {
 		if err := ex.pop(); err != nil {
 			return err
 		}
@@ -258,35 +268,9 @@ func checkRecords(hdr *tar.Header) ([]xattr, error) {
 }
 
 func (ex *extractor) entry(hdr *tar.Header) error {
-	name := hdr.Name
-	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeSymlink:
-	case tar.TypeDir:
-		name = strings.TrimSuffix(name, "/")
-	case tar.TypeLink:
-		return invalid(hdr.Name, "hard links are not supported")
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		return invalid(hdr.Name, "device nodes and fifos are not supported")
-	default:
-		return invalid(hdr.Name, "entry type %q not supported", hdr.Typeflag)
-	}
-	if name != "." {
-		if err := checkPath(name); err != nil {
-			return invalid(hdr.Name, "%v", err)
-		}
-	}
-	xs, err := checkRecords(hdr)
+	name, xs, err := checkEntry(hdr)
 	if err != nil {
-		return invalid(hdr.Name, "%v", err)
-	}
-	if hdr.Typeflag != tar.TypeSymlink && hdr.Linkname != "" {
-		return invalid(hdr.Name, "link target on a non-link")
-	}
-	if hdr.Typeflag != tar.TypeReg && hdr.Size != 0 {
-		return invalid(hdr.Name, "size on a non-file")
-	}
-	if hdr.Uid < 0 || hdr.Uid > math.MaxUint32 || hdr.Gid < 0 || hdr.Gid > math.MaxUint32 {
-		return invalid(hdr.Name, "owner out of range")
+		return err
 	}
 	ex.stats.Files++
 	if ex.limits.MaxFiles > 0 && ex.stats.Files > ex.limits.MaxFiles {
@@ -295,6 +279,112 @@ func (ex *extractor) entry(hdr *tar.Header) error {
 	if hdr.Typeflag == tar.TypeReg && ex.limits.MaxBytes > 0 && hdr.Size > ex.limits.MaxBytes-ex.stats.Bytes {
 		return tooLarge(hdr.Name, "files of more than %d bytes in all", ex.limits.MaxBytes)
 	}
+	if ex.checkOnly {
+		return ex.check(name, hdr, xs)
+	}
+	return ex.place(name, hdr, xs)
+}
+
+// check is place for Check: the same refusals, on a stack of directory names (no
+// descriptors) and a set of the names made in each directory being walked.
+func (ex *extractor) check(name string, hdr *tar.Header, xs []xattr) error {
+	first := !ex.started
+	ex.started = true
+	if name == "." {
+		if !first || hdr.Typeflag != tar.TypeDir {
+			return invalid(hdr.Name, "the root entry must be the first and a directory")
+		}
+		ex.stack = append(ex.stack, dirState{name: ".", fd: -1, names: map[uint64]struct{}{}})
+		return nil
+	}
+	if first {
+		return invalid(hdr.Name, "the first entry must be the root directory %q", "./")
+	}
+	parent, base := path.Split(name)
+	parent = strings.TrimSuffix(parent, "/")
+	if parent == "" {
+		parent = "."
+	}
+	for len(ex.stack) > 0 && ex.stack[len(ex.stack)-1].name != parent {
+		ex.stack = ex.stack[:len(ex.stack)-1]
+	}
+	if len(ex.stack) == 0 {
+		return invalid(hdr.Name, "its directory is not in the archive before it (or is not a directory, or the entries are not in depth-first order)")
+	}
+	top := &ex.stack[len(ex.stack)-1]
+	h := maphash.String(nameSeed, base)
+	if _, ok := top.names[h]; ok {
+		return invalid(hdr.Name, "repeated path")
+	}
+	top.names[h] = struct{}{}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		ex.stack = append(ex.stack, dirState{name: name, fd: -1, names: map[uint64]struct{}{}})
+	case tar.TypeReg:
+		ex.stats.Bytes += hdr.Size
+	case tar.TypeSymlink:
+		return checkSymlink(hdr, xs)
+	}
+	return nil
+}
+
+// nameSeed seeds check's name hashes (random: an archive cannot aim at a collision).
+var nameSeed = maphash.MakeSeed()
+
+// checkSymlink refuses a symlink entry Extract would not make.
+func checkSymlink(hdr *tar.Header, xs []xattr) error {
+	target := hdr.Linkname
+	switch {
+	case target == "":
+		return invalid(hdr.Name, "empty symlink target")
+	case len(target) > MaxLink:
+		return invalid(hdr.Name, "symlink target longer than %d bytes", MaxLink)
+	case strings.IndexByte(target, 0) >= 0:
+		return invalid(hdr.Name, "NUL in symlink target")
+	case len(xs) > 0:
+		return invalid(hdr.Name, "xattrs on a symlink")
+	}
+	return nil
+}
+
+// checkEntry checks what one header may say on its own (type, path, records, link,
+// size, owner) and returns its clean name and xattrs.
+func checkEntry(hdr *tar.Header) (string, []xattr, error) {
+	name := hdr.Name
+	switch hdr.Typeflag {
+	case tar.TypeReg, tar.TypeSymlink:
+	case tar.TypeDir:
+		name = strings.TrimSuffix(name, "/")
+	case tar.TypeLink:
+		return "", nil, invalid(hdr.Name, "hard links are not supported")
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		return "", nil, invalid(hdr.Name, "device nodes and fifos are not supported")
+	default:
+		return "", nil, invalid(hdr.Name, "entry type %q not supported", hdr.Typeflag)
+	}
+	if name != "." {
+		if err := checkPath(name); err != nil {
+			return "", nil, invalid(hdr.Name, "%v", err)
+		}
+	}
+	xs, err := checkRecords(hdr)
+	if err != nil {
+		return "", nil, invalid(hdr.Name, "%v", err)
+	}
+	if hdr.Typeflag != tar.TypeSymlink && hdr.Linkname != "" {
+		return "", nil, invalid(hdr.Name, "link target on a non-link")
+	}
+	if hdr.Typeflag != tar.TypeReg && hdr.Size != 0 {
+		return "", nil, invalid(hdr.Name, "size on a non-file")
+	}
+	if hdr.Uid < 0 || hdr.Uid > math.MaxUint32 || hdr.Gid < 0 || hdr.Gid > math.MaxUint32 {
+		return "", nil, invalid(hdr.Name, "owner out of range")
+	}
+	return name, xs, nil
+}
+
+// place makes the checked entry name under its parent.
+func (ex *extractor) place(name string, hdr *tar.Header, xs []xattr) error {
 	first := !ex.started
 	ex.started = true
 	if name == "." {
@@ -456,18 +546,10 @@ func (ex *extractor) file(pfd int, base string, hdr *tar.Header, xs []xattr) err
 }
 
 func (ex *extractor) symlink(pfd int, base string, hdr *tar.Header, xs []xattr) error {
-	target := hdr.Linkname
-	switch {
-	case target == "":
-		return invalid(hdr.Name, "empty symlink target")
-	case len(target) > MaxLink:
-		return invalid(hdr.Name, "symlink target longer than %d bytes", MaxLink)
-	case strings.IndexByte(target, 0) >= 0:
-		return invalid(hdr.Name, "NUL in symlink target")
-	case len(xs) > 0:
-		return invalid(hdr.Name, "xattrs on a symlink")
+	if err := checkSymlink(hdr, xs); err != nil {
+		return err
 	}
-	if err := unix.Symlinkat(target, pfd, base); err != nil {
+	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return invalid(hdr.Name, "repeated path")
 		}

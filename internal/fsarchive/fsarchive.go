@@ -156,5 +156,21 @@ func WriteWith(ctx context.Context, root *os.File, w io.Writer, opts WriteOption
 // the end gets to check it). On error, what was extracted so far stays in root for the
 // caller to remove.
 func Extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap) (runtime.ArchiveStats, error) {
+	if root == nil {
+		return runtime.ArchiveStats{}, errors.New("fsarchive: Extract needs a root directory")
+	}
 	return extract(ctx, r, root, limits, ids)
+}
+
+// Check reads the archive from r to its end as Extract would, within limits, and makes
+// nothing: it refuses every archive Extract would refuse (the format, each entry's type,
+// path, records, link, size and owner, a symlink's target and xattrs, the root entry
+// first, each entry's parent a directory before it in depth-first order, no repeated
+// path, the entries' count and the files' total size, the zstd checksum, and nothing
+// after the end; a directory's names are kept as hashes while it is walked, bounded by
+// limits.MaxFiles), short of what only the filesystem can refuse. The statistics are
+// the archive's own, counted here, not what its writer said (Skipped is 0). For an
+// archive the runner did not make itself (the Kubernetes backend's, made in a Pod).
+func Check(ctx context.Context, r io.Reader, limits runtime.ArchiveLimits) (runtime.ArchiveStats, error) {
+	return extract(ctx, r, nil, limits, IDMap{})
 }

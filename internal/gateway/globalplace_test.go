@@ -92,7 +92,8 @@ func TestGlobalVolumePlacement(t *testing.T) {
 	}
 }
 
-// roGlobalBackend mounts GLOBAL volumes read-only only (as the Kubernetes backend does).
+// roGlobalBackend mounts GLOBAL volumes read-only only (as Kubernetes runners of earlier
+// releases did).
 type roGlobalBackend struct{ *runtimetest.Fake }
 
 func (roGlobalBackend) Support() runtime.Support { return runtime.Support{NoGlobalVolumeWriters: true} }
@@ -106,7 +107,7 @@ func (writerBackend) CaptureVolume(context.Context, string, string) (runtime.Vol
 }
 
 // TestGlobalVolumeWriterPlacement: beside a runner that commits GLOBAL writers, one that
-// mounts them read-only only (Support.NoGlobalVolumeWriters, a Kubernetes runner) takes
+// mounts them read-only only (Support.NoGlobalVolumeWriters, an older Kubernetes runner) takes
 // readers (pinned there, it is placed there), while a read-write mount pinned to it is
 // refused at placement naming placement.ConstraintGlobalVolumeWriters, and unpinned goes
 // to the other runner every time.

@@ -78,7 +78,8 @@ func TestSupportGlobalVolumes(t *testing.T) {
 	}
 }
 
-// roGlobalFake mounts GLOBAL volumes read-only only (as the Kubernetes backend does).
+// roGlobalFake mounts GLOBAL volumes read-only only (as the Kubernetes backend did before
+// it committed writers).
 type roGlobalFake struct{ *runtimetest.Fake }
 
 func (roGlobalFake) Support() runtime.Support { return runtime.Support{NoGlobalVolumeWriters: true} }
@@ -117,8 +118,8 @@ func TestSupportGlobalVolumeWriters(t *testing.T) {
 	}
 }
 
-// subPathGlobalFake mounts GLOBAL volumes read-only and at their root only (as the
-// Kubernetes backend does).
+// subPathGlobalFake mounts GLOBAL volumes read-only and at their root only (as
+// Kubernetes runners of earlier releases did).
 type subPathGlobalFake struct{ *runtimetest.Fake }
 
 func (subPathGlobalFake) Support() runtime.Support {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -229,11 +230,31 @@ func (r *Runner) checkGlobals(spec *runtime.Spec) error {
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL and mounted read-write: this runner's backend mounts GLOBAL volumes read-only only, it cannot commit a writer's copy (mount it read-only, or read-write on another runner)", v.Name)
 		}
 		_, ok := r.backend.(runtime.VolumeCapturer)
-		if lc, live := r.backend.(runtime.LiveCapturer); !ok || (live && lc.CapturesLive()) {
+		if !ok || r.capturesOnlyLive() {
 			return apierr.Newf(apierr.VolumeTypeNotSupported, "volume %q is GLOBAL: this runner's backend cannot upload a writer's copy when the sandbox ends (mount it read-only, or on another runner)", v.Name)
 		}
 	}
 	return nil
+}
+
+// capturesOnlyLive reports whether the backend captures volumes only while the sandbox
+// runs (runtime.LiveCapturer), and not a GLOBAL writer's copy after its workload
+// stopped either (runtime.StoppedGlobalCapturer): then it cannot commit a writer.
+func (r *Runner) capturesOnlyLive() bool {
+	lc, live := r.backend.(runtime.LiveCapturer)
+	if !live || !lc.CapturesLive() {
+		return false
+	}
+	sc, ok := r.backend.(runtime.StoppedGlobalCapturer)
+	return !ok || !sc.CapturesStoppedGlobals()
+}
+
+// podArchives reports whether the backend's archives are made inside the sandbox
+// (runtime.LiveCapturer: through an agent), not by the runner on the host: the runner
+// checks them (fsarchive.Check) before it commits one.
+func (r *Runner) podArchives() bool {
+	lc, live := r.backend.(runtime.LiveCapturer)
+	return live && lc.CapturesLive()
 }
 
 // commitGlobals uploads the GLOBAL volume copies sandbox id holds the write lease of as
@@ -285,24 +306,67 @@ func (r *Runner) commitGlobal(id string, v runtime.Volume) (GlobalManifest, erro
 		stats   runtime.ArchiveStats
 		archErr error
 		written = make(chan struct{})
+		// An archive made in the sandbox's Pod (podArchives) is untrusted: read back as
+		// it is uploaded (fsarchive.Check: format, entries, the files' total size within
+		// the volume's), and its statistics are the runner's count, not the Pod's word.
+		check    = r.podArchives()
+		chkW     *io.PipeWriter
+		chkStats runtime.ArchiveStats
+		chkErr   error
+		checked  = make(chan struct{})
 	)
+	dst := io.Writer(cw)
+	if check {
+		var chkR *io.PipeReader
+		chkR, chkW = io.Pipe()
+		dst = io.MultiWriter(cw, chkW)
+		go func() {
+			defer close(checked)
+			chkStats, chkErr = fsarchive.Check(ctx, chkR, podArchiveLimits(v.SizeBytes))
+			if chkErr != nil {
+				// The archive is refused: its writer's next write fails, which ends the
+				// capture and the upload (an archive declaring a huge sparse file is not
+				// streamed to its end).
+				_ = chkR.CloseWithError(chkErr)
+				return
+			}
+			_, _ = io.Copy(io.Discard, chkR) // trailing bytes: never block the upload
+		}()
+	} else {
+		close(checked)
+	}
 	go func() {
 		defer close(written)
-		stats, archErr = c.WriteArchive(ctx, cw)
+		stats, archErr = c.WriteArchive(ctx, dst)
 		if archErr == nil {
 			_ = pw.Close()
 		} else {
 			_ = pw.CloseWithError(archErr)
 		}
+		if chkW != nil {
+			_ = chkW.CloseWithError(archErr) // nil: EOF
+		}
 	}()
 	info, putErr := r.cfg.Blobs.Put(ctx, key, pr, -1)
 	_ = pr.CloseWithError(errors.New("upload ended"))
 	<-written
+	<-checked
+	if check && archErr == nil && chkErr == nil {
+		stats = chkStats
+	}
+	// A refused check ends the capture with its error (chkErr is then also archErr's).
+	refused := check && chkErr != nil && (archErr == nil || errors.Is(archErr, chkErr))
 	switch {
 	case errors.Is(archErr, errSizeExceeded):
 		err = fmt.Errorf("the volume's archive exceeds %d bytes", limit)
+	case refused && errors.Is(chkErr, fsarchive.ErrTooLarge):
+		err = fmt.Errorf("the volume's files hold more than its %d bytes: they would not fit the next copy: %w", v.SizeBytes, chkErr)
+	case refused:
+		err = fmt.Errorf("the archive made in the sandbox is not valid: %w", chkErr)
 	case archErr != nil:
 		err = fmt.Errorf("archive: %w", archErr)
+	case check && chkErr != nil:
+		err = fmt.Errorf("the archive made in the sandbox is not valid: %w", chkErr)
 	case putErr != nil:
 		err = fmt.Errorf("upload: %w", putErr)
 	case info.Size != cw.n:
@@ -344,4 +408,12 @@ func checkGlobalBase(ctx context.Context, st blob.Store, g *runtime.GlobalVolume
 		return fmt.Errorf("the volume is at generation %d, not %d this copy started from: another writer committed meanwhile", m.Generation, g.CommitGeneration-1)
 	}
 	return nil
+}
+
+// podArchiveLimits are the limits a Pod-made GLOBAL archive is checked within before it
+// is committed: those its restores extract it within (snapjobs.go: the entries
+// maxRestoreFiles, the files' bytes the volume's size), so that a committed generation
+// is one every later restore can extract.
+func podArchiveLimits(sizeBytes int64) runtime.ArchiveLimits {
+	return runtime.ArchiveLimits{MaxBytes: max(sizeBytes, 0), MaxFiles: maxRestoreFiles}
 }

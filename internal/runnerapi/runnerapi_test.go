@@ -704,4 +704,12 @@ func TestRunnerapiRunnerOnlyCalls(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Errorf("archive on the wire: %v", err)
 	}
+	// Stop (the Kubernetes backend's, stopping a Pod's workload): never relayed (the fake
+	// agent would answer UNIMPLEMENTED).
+	if _, err := a.Stop(ctx, connect.NewRequest(&agentv1.StopRequest{})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("stop through the client: %v", err)
+	}
+	if _, err := raw.Stop(sandboxAgent{id: "abc"}.ctx(ctx), connect.NewRequest(&agentv1.StopRequest{})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("stop on the wire: %v", err)
+	}
 }

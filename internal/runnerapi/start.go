@@ -43,3 +43,15 @@ func (a sandboxAgent) ArchivePath(context.Context, *connect.Request[agentv1.Arch
 func (a sandboxAgent) ExtractPath(ctx context.Context) *connect.ClientStreamForClient[agentv1.ExtractPathRequest, agentv1.ExtractPathResponse] {
 	return a.c.ExtractPath(a.ctx(ctx))
 }
+
+// errStopNotRelayed: Stop (the Kubernetes backend stopping a Pod's workload without
+// deleting the Pod) is between a runner and its own agents.
+var errStopNotRelayed = connect.NewError(connect.CodePermissionDenied, errors.New("runnerapi: AgentService.Stop is not relayed: only the runner stops its sandboxes' main commands"))
+
+func (s *relay) Stop(context.Context, *connect.Request[agentv1.StopRequest]) (*connect.Response[agentv1.StopResponse], error) {
+	return nil, errStopNotRelayed
+}
+
+func (a sandboxAgent) Stop(context.Context, *connect.Request[agentv1.StopRequest]) (*connect.Response[agentv1.StopResponse], error) {
+	return nil, errStopNotRelayed
+}

@@ -45,14 +45,15 @@ type Support struct {
 	NoSecretRefs bool
 	// NoGlobalVolumes: the runner cannot mount GLOBAL registered volumes (their content
 	// in the blob store, docs/volumes.md): it has no blob store, or its backend cannot
-	// fill a volume's copy (set by the backend; the Kubernetes backend fills read-only
-	// copies only: NoGlobalVolumeWriters). The runner refuses them at create; placement
+	// fill a volume's copy (set by the backend: the Kubernetes backend without a snapshot
+	// cache directory). The runner refuses them at create; placement
 	// sends a sandbox mounting one only to runners without it. On the wire an older
 	// runner that does not say it can is taken to lack it.
 	NoGlobalVolumes bool
 	// NoGlobalVolumeWriters: the runner mounts GLOBAL volumes read-only only: its backend
-	// cannot commit a writer's copy when the sandbox ends (the Kubernetes backend: set by
-	// the backend). The runner refuses read-write mounts at create; placement sends a
+	// cannot commit a writer's copy when the sandbox ends (set by the backend; Kubernetes
+	// runners of earlier releases said so, the Kubernetes backend commits writers now).
+	// The runner refuses read-write mounts at create; placement sends a
 	// sandbox mounting one read-write only to runners without it (nor NoGlobalVolumes).
 	// On the wire an older runner that does not say is taken to commit them.
 	NoGlobalVolumeWriters bool

@@ -36,6 +36,16 @@ type LiveCapturer interface {
 	CapturesLive() bool
 }
 
+// StoppedGlobalCapturer is implemented by LiveCapturers that still capture a GLOBAL
+// volume writer's copy (Volume.Global, CommitGeneration > 0) once the sandbox's
+// workload has stopped, until Destroy: the Kubernetes backend, whose Pod outlives its
+// workload for that. The runner commits such a writer as on any other backend (after
+// Wait, before Destroy); the archive is made in the sandbox's Pod, so the runner checks
+// it before it commits it.
+type StoppedGlobalCapturer interface {
+	CapturesStoppedGlobals() bool
+}
+
 // VolumeCapture is a captured volume, held until Close.
 type VolumeCapture interface {
 	// Pause is how long the sandbox's workload was paused (frozen) for the capture.

@@ -7,40 +7,45 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/dir"
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/gateway"
-	"github.com/sandboxd/sandboxd/internal/placement"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// TestGlobalVolumeReadOnly: a GLOBAL volume (its content in the blob store,
-// docs/volumes.md) on a Kubernetes runner: a read-only mount works (the copy is restored
-// from the committed generation through the runner-owned filler container before the
-// workload starts; the workload reads it and cannot write it; the filler has exited 0).
-// A read-only mount of a sub_path is refused (Support.NoGlobalVolumeSubPaths).
-// A read-write mount does not yet: the backend cannot commit a writer's copy, so the
-// runner says so (Support.NoGlobalVolumeWriters): the gateway's placement leaves it out
-// for writers (CWSANDBOX_NO_SUITABLE_RUNNER naming
-// placement.ConstraintGlobalVolumeWriters), and the runner refuses a writer's copy
-// itself (CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED). "Not yet" in docs/volumes.md.
-func TestGlobalVolumeReadOnly(t *testing.T) {
+// globalEnv is a gateway over one Kubernetes runner with GLOBAL volume "shared" of
+// org-a READY (generation 0, empty), the gateway and the runner sharing one blob store.
+type globalEnv struct {
+	api    sandboxv1connect.SandboxServiceClient
+	vc     sandboxv1connect.VolumeServiceClient
+	s      *stack.KubernetesStack
+	blobs  blob.Store
+	prefix string
+}
+
+func newGlobalEnv(t *testing.T) *globalEnv {
+	t.Helper()
 	needCluster(t)
 	d := t.TempDir()
 	ctx := context.Background()
@@ -92,12 +97,25 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 			t.Fatalf("volume %v", v.Msg.GetStatus())
 		}
 	}
+	return &globalEnv{api: api, vc: vc, s: s, blobs: blobs, prefix: runner.GlobalVolumePrefix("org-a", "shared")}
+}
+
+// TestGlobalVolumeReadOnly: a GLOBAL volume (its content in the blob store,
+// docs/volumes.md) on a Kubernetes runner: a read-only mount works (the copy is restored
+// from the committed generation through the runner-owned filler container before the
+// workload starts; the workload reads it and cannot write it; the filler has exited 0).
+// A read-only mount of a sub_path is refused (Support.NoGlobalVolumeSubPaths).
+// Read-write mounts: TestGlobalVolumeWriter.
+func TestGlobalVolumeReadOnly(t *testing.T) {
+	e := newGlobalEnv(t)
+	ctx := context.Background()
+	api, s, blobs := e.api, e.s, e.blobs
 	// Generation 1, as a writer on a local runner would have committed it.
 	var arch bytes.Buffer
 	if err := fsarchive.WriteFiles(&arch, map[string][]byte{"hello.txt": []byte("from the blob store\n")}); err != nil {
 		t.Fatal(err)
 	}
-	prefix := runner.GlobalVolumePrefix("org-a", "shared")
+	prefix := e.prefix
 	key := runner.GlobalArchiveKey(prefix, 1, "writer")
 	if _, err := blobs.Put(ctx, key, bytes.NewReader(arch.Bytes()), int64(arch.Len())); err != nil {
 		t.Fatal(err)
@@ -233,39 +251,208 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 		t.Errorf("the runner made a sandbox for a refused sub_path mount (%d, was %d)", n, before)
 	}
 
-	// Read-write: the writer's copy would have to be committed when the sandbox ends,
-	// which this runner cannot do (no container outlives the workload to archive it).
-	// Its runner says so (Support.NoGlobalVolumeWriters, no_global_volume_writers on the
-	// runner wire), so placement leaves it out: with no other runner, the create is
-	// refused before any Pod is made.
-	if res, err := create(false); err == nil {
-		wid := res.Msg.GetSandboxId()
-		_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: wid}))
-		t.Fatalf("sandbox %s mounting a GLOBAL volume read-write created on a Kubernetes runner, want it refused at placement", wid)
-	} else {
-		if connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != apierr.NoSuitableRunner ||
-			!strings.Contains(err.Error(), placement.ConstraintGlobalVolumeWriters) {
-			t.Errorf("read-write: %v, want FAILED_PRECONDITION %s naming %s", err, apierr.NoSuitableRunner, placement.ConstraintGlobalVolumeWriters)
+}
+
+// waitGeneration waits (up to a minute) until the volume's committed generation is gen.
+func (e *globalEnv) waitGeneration(t *testing.T, gen int64) runner.GlobalManifest {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		m, err := runner.ReadGlobalManifest(context.Background(), e.blobs, e.prefix)
+		if err == nil && m.Generation == gen {
+			return m
 		}
-		want := "runner[k8s-runner].sandbox.spec.volumes[0].volume_id"
-		if vs := apierr.Violations(err); len(vs) != 1 || vs[0].Field != want {
-			t.Errorf("read-write: violations %v, want one on %s", vs, want)
+		if time.Now().After(deadline) {
+			t.Fatalf("generation %d not committed: %+v, %v", gen, m, err)
+		}
+	}
+}
+
+// generationFiles extracts the committed generation m as a local runner restores a copy
+// (fsarchive.Extract, bounded by the volume's size) and reads the named files.
+func (e *globalEnv) generationFiles(t *testing.T, m runner.GlobalManifest, names ...string) map[string]string {
+	t.Helper()
+	rc, err := e.blobs.Get(context.Background(), m.BlobKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	dst := t.TempDir()
+	root, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if _, err := fsarchive.Extract(context.Background(), rc, root, runtime.ArchiveLimits{MaxBytes: runner.DefaultGlobalVolumeBytes}, fsarchive.IDMap{}); err != nil {
+		t.Fatalf("generation %d's archive: %v", m.Generation, err)
+	}
+	out := map[string]string{}
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(dst, n))
+		if err != nil {
+			out[n] = "<" + err.Error() + ">"
+			continue
+		}
+		out[n] = string(b)
+	}
+	return out
+}
+
+// TestGlobalVolumeWriter: read-write GLOBAL mounts on a Kubernetes runner (docs/volumes.md
+// "On a Kubernetes runner"): a writer of the empty volume writes, is deleted, and its
+// copy is committed as generation 1 (archived through the filler after the workload
+// stopped, before the Pod went); a second writer meanwhile is refused (the lease); a
+// reader on the Kubernetes runner then sees generation 1, and so does a local runner's
+// restore of its archive; a writer whose command exits (restored from generation 1)
+// commits generation 2 on top of it; its Pod is gone afterwards.
+func TestGlobalVolumeWriter(t *testing.T) {
+	e := newGlobalEnv(t)
+	ctx := context.Background()
+	c := needCluster(t)
+	create := func(readOnly bool, script string) (*connect.Response[sandboxv1.Sandbox], error) {
+		return e.api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+			Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", script},
+				VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: readOnly}}}},
+			Volumes: []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
+		}}}))
+	}
+	exec := func(id, script string) (int32, string) {
+		t.Helper()
+		ex, err := e.api.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"sh", "-c", script}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ex.Msg.GetExitCode(), string(ex.Msg.GetStdout()) + string(ex.Msg.GetStderr())
+	}
+	const idle = `trap "exit 0" TERM; sleep 3600 & wait`
+
+	// Writer 1, of the empty volume (nothing to restore: the filler is there to archive).
+	res, err := create(false, idle)
+	if err != nil {
+		t.Fatalf("read-write GLOBAL mount on the Kubernetes runner: %v", err)
+	}
+	w1 := res.Msg.GetSandboxId()
+	t.Cleanup(func() {
+		_, _ = e.api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: w1}))
+	})
+	gwWait(t, e.api, w1, sandboxv1.State_STATE_RUNNING)
+	if code, out := exec(w1, "echo one > /data/a.txt && mkdir -p /data/d && echo deep > /data/d/b.txt && chmod 600 /data/d/b.txt"); code != 0 {
+		t.Fatalf("write the GLOBAL copy: exit %d, %s", code, out)
+	}
+	pod, err := e.s.Client.CoreV1().Pods(c.namespace).Get(ctx, "sbx-"+w1, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ct := range pod.Spec.Containers {
+		switch ct.Name {
+		case "gate":
+			if !slices.Contains(ct.Command, "--hold") {
+				t.Errorf("the writer's gate command %v, want it held for the filler", ct.Command)
+			}
+		case "cw-object-store-agent-volumes":
+			if ct.Image != c.agentImage {
+				t.Errorf("the filler runs %q", ct.Image)
+			}
+		}
+	}
+	// The lease: a second writer is refused while the first lives.
+	if res, err := create(false, idle); err == nil {
+		_, _ = e.api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: res.Msg.GetSandboxId()}))
+		t.Error("a second writer was created while the first holds the lease")
+	} else if apierr.Reason(err) != apierr.VolumeBusy {
+		t.Errorf("a second writer: %v, want %s", err, apierr.VolumeBusy)
+	}
+	t0 := time.Now()
+	if _, err := e.api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: w1})); err != nil {
+		t.Fatal(err)
+	}
+	m1 := e.waitGeneration(t, 1)
+	t.Logf("writer deleted to generation 1 committed: %s (archive %d bytes, %d files)", time.Since(t0).Round(time.Millisecond), m1.SizeBytes, m1.Files)
+	if m1.SandboxID != w1 || m1.ContentBytes != int64(len("one\ndeep\n")) {
+		t.Errorf("generation 1 %+v, want writer %s's 9 bytes", m1, w1)
+	}
+	if got := e.generationFiles(t, m1, "a.txt", "d/b.txt"); got["a.txt"] != "one\n" || got["d/b.txt"] != "deep\n" {
+		t.Errorf("generation 1 restored as a local runner does: %v", got)
+	}
+
+	// A reader on the Kubernetes runner sees generation 1 (the mount right after the
+	// delete: the gateway waits for a TERMINATING writer's upload).
+	res, err = create(true, idle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1 := res.Msg.GetSandboxId()
+	t.Cleanup(func() {
+		_, _ = e.api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: r1}))
+	})
+	gwWait(t, e.api, r1, sandboxv1.State_STATE_RUNNING)
+	if code, out := exec(r1, "cat /data/a.txt /data/d/b.txt"); code != 0 || out != "one\ndeep\n" {
+		t.Errorf("the reader: exit %d, %q; want generation 1", code, out)
+	}
+	if _, err := e.api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: r1})); err != nil {
+		t.Fatal(err)
+	}
+
+	// Writer 2, whose command exits: restored from generation 1, commits generation 2.
+	res, err = create(false, `cat /data/a.txt > /data/copied.txt && echo two >> /data/a.txt`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2 := res.Msg.GetSandboxId()
+	gwWait(t, e.api, w2, sandboxv1.State_STATE_COMPLETED)
+	m2 := e.waitGeneration(t, 2)
+	if got := e.generationFiles(t, m2, "a.txt", "copied.txt", "d/b.txt"); got["a.txt"] != "one\ntwo\n" || got["copied.txt"] != "one\n" || got["d/b.txt"] != "deep\n" {
+		t.Errorf("generation 2: %v", got)
+	}
+	if m2.SandboxID != w2 {
+		t.Errorf("generation 2 by %s, want %s", m2.SandboxID, w2)
+	}
+	// The writer's Pod goes once its copy is committed.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		_, err := e.s.Client.CoreV1().Pods(c.namespace).Get(ctx, "sbx-"+w2, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer's Pod is still there: %v", err)
 		}
 	}
 
-	// The runner itself refuses a writer's copy at create too (a placement made on a
-	// stale view): CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming the volume, nothing made.
-	before = len(s.Runner.List())
-	_, err = s.Runner.Create(ctx, runner.CreateRequest{Spec: runtime.Spec{
-		Container: runtime.Container{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", "sleep 3600"},
-			VolumeMounts: []runtime.VolumeMount{{Volume: "data", Path: "/data"}}},
-		Volumes: []runtime.Volume{{Name: "data", SizeBytes: runner.DefaultGlobalVolumeBytes,
-			Global: &runtime.GlobalVolume{BlobPrefix: prefix, CommitGeneration: 2, MaxSizeBytes: runner.DefaultGlobalVolumeBytes}}},
-	}})
-	if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), `volume "data"`) || !strings.Contains(err.Error(), "read-only only") {
-		t.Errorf("runner create of a writer's copy: %v, want %s naming the volume", err, apierr.VolumeTypeNotSupported)
+	// A group writer (a sidecar beside the primary): the primary's exit stops the
+	// sidecar through its agent (the Pod stays), then the copy is committed.
+	res, err = e.api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{
+			{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `sleep 1; echo group >> /data/a.txt`},
+				VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data"}}},
+			{Name: "side", Image: busybox, Command: "/bin/sh", Args: []string{"-c", idle}},
+		},
+		Volumes: []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
+	}}}))
+	if err != nil {
+		t.Fatalf("group writer: %v", err)
 	}
-	if n := len(s.Runner.List()); n != before {
-		t.Errorf("the runner made a sandbox for a refused GLOBAL writer (%d, was %d)", n, before)
+	gwWait(t, e.api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	m3 := e.waitGeneration(t, 3)
+	if got := e.generationFiles(t, m3, "a.txt"); got["a.txt"] != "one\ntwo\ngroup\n" {
+		t.Errorf("generation 3 (the group writer's): %v", got)
+	}
+
+	// A hostile writer: a file far over the volume's size (sparse: it takes no disk, and
+	// all zeros it compresses to nothing) and a symlink to the Pod's root. The archive
+	// made in its Pod is refused by the runner's check at that file's header: nothing is
+	// committed, generation 3 stays, and the lease is released (the next writer runs).
+	res, err = create(false, `ln -s / /data/escape && truncate -s 20G /data/sparse && ls -ls /data/sparse`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwWait(t, e.api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	res, err = create(false, `cat /data/a.txt; test ! -e /data/sparse`)
+	if err != nil {
+		t.Fatalf("the writer after a refused commit: %v", err)
+	}
+	gwWait(t, e.api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
+	if m := e.waitGeneration(t, 4); m.SandboxID != res.Msg.GetSandboxId() {
+		t.Errorf("generation 4 by %s, want the writer after the refused one", m.SandboxID)
+	} else if got := e.generationFiles(t, m, "a.txt", "sparse"); got["a.txt"] != "one\ntwo\ngroup\n" || !strings.HasPrefix(got["sparse"], "<") {
+		t.Errorf("generation 4: %v, want generation 3's content and no sparse file", got)
 	}
 }

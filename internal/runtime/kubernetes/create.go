@@ -217,8 +217,10 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
 		inPod := acfg
-		if len(plan) > 0 {
-			// Held in standby until the restored volumes are filled (snapshot.go).
+		if holdInStandby(spec, plan) {
+			// Held in standby until the restored volumes are filled (snapshot.go), and a
+			// GLOBAL writer's until its filler's agent answers (also on an empty volume):
+			// the gate's hold and the commit go through that agent.
 			start := acfg
 			start.Identity = nil
 			if startCfg, err = json.Marshal(&start); err != nil {
@@ -322,6 +324,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		if err := b.runRestores(ctx, s, plan); err != nil {
 			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
+		if err := b.markStarted(ctx, s); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 		// The containers wait held; they start in the spec's order (init containers:
 		// the kubelet's, in order). A *startseq.Failure names the container.
 		if err := startseq.Run(ctx, spec, groupOps{b: b, s: s}); err != nil {
@@ -335,6 +340,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if startCfg != nil {
 		// The agent answers in standby: fill the volumes, then start the main command.
 		if err := b.runRestores(ctx, s, plan); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		if err := b.markStarted(ctx, s); err != nil {
 			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 		if _, err := b.agentClient(s.id, "").Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: startCfg})); err != nil {
@@ -566,6 +574,7 @@ func applyPodSettings(pod *corev1.Pod, ps *runtime.PodSettings) {
 	}
 	if len(ps.Annotations) > 0 {
 		pod.Annotations = maps.Clone(ps.Annotations)
+		delete(pod.Annotations, annotationWorkloadStarted) // the backend's own
 	}
 }
 

@@ -93,7 +93,7 @@ func TestAttackPrimaryForgedFinalStatus(t *testing.T) {
 			mainReason: "Completed", reason: "Completed", code: "0", at: ended},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ex := exitOf(hostilePod(tc.msg, tc.mainReason, tc.mainMsg, started, ended), false, limit)
+			ex := exitOf(hostilePod(tc.msg, tc.mainReason, tc.mainMsg, started, ended), false, limit, false)
 			code := ""
 			if ex.ExitCode != nil {
 				code = strconv.Itoa(int(*ex.ExitCode))

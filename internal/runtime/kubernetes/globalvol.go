@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
@@ -40,10 +44,20 @@ import (
 // logs) refuses its name; only the backend's restore reaches it. A spec container
 // called containerFiller is refused when the spec has a GLOBAL copy to fill.
 //
-// Not done here: committing a writer's copy (the runner would archive it after the
-// workload stopped, which needs a container that outlives the workload, and the gate
-// ends with the primary). The backend says so (Support.NoGlobalVolumeWriters) and the
-// runner refuses GLOBAL read-write mounts.
+// A writer (a copy with Global.CommitGeneration > 0, the gateway's write lease) is
+// committed as on the local backend: the runner archives the copy after the workload
+// stopped and before the Pod is deleted (runner commitGlobals), through the filler, which
+// then stays: its agent is never started (held in standby until the Pod goes), the
+// gate is kept up for it (`serve --hold`: after the primary's agent has ended, until
+// the filler's agent has), and such a Pod always has one, also for an empty volume. The
+// workload ends without the Pod: the sandbox ends once every workload container has
+// terminated (workloadEnded; the primary's agent leaves its final status in its own
+// termination message, since the gate outlives it), and Stop ends the workload through
+// the agents (AgentService.Stop: SIGTERM, SIGKILL after the grace) instead of deleting
+// the Pod. CaptureVolume then reads the copy through the filler (ArchivePath), which
+// DialAgent allows until the Pod is deleted; Destroy deletes the Pod. A workload that
+// does not stop (its agent unreachable, or an older agent without Stop) gets the Pod
+// deleted after the grace and a margin, as before: that session's writes are lost.
 
 const (
 	// containerFiller is the Pod container (and gate server name) of the filler: a name
@@ -63,14 +77,42 @@ const (
 // filled reports whether volume v is a GLOBAL copy restored through the filler.
 func filled(v *runtime.Volume) bool { return v.Global != nil && v.RestoreDigest != "" }
 
-// needsFiller reports whether spec has a GLOBAL copy to fill.
+// committed reports whether volume v is a GLOBAL writer's copy, archived through the
+// filler when the workload has stopped.
+func committed(v *runtime.Volume) bool { return v.Global != nil && v.Global.CommitGeneration > 0 }
+
+// viaFiller reports whether the filler mounts volume v.
+func viaFiller(v *runtime.Volume) bool { return filled(v) || committed(v) }
+
+// needsFiller reports whether spec has a GLOBAL copy to fill or to commit.
 func needsFiller(spec *runtime.Spec) bool {
 	for i := range spec.Volumes {
-		if filled(&spec.Volumes[i]) {
+		if viaFiller(&spec.Volumes[i]) {
 			return true
 		}
 	}
 	return false
+}
+
+// commits reports whether spec writes a GLOBAL volume: its Pod outlives its workload
+// until the runner has archived the copy.
+func commits(spec *runtime.Spec) bool {
+	for i := range spec.Volumes {
+		if committed(&spec.Volumes[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// globalIndex is the index of spec's GLOBAL writer copy called volume, -1 if none.
+func globalIndex(spec *runtime.Spec, volume string) int {
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Name == volume && committed(&spec.Volumes[i]) {
+			return i
+		}
+	}
+	return -1
 }
 
 // fillerPath is where the filler mounts spec volume i.
@@ -136,7 +178,7 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 	}
 	var copies int64 // the filled copies' sizes (their emptyDirs' sizeLimits)
 	for i := range spec.Volumes {
-		if filled(&spec.Volumes[i]) {
+		if viaFiller(&spec.Volumes[i]) {
 			mounts = append(mounts, corev1.VolumeMount{Name: "vol-" + strconv.Itoa(i), MountPath: fillerPath(i)})
 			copies += spec.Volumes[i].SizeBytes
 		}
@@ -161,10 +203,20 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 			Items: []corev1.KeyToPath{{Key: fillerConfigKey, Path: gate.ConfigFile}},
 		}}},
 	)
+	writer := commits(spec)
 	for i := range pod.Spec.Containers {
-		if pod.Spec.Containers[i].Name == containerGate {
-			g := &pod.Spec.Containers[i]
-			g.VolumeMounts = append(g.VolumeMounts, corev1.VolumeMount{Name: fillerVolRun, MountPath: gate.ContainersDir + "/" + containerFiller})
+		c := &pod.Spec.Containers[i]
+		switch {
+		case c.Name == containerGate:
+			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: fillerVolRun, MountPath: gate.ContainersDir + "/" + containerFiller})
+			if writer {
+				// Up for the filler until the runner has archived the copy through it.
+				c.Command = append(c.Command, gate.FlagHold, containerFiller)
+			}
+		case c.Name == containerMain && writer && !slices.Contains(c.Command, gate.FlagTerminationLog):
+			// The gate outlives the primary's agent: its final status goes into its
+			// own termination message (exitOf reads it there).
+			c.Command = append(c.Command, gate.FlagTerminationLog)
 		}
 	}
 	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
@@ -200,7 +252,7 @@ var fillerNoop = func() []byte {
 // container starts; its Start accepted, the filler runs nothing more, though it may
 // not have terminated yet).
 func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
-	if !needsFiller(&s.spec) {
+	if !needsFiller(&s.spec) || commits(&s.spec) { // a writer's filler stays for the commit
 		return nil
 	}
 	if _, err := b.agentClient(s.id, containerFiller).Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: fillerNoop})); err != nil {
@@ -214,4 +266,160 @@ func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
 // images: left out of its usage, counted pulls and container reports.
 func helperContainer(name string) bool {
 	return name == containerGate || name == containerInstall || name == containerFiller
+}
+
+// workloadPodNames are the Pod containers of spec's workload that run to the end (the
+// primary and the sidecars; not the init containers, which have run before).
+func workloadPodNames(spec *runtime.Spec) []string {
+	if !spec.Multi() {
+		return []string{containerMain}
+	}
+	var out []string
+	for _, m := range members(spec) {
+		if !m.init {
+			out = append(out, m.pod)
+		}
+	}
+	return out
+}
+
+// workloadEnded reports whether every workload container of a GLOBAL writer's Pod has
+// terminated (the Pod runs on with the gate and the filler until the runner has archived
+// the copy). A gate that terminated first does not end the sandbox (gateEnded).
+func workloadEnded(p *corev1.Pod, spec *runtime.Spec) bool {
+	for _, name := range workloadPodNames(spec) {
+		cs := podContainerStatus(statusesOf(p), name)
+		if cs == nil || cs.State.Terminated == nil {
+			return false
+		}
+	}
+	return p != nil
+}
+
+// gateEnded reports whether p's gate has terminated.
+func gateEnded(p *corev1.Pod) bool {
+	cs := podContainerStatus(statusesOf(p), containerGate)
+	return cs != nil && cs.State.Terminated != nil
+}
+
+// workloadRuns reports whether any workload container of p (the primary, a sidecar)
+// has not terminated.
+func workloadRuns(p *corev1.Pod, spec *runtime.Spec) bool {
+	for _, name := range workloadPodNames(spec) {
+		if cs := podContainerStatus(statusesOf(p), name); cs == nil || cs.State.Terminated == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// workloadRunning reports whether any workload container of p runs.
+func workloadRunning(p *corev1.Pod, spec *runtime.Spec) bool {
+	for _, name := range workloadPodNames(spec) {
+		if cs := podContainerStatus(statusesOf(p), name); cs != nil && cs.State.Running != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// annotationWorkloadStarted is set ("true") on a GLOBAL writer's Pod just before its
+// workload is started (after the fill, once the filler answers): captureGlobal commits
+// only the copy of a Pod so marked, also after a runner restart. Set before the Start,
+// a restart between the two finds the agent still in standby (Recover: neverStarted).
+const annotationWorkloadStarted = "sandboxd.io/workload-started"
+
+// markStarted sets annotationWorkloadStarted on a writer's Pod (its in-memory copy too).
+func (b *Backend) markStarted(ctx context.Context, s *sandbox) error {
+	if !commits(&s.spec) {
+		return nil
+	}
+	patch := []byte(`{"metadata":{"annotations":{"` + annotationWorkloadStarted + `":"true"}}}`)
+	p, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Patch(ctx, podName(s.id), types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("mark the GLOBAL writer's workload started: %w", err)
+	}
+	b.mu.Lock()
+	if s.pod == nil || s.pod.UID == p.UID {
+		cp := s.pod.DeepCopy()
+		if cp == nil {
+			cp = p
+		}
+		if cp.Annotations == nil {
+			cp.Annotations = map[string]string{}
+		}
+		cp.Annotations[annotationWorkloadStarted] = "true"
+		s.pod = cp
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// stopWorkload ends the workload of a GLOBAL writer's Pod without deleting the Pod: each
+// named workload container (runtime names, "" the primary) gets its agent's Stop
+// (SIGTERM to its main command, SIGKILL after grace), which ends the agent and the
+// container. stopped is false when that did not end the whole workload within grace and
+// ForceDeleteAfter (an agent unreachable, or one older than Stop): the caller then
+// deletes the Pod, as for any other Pod, and the copy goes with it uncommitted.
+func (b *Backend) stopWorkload(ctx context.Context, s *sandbox, names []string, grace time.Duration) (stopped bool, err error) {
+	secs := max(int64((grace+time.Second-1)/time.Second), 1)
+	var failed []string
+	for _, name := range names {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := b.agentClient(s.id, name).Stop(cctx, connect.NewRequest(&agentv1.StopRequest{Grace: durationpb.New(time.Duration(secs) * time.Second)}))
+		cancel()
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%q: %v", name, err))
+		}
+	}
+	if len(failed) > 0 {
+		b.log.Warn("a GLOBAL volume writer's workload could not be stopped through its agents: deleting its Pod; the volume's writes of this session are lost",
+			"sandbox", s.id, "failed", failed)
+		return false, nil
+	}
+	timer := time.NewTimer(time.Duration(secs)*time.Second + b.cfg.ForceDeleteAfter)
+	defer timer.Stop()
+	for {
+		b.mu.Lock()
+		ended := s.deleted || podEnded(s.pod) || workloadEnded(s.pod, &s.spec)
+		changed := s.changed
+		b.mu.Unlock()
+		if ended {
+			return true, nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			b.log.Warn("a GLOBAL volume writer's workload did not stop: deleting its Pod; the volume's writes of this session are lost", "sandbox", s.id)
+			return false, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+}
+
+// runningWorkload are the runtime container names (for agentClient) of spec's workload
+// containers that have not terminated in p.
+func runningWorkload(p *corev1.Pod, spec *runtime.Spec) []string {
+	var out []string
+	if !spec.Multi() {
+		if cs := podContainerStatus(statusesOf(p), containerMain); cs == nil || cs.State.Terminated == nil {
+			out = append(out, "")
+		}
+		return out
+	}
+	for _, m := range members(spec) {
+		if m.init {
+			continue
+		}
+		if cs := podContainerStatus(statusesOf(p), m.pod); cs != nil && cs.State.Terminated != nil {
+			continue
+		}
+		if m.primary {
+			out = append(out, "")
+		} else {
+			out = append(out, m.name)
+		}
+	}
+	return out
 }

@@ -18,16 +18,15 @@ import (
 	publicspec "github.com/sandboxd/sandboxd/internal/spec"
 )
 
-// TestGlobalVolumeSupport: the Kubernetes backend mounts GLOBAL volumes read-only (its
-// filler fills the copy from the snapshot cache, so none without one) but commits no
-// writer's copy and fills no sub_path mount: placement sends read-write mounts elsewhere
-// and the runner refuses them.
+// TestGlobalVolumeSupport: the Kubernetes backend mounts GLOBAL volumes (its filler
+// fills the copy from the snapshot cache, so none without one) and commits writers
+// (globalwriter_test.go), but fills no sub_path mount: the runner refuses those.
 func TestGlobalVolumeSupport(t *testing.T) {
 	for _, dir := range []string{"", t.TempDir()} { // with and without a snapshot cache
 		b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", SnapshotCacheDir: dir}, sandboxes: map[string]*sandbox{}}
 		s := b.Support()
-		if s.NoGlobalVolumes != (dir == "") || !s.NoGlobalVolumeWriters || !s.NoGlobalVolumeSubPaths {
-			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v, NoGlobalVolumeSubPaths %v; want %v, true, true",
+		if s.NoGlobalVolumes != (dir == "") || s.NoGlobalVolumeWriters || !s.NoGlobalVolumeSubPaths {
+			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v, NoGlobalVolumeSubPaths %v; want %v, false, true",
 				dir, s.NoGlobalVolumes, s.NoGlobalVolumeWriters, s.NoGlobalVolumeSubPaths, dir == "")
 		}
 	}

@@ -220,9 +220,12 @@ type sandbox struct {
 	deleted bool
 	// stopping: the primary of a group has ended and the backend is stopping the rest.
 	stopping bool
-	changed  chan struct{} // closed and replaced on every change
-	done     chan struct{} // closed once exit is set
-	exit     runtime.Exit
+	// neverStarted: Recover found the primary's agent still held in standby (a Create cut
+	// short by a restart): a GLOBAL writer's copy is never committed (captureGlobal).
+	neverStarted bool
+	changed      chan struct{} // closed and replaced on every change
+	done         chan struct{} // closed once exit is set
+	exit         runtime.Exit
 
 	// captures counts the open volume captures (snapshot.go), capturesIdle is closed
 	// when it falls to 0; guarded by Backend.mu.
@@ -354,16 +357,45 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	select {
 	case <-s.done:
 	default:
-		if s.deleted || podEnded(s.pod) || s.spec.Multi() && primaryEnded(s.pod) {
-			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit)
+		// A GLOBAL volume writer's Pod outlives its workload (globalvol.go): the sandbox
+		// ends with the last workload container, not with the Pod.
+		writer := commits(&s.spec)
+		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && s.spec.Multi() && primaryEnded(s.pod) {
+			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit, writer)
 			close(s.done)
+		}
+		if writer && !s.deleted && !s.stopping && gateEnded(s.pod) && !workloadEnded(s.pod, &s.spec) && !podEnded(s.pod) {
+			// A writer's gate ended while its workload runs (it was killed, or crashed):
+			// the workload is stopped as on Stop (through its agents, else the Pod is
+			// deleted, and the copy with it), not taken for ended while it still writes.
+			s.stopping = true
+			rest := runningWorkload(s.pod, &s.spec)
+			go func() {
+				grace := max(int64(b.cfg.TerminationGrace/time.Second), 1)
+				if stopped, _ := b.stopWorkload(b.ctx, s, rest, time.Duration(grace)*time.Second); stopped {
+					return
+				}
+				if err := b.deletePod(b.ctx, s, grace); err != nil {
+					b.log.Warn("stop a GLOBAL writer whose gate ended", "sandbox", s.id, "err", err)
+				}
+			}()
 		}
 		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {
 			// The primary's end ends the sandbox: the other containers get the grace
-			// period (the Pod's deletion sends them SIGTERM).
+			// period (the Pod's deletion sends them SIGTERM; a writer's, their agents'
+			// Stop, so the Pod stays for the commit).
 			s.stopping = true
+			var rest []string
+			if writer {
+				rest = runningWorkload(s.pod, &s.spec)
+			}
 			go func() {
 				grace := max(int64(b.cfg.TerminationGrace/time.Second), 1)
+				if writer {
+					if stopped, _ := b.stopWorkload(b.ctx, s, rest, time.Duration(grace)*time.Second); stopped {
+						return
+					}
+				}
 				if err := b.deletePod(b.ctx, s, grace); err != nil {
 					b.log.Warn("stop the other containers after the primary ended", "sandbox", s.id, "err", err)
 				}
@@ -401,7 +433,8 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		return nil, err
 	}
 	serverName := ""
-	if filler && container == containerFiller && needsFiller(&s.spec) {
+	fillerDial := filler && container == containerFiller && needsFiller(&s.spec)
+	if fillerDial {
 		serverName = containerFiller
 	} else if !s.spec.Multi() {
 		if container != "" && container != runtime.DefaultContainerName {
@@ -419,7 +452,13 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 	if s.pod != nil {
 		ip = s.pod.Status.PodIP
 	}
+	// A GLOBAL writer's filler is reached after the workload ended, until the Pod goes
+	// (the commit: CaptureVolume).
+	podLive := !s.deleted && !podEnded(s.pod) && (s.pod == nil || s.pod.DeletionTimestamp == nil)
 	b.mu.Unlock()
+	if fillerDial && commits(&s.spec) && podLive && ip != "" {
+		return b.dialGate(ctx, s, ip, serverName)
+	}
 	select {
 	case <-s.done:
 		// Its IP may be gone from the node: a dial would wait for ARP to give up.
@@ -497,6 +536,20 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	}
 	// A capture reads the volume through the agent: the Pod stays until it is done.
 	b.waitCaptures(ctx, s)
+	if commits(&s.spec) {
+		// A GLOBAL volume writer: the workload stops, the Pod stays until the runner has
+		// archived the copy and destroys it (globalvol.go).
+		b.mu.Lock()
+		names := runningWorkload(s.pod, &s.spec)
+		b.mu.Unlock()
+		stopped, err := b.stopWorkload(ctx, s, names, grace)
+		if err != nil {
+			return fmt.Errorf("stop %s: %w", id, err)
+		}
+		if stopped {
+			return nil
+		}
+	}
 	secs := int64((grace + time.Second - 1) / time.Second)
 	// 0 would remove the Pod object at once, before the kubelet reports how it ended.
 	secs = max(secs, 1)
@@ -685,11 +738,21 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 			cancel()
 		}
-		if rec.Alive && pod.Status.PodIP != "" && restoresVolumes(&s.spec) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
-			// A Create restoring volumes cut short by the restart: its main command was
-			// never started (the agent still holds it): vanished, as above.
+		if rec.Exit != nil && rec.Exit.Reason == "Vanished" && commits(&s.spec) && workloadRunning(pod, &s.spec) {
+			// A GLOBAL writer whose primary has ended while a sidecar still runs (in its
+			// stop grace): alive until its whole workload has ended, so that its copy is
+			// not committed while the sidecar writes.
+			rec.Alive, rec.Exit = true, nil
+		}
+		if rec.Alive && pod.Status.PodIP != "" && (restoresVolumes(&s.spec) || commits(&s.spec)) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
+			// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler) cut
+			// short by the restart: its main command was never started (the agent still
+			// holds it): vanished, as above; a writer's copy is never committed.
 			ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's volumes were being restored when the runner stopped", At: time.Now().UTC()}
 			rec.Alive, rec.Exit = false, &ex
+			b.mu.Lock()
+			s.neverStarted = true
+			b.mu.Unlock()
 		}
 		if rec.Alive {
 			b.startLogs(s)

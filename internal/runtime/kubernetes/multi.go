@@ -494,6 +494,7 @@ func (b *Backend) agentClient(id, container string) interface {
 	Exec(context.Context, *connect.Request[agentv1.ExecRequest]) (*connect.Response[agentv1.ExecResponse], error)
 	Watch(context.Context, *connect.Request[agentv1.WatchRequest]) (*connect.ServerStreamForClient[agentv1.StatusResponse], error)
 	Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error)
+	Stop(context.Context, *connect.Request[agentv1.StopRequest]) (*connect.Response[agentv1.StopResponse], error)
 } {
 	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialAgent(ctx, id, container, true) })
 }
@@ -637,7 +638,7 @@ func (b *Backend) ContainerStatuses(ctx context.Context, id string) ([]runtime.C
 		}
 		fromPod(st, cs)
 		if m.primary && (ended || primaryEnded(pod)) {
-			ex := exitOf(pod, false, m.c.RestartLimit)
+			ex := exitOf(pod, false, m.c.RestartLimit, commits(&s.spec))
 			st.State, st.ExitCode, st.Restarts, st.Reason, st.Message = runtime.ContainerExited, ex.ExitCode, ex.Restarts, ex.Reason, ex.Message
 			continue
 		}

@@ -120,6 +120,9 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 	if err != nil {
 		return nil, err
 	}
+	if i := globalIndex(&s.spec, volume); i >= 0 {
+		return b.captureGlobal(s, volume, i)
+	}
 	container, path, err := volumeMount(&s.spec, volume, false)
 	if err != nil {
 		if errors.Is(err, runtime.ErrVolumeNotFound) {
@@ -141,11 +144,43 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 	return &capture{b: b, s: s, container: container, path: path}, nil
 }
 
+// CapturesStoppedGlobals implements runtime.StoppedGlobalCapturer: a GLOBAL writer's
+// copy is read through the filler after the workload stopped (globalvol.go).
+func (b *Backend) CapturesStoppedGlobals() bool { return true }
+
+var _ runtime.StoppedGlobalCapturer = (*Backend)(nil)
+
+// captureGlobal captures GLOBAL writer copy volume (spec volume i) of s through the
+// filler, which mounts it at fillerPath(i): also once the workload has ended, until
+// the Pod is deleted.
+func (b *Backend) captureGlobal(s *sandbox, volume string, i int) (runtime.VolumeCapture, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s.deleted || podEnded(s.pod) || s.pod != nil && s.pod.DeletionTimestamp != nil {
+		return nil, fmt.Errorf("capture GLOBAL volume %q of %s: the Pod is gone or going, and the copy with it", volume, s.id)
+	}
+	// Only a copy the workload has written to its end: never one still being filled, or
+	// one of a workload that never started (a Create cut short, an image never pulled),
+	// or while any workload container may still write.
+	if s.neverStarted || s.pod == nil || s.pod.Annotations[annotationWorkloadStarted] != "true" {
+		return nil, fmt.Errorf("capture GLOBAL volume %q of %s: its workload never started: the copy is not committed", volume, s.id)
+	}
+	if workloadRuns(s.pod, &s.spec) {
+		return nil, fmt.Errorf("capture GLOBAL volume %q of %s: its workload has not ended", volume, s.id)
+	}
+	if s.captures == 0 {
+		s.capturesIdle = make(chan struct{})
+	}
+	s.captures++
+	return &capture{b: b, s: s, container: containerFiller, path: fillerPath(i), filler: true}, nil
+}
+
 // capture is an open capture of a volume: the archive is read when it is written.
 type capture struct {
 	b               *Backend
 	s               *sandbox
 	container, path string
+	filler          bool // through the GLOBAL volume filler (captureGlobal)
 	once            sync.Once
 }
 
@@ -154,7 +189,7 @@ func (c *capture) Pause() time.Duration { return 0 }
 func (c *capture) WriteArchive(ctx context.Context, w io.Writer) (runtime.ArchiveStats, error) {
 	// The agent sends the archive in chunks of 256 KiB: a larger message is refused, not
 	// buffered (what comes from the sandbox is bounded).
-	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return c.b.DialAgent(ctx, c.s.id, c.container) },
+	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return c.b.dialAgent(ctx, c.s.id, c.container, c.filler) },
 		connect.WithReadMaxBytes(maxArchiveMessage))
 	st, err := cl.ArchivePath(ctx, connect.NewRequest(&agentv1.ArchivePathRequest{Path: c.path}))
 	if err != nil {
@@ -458,9 +493,23 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 	}, nil
 }
 
+// holdInStandby reports whether a single-container sandbox's agent is held in standby
+// before its main command starts: to fill its restored volumes, and for a GLOBAL writer
+// (also of an empty volume) until its filler's agent answers.
+func holdInStandby(spec *runtime.Spec, plan []restore) bool {
+	return len(plan) > 0 || commits(spec)
+}
+
 // runRestores fills the planned volumes through the agents (held in standby), each once
 // its container's agent answers.
 func (b *Backend) runRestores(ctx context.Context, s *sandbox, plan []restore) error {
+	if commits(&s.spec) {
+		// A GLOBAL writer's workload starts only once the filler's agent answers: the
+		// gate holds the Pod for that agent, and the commit archives through it.
+		if err := b.waitAgent(ctx, s, containerFiller); err != nil {
+			return fmt.Errorf("GLOBAL volume filler: %w", err)
+		}
+	}
 	for _, r := range plan {
 		if err := b.waitAgent(ctx, s, r.container); err != nil {
 			return fmt.Errorf("restore volume %q: %w", r.volume, err)

@@ -119,15 +119,16 @@ func startErrorOfEnded(p *corev1.Pod) error {
 // first). deleted: the Pod is gone. restartLimit is the primary container's: the
 // status.json the gate copied lies in the sandbox's run dir, which its workload can
 // write, so what it says is bounded as a sidecar's termination message is
-// (boundedFinal).
-func exitOf(p *corev1.Pod, deleted bool, restartLimit int) runtime.Exit {
+// (boundedFinal). writer: the Pod is a GLOBAL writer's (commits), whose primary's
+// own termination message is read too (agentStatus).
+func exitOf(p *corev1.Pod, deleted bool, restartLimit int, writer bool) runtime.Exit {
 	ex := runtime.Exit{At: time.Now().UTC()}
 	// A Pod being deleted (Stop, Destroy) whose agent left no final status was killed at
 	// the end of its grace period, before its main command ended: Killed, without an
 	// exit code, as the local backend reports it (not the container's 137).
 	deleted = deleted || p != nil && p.DeletionTimestamp != nil
 	cs := containerStatus(p, containerMain)
-	if st, t := agentStatus(p); st != nil {
+	if st, t := agentStatus(p, writer); st != nil {
 		if fin := boundedFinal(st, restartLimit, primaryView(cs, t)); fin != nil {
 			ex.Restarts = int(fin.GetRestartCount())
 			if fin.ExitCode != nil {
@@ -170,14 +171,27 @@ func exitOf(p *corev1.Pod, deleted bool, restartLimit int) runtime.Exit {
 
 // agentStatus is the agent's status.json as the gate left it in its termination message,
 // with the termination that holds it; nil when none holds one.
-func agentStatus(p *corev1.Pod) (*agentv1.StatusResponse, *corev1.ContainerStateTerminated) {
-	cs := containerStatus(p, containerGate)
-	if cs == nil {
-		return nil, nil
+//
+// A GLOBAL volume writer's Pod (globalvol.go) keeps its gate up after the primary's
+// agent has ended: that agent leaves its status in the primary container's own
+// termination message (gate.FlagTerminationLog), which is read (writer) when the
+// gate's holds none; any other Pod's primary's is never read. Either is the sandbox's
+// to write (status.json lies in its run dir), and either is bounded alike
+// (boundedFinal).
+func agentStatus(p *corev1.Pod, writer bool) (*agentv1.StatusResponse, *corev1.ContainerStateTerminated) {
+	names := []string{containerGate}
+	if writer {
+		names = append(names, containerMain)
 	}
-	for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, lastTerminated(cs)} {
-		if st := statusInMessage(t); st != nil {
-			return st, t
+	for _, name := range names {
+		cs := containerStatus(p, name)
+		if cs == nil {
+			continue
+		}
+		for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, lastTerminated(cs)} {
+			if st := statusInMessage(t); st != nil {
+				return st, t
+			}
 		}
 	}
 	return nil, nil

@@ -50,7 +50,7 @@ func TestExitOf(t *testing.T) {
 		{"stopped while being deleted", deleting(podWith(term(0, "Completed", ""), term(0, "Completed", `{"state":"MAIN_STATE_STOPPED","exitCode":0,"reason":"Stopped"}`), corev1.PodSucceeded)), false, "Stopped", "0", 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ex := exitOf(tc.pod, tc.deleted, 6)
+			ex := exitOf(tc.pod, tc.deleted, 6, false)
 			code := "nil"
 			if ex.ExitCode != nil {
 				code = strconv.Itoa(int(*ex.ExitCode))

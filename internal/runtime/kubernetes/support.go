@@ -12,11 +12,12 @@ import "github.com/sandboxd/sandboxd/internal/runtime"
 // need a snapshot cache directory (snapshot.go).
 func (b *Backend) Support() runtime.Support {
 	return runtime.Support{NoDNSEgress: true, NoContainerEngine: true, NoSnapshots: b.cfg.SnapshotCacheDir == "",
-		// GLOBAL volumes: read-only copies are filled through the filler (globalvol.go)
-		// from the snapshot cache (none without one: NoGlobalVolumes); a writer's copy is
-		// not committed (no container outlives the workload to archive it); a sub_path
-		// mount of one is not filled (the kubelet makes the sub-directory first).
-		NoGlobalVolumes: b.cfg.SnapshotCacheDir == "", NoGlobalVolumeWriters: true, NoGlobalVolumeSubPaths: true}
+		// GLOBAL volumes: copies are filled through the filler (globalvol.go) from the
+		// snapshot cache (none without one: NoGlobalVolumes), and a writer's copy is
+		// archived through it once the workload stopped (the Pod outlives the workload
+		// until then); a sub_path mount of one is not filled (the kubelet makes the
+		// sub-directory first).
+		NoGlobalVolumes: b.cfg.SnapshotCacheDir == "", NoGlobalVolumeSubPaths: true}
 }
 
 // The optional backend interfaces the Kubernetes backend implements (EgressReserver is

@@ -142,6 +142,86 @@ func (MainState) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
 }
 
+type StopRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Grace         *durationpb.Duration   `protobuf:"bytes,1,opt,name=grace,proto3" json:"grace,omitempty"` // before SIGKILL; 0 = at once
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopRequest) Reset() {
+	*x = StopRequest{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopRequest) ProtoMessage() {}
+
+func (x *StopRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
+func (*StopRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StopRequest) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
+type StopResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopResponse) Reset() {
+	*x = StopResponse{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopResponse) ProtoMessage() {}
+
+func (x *StopResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
+func (*StopResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
 type ArchivePathRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"` // absolute, a directory
@@ -151,7 +231,7 @@ type ArchivePathRequest struct {
 
 func (x *ArchivePathRequest) Reset() {
 	*x = ArchivePathRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +243,7 @@ func (x *ArchivePathRequest) String() string {
 func (*ArchivePathRequest) ProtoMessage() {}
 
 func (x *ArchivePathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +256,7 @@ func (x *ArchivePathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePathRequest.ProtoReflect.Descriptor instead.
 func (*ArchivePathRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ArchivePathRequest) GetPath() string {
@@ -196,7 +276,7 @@ type ArchivePathResponse struct {
 
 func (x *ArchivePathResponse) Reset() {
 	*x = ArchivePathResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +288,7 @@ func (x *ArchivePathResponse) String() string {
 func (*ArchivePathResponse) ProtoMessage() {}
 
 func (x *ArchivePathResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +301,7 @@ func (x *ArchivePathResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePathResponse.ProtoReflect.Descriptor instead.
 func (*ArchivePathResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ArchivePathResponse) GetData() []byte {
@@ -249,7 +329,7 @@ type ArchiveStats struct {
 
 func (x *ArchiveStats) Reset() {
 	*x = ArchiveStats{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -261,7 +341,7 @@ func (x *ArchiveStats) String() string {
 func (*ArchiveStats) ProtoMessage() {}
 
 func (x *ArchiveStats) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -274,7 +354,7 @@ func (x *ArchiveStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchiveStats.ProtoReflect.Descriptor instead.
 func (*ArchiveStats) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ArchiveStats) GetFiles() int64 {
@@ -310,7 +390,7 @@ type ExtractPathRequest struct {
 
 func (x *ExtractPathRequest) Reset() {
 	*x = ExtractPathRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +402,7 @@ func (x *ExtractPathRequest) String() string {
 func (*ExtractPathRequest) ProtoMessage() {}
 
 func (x *ExtractPathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +415,7 @@ func (x *ExtractPathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtractPathRequest.ProtoReflect.Descriptor instead.
 func (*ExtractPathRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExtractPathRequest) GetPath() string {
@@ -375,7 +455,7 @@ type ExtractPathResponse struct {
 
 func (x *ExtractPathResponse) Reset() {
 	*x = ExtractPathResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +467,7 @@ func (x *ExtractPathResponse) String() string {
 func (*ExtractPathResponse) ProtoMessage() {}
 
 func (x *ExtractPathResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +480,7 @@ func (x *ExtractPathResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtractPathResponse.ProtoReflect.Descriptor instead.
 func (*ExtractPathResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExtractPathResponse) GetStats() *ArchiveStats {
@@ -419,7 +499,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -431,7 +511,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -444,7 +524,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StartRequest) GetConfig() []byte {
@@ -462,7 +542,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +554,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +567,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 type ExecRequest struct {
@@ -504,7 +584,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +596,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +609,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecRequest) GetCommand() []string {
@@ -589,7 +669,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +681,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +694,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecResponse) GetStdout() []byte {
@@ -681,7 +761,7 @@ type StreamExecRequest struct {
 
 func (x *StreamExecRequest) Reset() {
 	*x = StreamExecRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +773,7 @@ func (x *StreamExecRequest) String() string {
 func (*StreamExecRequest) ProtoMessage() {}
 
 func (x *StreamExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +786,7 @@ func (x *StreamExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecRequest.ProtoReflect.Descriptor instead.
 func (*StreamExecRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StreamExecRequest) GetMessage() isStreamExecRequest_Message {
@@ -794,7 +874,7 @@ type StreamExecInit struct {
 
 func (x *StreamExecInit) Reset() {
 	*x = StreamExecInit{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +886,7 @@ func (x *StreamExecInit) String() string {
 func (*StreamExecInit) ProtoMessage() {}
 
 func (x *StreamExecInit) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +899,7 @@ func (x *StreamExecInit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecInit.ProtoReflect.Descriptor instead.
 func (*StreamExecInit) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StreamExecInit) GetCommand() []string {
@@ -874,7 +954,7 @@ type Resize struct {
 
 func (x *Resize) Reset() {
 	*x = Resize{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +966,7 @@ func (x *Resize) String() string {
 func (*Resize) ProtoMessage() {}
 
 func (x *Resize) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +979,7 @@ func (x *Resize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resize.ProtoReflect.Descriptor instead.
 func (*Resize) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Resize) GetWidth() uint32 {
@@ -924,7 +1004,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1016,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1029,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 type StreamExecResponse struct {
@@ -967,7 +1047,7 @@ type StreamExecResponse struct {
 
 func (x *StreamExecResponse) Reset() {
 	*x = StreamExecResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1059,7 @@ func (x *StreamExecResponse) String() string {
 func (*StreamExecResponse) ProtoMessage() {}
 
 func (x *StreamExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1072,7 @@ func (x *StreamExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamExecResponse.ProtoReflect.Descriptor instead.
 func (*StreamExecResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StreamExecResponse) GetMessage() isStreamExecResponse_Message {
@@ -1076,7 +1156,7 @@ type Ready struct {
 
 func (x *Ready) Reset() {
 	*x = Ready{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1168,7 @@ func (x *Ready) String() string {
 func (*Ready) ProtoMessage() {}
 
 func (x *Ready) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1181,7 @@ func (x *Ready) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ready.ProtoReflect.Descriptor instead.
 func (*Ready) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Ready) GetTime() *timestamppb.Timestamp {
@@ -1128,7 +1208,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1220,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1233,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Output) GetStream() Stream {
@@ -1180,7 +1260,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1272,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1285,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Exit) GetExitCode() int32 {
@@ -1232,7 +1312,7 @@ type StreamError struct {
 
 func (x *StreamError) Reset() {
 	*x = StreamError{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1324,7 @@ func (x *StreamError) String() string {
 func (*StreamError) ProtoMessage() {}
 
 func (x *StreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1337,7 @@ func (x *StreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
 func (*StreamError) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StreamError) GetCode() string {
@@ -1284,7 +1364,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1376,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1389,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1335,7 +1415,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1427,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1440,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -1381,7 +1461,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1473,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1486,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteFileRequest) GetPath() string {
@@ -1438,7 +1518,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1530,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1543,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type ReadFileChunk struct {
@@ -1476,7 +1556,7 @@ type ReadFileChunk struct {
 
 func (x *ReadFileChunk) Reset() {
 	*x = ReadFileChunk{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1568,7 @@ func (x *ReadFileChunk) String() string {
 func (*ReadFileChunk) ProtoMessage() {}
 
 func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1581,7 @@ func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
 func (*ReadFileChunk) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadFileChunk) GetContent() []byte {
@@ -1530,7 +1610,7 @@ type WriteFileChunk struct {
 
 func (x *WriteFileChunk) Reset() {
 	*x = WriteFileChunk{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1622,7 @@ func (x *WriteFileChunk) String() string {
 func (*WriteFileChunk) ProtoMessage() {}
 
 func (x *WriteFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1635,7 @@ func (x *WriteFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileChunk.ProtoReflect.Descriptor instead.
 func (*WriteFileChunk) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WriteFileChunk) GetPath() string {
@@ -1599,7 +1679,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1691,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1704,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LogsRequest) GetFollow() bool {
@@ -1675,7 +1755,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1767,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1780,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LogsResponse) GetData() []byte {
@@ -1746,7 +1826,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1838,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1851,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 type WatchRequest struct {
@@ -1782,7 +1862,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1874,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1887,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 type StatusResponse struct {
@@ -1826,7 +1906,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +1918,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +1931,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatusResponse) GetState() MainState {
@@ -1914,7 +1994,10 @@ var File_sandboxd_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dsandboxd/agent/v1/agent.proto\x12\x11sandboxd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"(\n" +
+	"\x1dsandboxd/agent/v1/agent.proto\x12\x11sandboxd.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\">\n" +
+	"\vStopRequest\x12/\n" +
+	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"\x0e\n" +
+	"\fStopResponse\"(\n" +
 	"\x12ArchivePathRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"`\n" +
 	"\x13ArchivePathResponse\x12\x12\n" +
@@ -2054,7 +2137,7 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x14MAIN_STATE_COMPLETED\x10\x04\x12\x15\n" +
 	"\x11MAIN_STATE_FAILED\x10\x05\x12\x16\n" +
 	"\x12MAIN_STATE_STOPPED\x10\x06\x12\x16\n" +
-	"\x12MAIN_STATE_STANDBY\x10\a2\x90\b\n" +
+	"\x12MAIN_STATE_STANDBY\x10\a2\xd9\b\n" +
 	"\fAgentService\x12G\n" +
 	"\x04Exec\x12\x1e.sandboxd.agent.v1.ExecRequest\x1a\x1f.sandboxd.agent.v1.ExecResponse\x12]\n" +
 	"\n" +
@@ -2068,7 +2151,8 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\vArchivePath\x12%.sandboxd.agent.v1.ArchivePathRequest\x1a&.sandboxd.agent.v1.ArchivePathResponse0\x01\x12^\n" +
 	"\vExtractPath\x12%.sandboxd.agent.v1.ExtractPathRequest\x1a&.sandboxd.agent.v1.ExtractPathResponse(\x01\x12X\n" +
 	"\x0eReadFileStream\x12\".sandboxd.agent.v1.ReadFileRequest\x1a .sandboxd.agent.v1.ReadFileChunk0\x01\x12\\\n" +
-	"\x0fWriteFileStream\x12!.sandboxd.agent.v1.WriteFileChunk\x1a$.sandboxd.agent.v1.WriteFileResponse(\x01B<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
+	"\x0fWriteFileStream\x12!.sandboxd.agent.v1.WriteFileChunk\x1a$.sandboxd.agent.v1.WriteFileResponse(\x01\x12G\n" +
+	"\x04Stop\x12\x1e.sandboxd.agent.v1.StopRequest\x1a\x1f.sandboxd.agent.v1.StopResponseB<Z:github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_sandboxd_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -2083,95 +2167,100 @@ func file_sandboxd_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxd_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_sandboxd_agent_v1_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: sandboxd.agent.v1.Stream
 	(MainState)(0),                // 1: sandboxd.agent.v1.MainState
-	(*ArchivePathRequest)(nil),    // 2: sandboxd.agent.v1.ArchivePathRequest
-	(*ArchivePathResponse)(nil),   // 3: sandboxd.agent.v1.ArchivePathResponse
-	(*ArchiveStats)(nil),          // 4: sandboxd.agent.v1.ArchiveStats
-	(*ExtractPathRequest)(nil),    // 5: sandboxd.agent.v1.ExtractPathRequest
-	(*ExtractPathResponse)(nil),   // 6: sandboxd.agent.v1.ExtractPathResponse
-	(*StartRequest)(nil),          // 7: sandboxd.agent.v1.StartRequest
-	(*StartResponse)(nil),         // 8: sandboxd.agent.v1.StartResponse
-	(*ExecRequest)(nil),           // 9: sandboxd.agent.v1.ExecRequest
-	(*ExecResponse)(nil),          // 10: sandboxd.agent.v1.ExecResponse
-	(*StreamExecRequest)(nil),     // 11: sandboxd.agent.v1.StreamExecRequest
-	(*StreamExecInit)(nil),        // 12: sandboxd.agent.v1.StreamExecInit
-	(*Resize)(nil),                // 13: sandboxd.agent.v1.Resize
-	(*CloseStdin)(nil),            // 14: sandboxd.agent.v1.CloseStdin
-	(*StreamExecResponse)(nil),    // 15: sandboxd.agent.v1.StreamExecResponse
-	(*Ready)(nil),                 // 16: sandboxd.agent.v1.Ready
-	(*Output)(nil),                // 17: sandboxd.agent.v1.Output
-	(*Exit)(nil),                  // 18: sandboxd.agent.v1.Exit
-	(*StreamError)(nil),           // 19: sandboxd.agent.v1.StreamError
-	(*ReadFileRequest)(nil),       // 20: sandboxd.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 21: sandboxd.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 22: sandboxd.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 23: sandboxd.agent.v1.WriteFileResponse
-	(*ReadFileChunk)(nil),         // 24: sandboxd.agent.v1.ReadFileChunk
-	(*WriteFileChunk)(nil),        // 25: sandboxd.agent.v1.WriteFileChunk
-	(*LogsRequest)(nil),           // 26: sandboxd.agent.v1.LogsRequest
-	(*LogsResponse)(nil),          // 27: sandboxd.agent.v1.LogsResponse
-	(*StatusRequest)(nil),         // 28: sandboxd.agent.v1.StatusRequest
-	(*WatchRequest)(nil),          // 29: sandboxd.agent.v1.WatchRequest
-	(*StatusResponse)(nil),        // 30: sandboxd.agent.v1.StatusResponse
-	nil,                           // 31: sandboxd.agent.v1.ExecRequest.EnvEntry
-	nil,                           // 32: sandboxd.agent.v1.StreamExecInit.EnvEntry
-	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*StopRequest)(nil),           // 2: sandboxd.agent.v1.StopRequest
+	(*StopResponse)(nil),          // 3: sandboxd.agent.v1.StopResponse
+	(*ArchivePathRequest)(nil),    // 4: sandboxd.agent.v1.ArchivePathRequest
+	(*ArchivePathResponse)(nil),   // 5: sandboxd.agent.v1.ArchivePathResponse
+	(*ArchiveStats)(nil),          // 6: sandboxd.agent.v1.ArchiveStats
+	(*ExtractPathRequest)(nil),    // 7: sandboxd.agent.v1.ExtractPathRequest
+	(*ExtractPathResponse)(nil),   // 8: sandboxd.agent.v1.ExtractPathResponse
+	(*StartRequest)(nil),          // 9: sandboxd.agent.v1.StartRequest
+	(*StartResponse)(nil),         // 10: sandboxd.agent.v1.StartResponse
+	(*ExecRequest)(nil),           // 11: sandboxd.agent.v1.ExecRequest
+	(*ExecResponse)(nil),          // 12: sandboxd.agent.v1.ExecResponse
+	(*StreamExecRequest)(nil),     // 13: sandboxd.agent.v1.StreamExecRequest
+	(*StreamExecInit)(nil),        // 14: sandboxd.agent.v1.StreamExecInit
+	(*Resize)(nil),                // 15: sandboxd.agent.v1.Resize
+	(*CloseStdin)(nil),            // 16: sandboxd.agent.v1.CloseStdin
+	(*StreamExecResponse)(nil),    // 17: sandboxd.agent.v1.StreamExecResponse
+	(*Ready)(nil),                 // 18: sandboxd.agent.v1.Ready
+	(*Output)(nil),                // 19: sandboxd.agent.v1.Output
+	(*Exit)(nil),                  // 20: sandboxd.agent.v1.Exit
+	(*StreamError)(nil),           // 21: sandboxd.agent.v1.StreamError
+	(*ReadFileRequest)(nil),       // 22: sandboxd.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 23: sandboxd.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 24: sandboxd.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 25: sandboxd.agent.v1.WriteFileResponse
+	(*ReadFileChunk)(nil),         // 26: sandboxd.agent.v1.ReadFileChunk
+	(*WriteFileChunk)(nil),        // 27: sandboxd.agent.v1.WriteFileChunk
+	(*LogsRequest)(nil),           // 28: sandboxd.agent.v1.LogsRequest
+	(*LogsResponse)(nil),          // 29: sandboxd.agent.v1.LogsResponse
+	(*StatusRequest)(nil),         // 30: sandboxd.agent.v1.StatusRequest
+	(*WatchRequest)(nil),          // 31: sandboxd.agent.v1.WatchRequest
+	(*StatusResponse)(nil),        // 32: sandboxd.agent.v1.StatusResponse
+	nil,                           // 33: sandboxd.agent.v1.ExecRequest.EnvEntry
+	nil,                           // 34: sandboxd.agent.v1.StreamExecInit.EnvEntry
+	(*durationpb.Duration)(nil),   // 35: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
 }
 var file_sandboxd_agent_v1_agent_proto_depIdxs = []int32{
-	4,  // 0: sandboxd.agent.v1.ArchivePathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
-	4,  // 1: sandboxd.agent.v1.ExtractPathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
-	31, // 2: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
-	33, // 3: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	12, // 4: sandboxd.agent.v1.StreamExecRequest.init:type_name -> sandboxd.agent.v1.StreamExecInit
-	13, // 5: sandboxd.agent.v1.StreamExecRequest.resize:type_name -> sandboxd.agent.v1.Resize
-	14, // 6: sandboxd.agent.v1.StreamExecRequest.close:type_name -> sandboxd.agent.v1.CloseStdin
-	32, // 7: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
-	16, // 8: sandboxd.agent.v1.StreamExecResponse.ready:type_name -> sandboxd.agent.v1.Ready
-	17, // 9: sandboxd.agent.v1.StreamExecResponse.output:type_name -> sandboxd.agent.v1.Output
-	18, // 10: sandboxd.agent.v1.StreamExecResponse.exit:type_name -> sandboxd.agent.v1.Exit
-	19, // 11: sandboxd.agent.v1.StreamExecResponse.error:type_name -> sandboxd.agent.v1.StreamError
-	34, // 12: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
-	0,  // 13: sandboxd.agent.v1.Output.stream:type_name -> sandboxd.agent.v1.Stream
-	34, // 14: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
-	34, // 15: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	34, // 16: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
-	0,  // 17: sandboxd.agent.v1.LogsResponse.stream:type_name -> sandboxd.agent.v1.Stream
-	1,  // 18: sandboxd.agent.v1.StatusResponse.state:type_name -> sandboxd.agent.v1.MainState
-	34, // 19: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	34, // 20: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
-	9,  // 21: sandboxd.agent.v1.AgentService.Exec:input_type -> sandboxd.agent.v1.ExecRequest
-	11, // 22: sandboxd.agent.v1.AgentService.StreamExec:input_type -> sandboxd.agent.v1.StreamExecRequest
-	20, // 23: sandboxd.agent.v1.AgentService.ReadFile:input_type -> sandboxd.agent.v1.ReadFileRequest
-	22, // 24: sandboxd.agent.v1.AgentService.WriteFile:input_type -> sandboxd.agent.v1.WriteFileRequest
-	26, // 25: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
-	28, // 26: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
-	29, // 27: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
-	7,  // 28: sandboxd.agent.v1.AgentService.Start:input_type -> sandboxd.agent.v1.StartRequest
-	2,  // 29: sandboxd.agent.v1.AgentService.ArchivePath:input_type -> sandboxd.agent.v1.ArchivePathRequest
-	5,  // 30: sandboxd.agent.v1.AgentService.ExtractPath:input_type -> sandboxd.agent.v1.ExtractPathRequest
-	20, // 31: sandboxd.agent.v1.AgentService.ReadFileStream:input_type -> sandboxd.agent.v1.ReadFileRequest
-	25, // 32: sandboxd.agent.v1.AgentService.WriteFileStream:input_type -> sandboxd.agent.v1.WriteFileChunk
-	10, // 33: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
-	15, // 34: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
-	21, // 35: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
-	23, // 36: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
-	27, // 37: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
-	30, // 38: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
-	30, // 39: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
-	8,  // 40: sandboxd.agent.v1.AgentService.Start:output_type -> sandboxd.agent.v1.StartResponse
-	3,  // 41: sandboxd.agent.v1.AgentService.ArchivePath:output_type -> sandboxd.agent.v1.ArchivePathResponse
-	6,  // 42: sandboxd.agent.v1.AgentService.ExtractPath:output_type -> sandboxd.agent.v1.ExtractPathResponse
-	24, // 43: sandboxd.agent.v1.AgentService.ReadFileStream:output_type -> sandboxd.agent.v1.ReadFileChunk
-	23, // 44: sandboxd.agent.v1.AgentService.WriteFileStream:output_type -> sandboxd.agent.v1.WriteFileResponse
-	33, // [33:45] is the sub-list for method output_type
-	21, // [21:33] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	35, // 0: sandboxd.agent.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	6,  // 1: sandboxd.agent.v1.ArchivePathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
+	6,  // 2: sandboxd.agent.v1.ExtractPathResponse.stats:type_name -> sandboxd.agent.v1.ArchiveStats
+	33, // 3: sandboxd.agent.v1.ExecRequest.env:type_name -> sandboxd.agent.v1.ExecRequest.EnvEntry
+	35, // 4: sandboxd.agent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	14, // 5: sandboxd.agent.v1.StreamExecRequest.init:type_name -> sandboxd.agent.v1.StreamExecInit
+	15, // 6: sandboxd.agent.v1.StreamExecRequest.resize:type_name -> sandboxd.agent.v1.Resize
+	16, // 7: sandboxd.agent.v1.StreamExecRequest.close:type_name -> sandboxd.agent.v1.CloseStdin
+	34, // 8: sandboxd.agent.v1.StreamExecInit.env:type_name -> sandboxd.agent.v1.StreamExecInit.EnvEntry
+	18, // 9: sandboxd.agent.v1.StreamExecResponse.ready:type_name -> sandboxd.agent.v1.Ready
+	19, // 10: sandboxd.agent.v1.StreamExecResponse.output:type_name -> sandboxd.agent.v1.Output
+	20, // 11: sandboxd.agent.v1.StreamExecResponse.exit:type_name -> sandboxd.agent.v1.Exit
+	21, // 12: sandboxd.agent.v1.StreamExecResponse.error:type_name -> sandboxd.agent.v1.StreamError
+	36, // 13: sandboxd.agent.v1.Ready.time:type_name -> google.protobuf.Timestamp
+	0,  // 14: sandboxd.agent.v1.Output.stream:type_name -> sandboxd.agent.v1.Stream
+	36, // 15: sandboxd.agent.v1.Exit.time:type_name -> google.protobuf.Timestamp
+	36, // 16: sandboxd.agent.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	36, // 17: sandboxd.agent.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	0,  // 18: sandboxd.agent.v1.LogsResponse.stream:type_name -> sandboxd.agent.v1.Stream
+	1,  // 19: sandboxd.agent.v1.StatusResponse.state:type_name -> sandboxd.agent.v1.MainState
+	36, // 20: sandboxd.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	36, // 21: sandboxd.agent.v1.StatusResponse.finished_at:type_name -> google.protobuf.Timestamp
+	11, // 22: sandboxd.agent.v1.AgentService.Exec:input_type -> sandboxd.agent.v1.ExecRequest
+	13, // 23: sandboxd.agent.v1.AgentService.StreamExec:input_type -> sandboxd.agent.v1.StreamExecRequest
+	22, // 24: sandboxd.agent.v1.AgentService.ReadFile:input_type -> sandboxd.agent.v1.ReadFileRequest
+	24, // 25: sandboxd.agent.v1.AgentService.WriteFile:input_type -> sandboxd.agent.v1.WriteFileRequest
+	28, // 26: sandboxd.agent.v1.AgentService.Logs:input_type -> sandboxd.agent.v1.LogsRequest
+	30, // 27: sandboxd.agent.v1.AgentService.Status:input_type -> sandboxd.agent.v1.StatusRequest
+	31, // 28: sandboxd.agent.v1.AgentService.Watch:input_type -> sandboxd.agent.v1.WatchRequest
+	9,  // 29: sandboxd.agent.v1.AgentService.Start:input_type -> sandboxd.agent.v1.StartRequest
+	4,  // 30: sandboxd.agent.v1.AgentService.ArchivePath:input_type -> sandboxd.agent.v1.ArchivePathRequest
+	7,  // 31: sandboxd.agent.v1.AgentService.ExtractPath:input_type -> sandboxd.agent.v1.ExtractPathRequest
+	22, // 32: sandboxd.agent.v1.AgentService.ReadFileStream:input_type -> sandboxd.agent.v1.ReadFileRequest
+	27, // 33: sandboxd.agent.v1.AgentService.WriteFileStream:input_type -> sandboxd.agent.v1.WriteFileChunk
+	2,  // 34: sandboxd.agent.v1.AgentService.Stop:input_type -> sandboxd.agent.v1.StopRequest
+	12, // 35: sandboxd.agent.v1.AgentService.Exec:output_type -> sandboxd.agent.v1.ExecResponse
+	17, // 36: sandboxd.agent.v1.AgentService.StreamExec:output_type -> sandboxd.agent.v1.StreamExecResponse
+	23, // 37: sandboxd.agent.v1.AgentService.ReadFile:output_type -> sandboxd.agent.v1.ReadFileResponse
+	25, // 38: sandboxd.agent.v1.AgentService.WriteFile:output_type -> sandboxd.agent.v1.WriteFileResponse
+	29, // 39: sandboxd.agent.v1.AgentService.Logs:output_type -> sandboxd.agent.v1.LogsResponse
+	32, // 40: sandboxd.agent.v1.AgentService.Status:output_type -> sandboxd.agent.v1.StatusResponse
+	32, // 41: sandboxd.agent.v1.AgentService.Watch:output_type -> sandboxd.agent.v1.StatusResponse
+	10, // 42: sandboxd.agent.v1.AgentService.Start:output_type -> sandboxd.agent.v1.StartResponse
+	5,  // 43: sandboxd.agent.v1.AgentService.ArchivePath:output_type -> sandboxd.agent.v1.ArchivePathResponse
+	8,  // 44: sandboxd.agent.v1.AgentService.ExtractPath:output_type -> sandboxd.agent.v1.ExtractPathResponse
+	26, // 45: sandboxd.agent.v1.AgentService.ReadFileStream:output_type -> sandboxd.agent.v1.ReadFileChunk
+	25, // 46: sandboxd.agent.v1.AgentService.WriteFileStream:output_type -> sandboxd.agent.v1.WriteFileResponse
+	3,  // 47: sandboxd.agent.v1.AgentService.Stop:output_type -> sandboxd.agent.v1.StopResponse
+	35, // [35:48] is the sub-list for method output_type
+	22, // [22:35] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_sandboxd_agent_v1_agent_proto_init() }
@@ -2179,26 +2268,26 @@ func file_sandboxd_agent_v1_agent_proto_init() {
 	if File_sandboxd_agent_v1_agent_proto != nil {
 		return
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_sandboxd_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*StreamExecRequest_Init)(nil),
 		(*StreamExecRequest_Stdin)(nil),
 		(*StreamExecRequest_Resize)(nil),
 		(*StreamExecRequest_Close)(nil),
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_sandboxd_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*StreamExecResponse_Ready)(nil),
 		(*StreamExecResponse_Output)(nil),
 		(*StreamExecResponse_Exit)(nil),
 		(*StreamExecResponse_Error)(nil),
 	}
-	file_sandboxd_agent_v1_agent_proto_msgTypes[28].OneofWrappers = []any{}
+	file_sandboxd_agent_v1_agent_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_agent_v1_agent_proto_rawDesc), len(file_sandboxd_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

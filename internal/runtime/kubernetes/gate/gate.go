@@ -236,8 +236,16 @@ type ServeOptions struct {
 	// The file is then copied to TerminationLog.
 	StatusFile     string
 	TerminationLog string
-	Logger         *slog.Logger
+	// HoldFor, when set, names a container under ContainersDir whose agent keeps the
+	// gate up after the primary's agent has ended, until that agent has ended too (its
+	// socket refuses connections) or ctx has ended: the Kubernetes backend archives a
+	// GLOBAL volume writer's copy through the filler after the workload stopped.
+	HoldFor string
+	Logger  *slog.Logger
 }
+
+// FlagHold, after serve, is followed by ServeOptions.HoldFor.
+const FlagHold = "--hold"
 
 // ServerTLS is the gate's TLS config: its certificate, and the client must present
 // exactly clientCert (DER).
@@ -300,6 +308,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	defer stop()
 	go func() {
 		agentEnded(ctx, o.StatusFile, o.Upstream)
+		if o.HoldFor != "" {
+			if sock, err := o.upstream(o.HoldFor); err == nil {
+				socketGone(ctx, sock)
+			}
+		}
 		stop()
 		ln.Close()
 	}()
@@ -342,6 +355,34 @@ func agentEnded(stop context.Context, statusFile, socket string) {
 			return
 		}
 		c.Close()
+	}
+}
+
+// holdAppear bounds how long the hold waits for the held agent's socket to answer a
+// first time: a refusal before that is "not there yet" (the held container still
+// starting), not "gone"; a held agent that never answers within it ends the hold.
+var holdAppear = 2 * time.Minute
+
+// socketGone returns once the agent socket, having answered at least once (or not
+// within holdAppear), refuses connections, or ctx has ended.
+func socketGone(ctx context.Context, socket string) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	seen := false
+	appear := time.Now().Add(holdAppear)
+	for ctx.Err() == nil {
+		c, err := net.DialTimeout("unix", socket, time.Second)
+		if err != nil && (seen || !time.Now().Before(appear)) {
+			return
+		}
+		if err == nil {
+			seen = true
+			c.Close()
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
 	}
 }
 

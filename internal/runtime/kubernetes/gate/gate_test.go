@@ -289,3 +289,99 @@ func TestCompleteConfigEnvFromProcess(t *testing.T) {
 		t.Errorf("written config %s, %v", b, err)
 	}
 }
+
+// TestServeHold: with HoldFor, the gate stays up after the primary's agent has ended
+// (final status, socket gone) while the held container's agent listens, serves it,
+// and ends (the primary's status in its termination log) once that agent has ended.
+func TestServeHold(t *testing.T) { testServeHold(t, 0) }
+
+// TestServeHoldLate: the held container's agent listens only after the primary's has
+// ended (the filler still starting): the gate waits for its socket to appear rather
+// than taking "not there yet" for "gone".
+func TestServeHoldLate(t *testing.T) { testServeHold(t, 700*time.Millisecond) }
+
+func testServeHold(t *testing.T, late time.Duration) {
+	dir := t.TempDir()
+	_, serverDER := keyPair(t, dir, "server")
+	client, _ := keyPair(t, dir, "client")
+	status := filepath.Join(dir, "status.json")
+	if err := os.WriteFile(status, []byte(`{"state":"MAIN_STATE_COMPLETED","exit_code":0}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	containers := filepath.Join(dir, "containers")
+	if err := os.MkdirAll(filepath.Join(containers, "filler"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	listen := func() net.Listener {
+		filler, err := net.Listen("unix", filepath.Join(containers, "filler", Socket))
+		if err != nil {
+			t.Error(err)
+		}
+		return filler
+	}
+	fillerc := make(chan net.Listener, 1)
+	if late == 0 {
+		fillerc <- listen()
+	} else {
+		time.AfterFunc(late, func() { fillerc <- listen() })
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	termLog := filepath.Join(dir, "termination-log")
+	ended := make(chan error, 1)
+	go func() {
+		ended <- Serve(context.Background(), ServeOptions{
+			Listen: addr, CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key"),
+			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), ContainersDir: containers,
+			StatusFile: status, TerminationLog: termLog, HoldFor: "filler", DialTimeout: 200 * time.Millisecond,
+		})
+	}()
+	var filler net.Listener
+	select {
+	case err := <-ended:
+		t.Fatalf("the gate ended before the held agent listened: %v", err)
+	case filler = <-fillerc:
+	}
+	if filler == nil {
+		t.FailNow()
+	}
+	go func() {
+		for {
+			c, err := filler.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("filler"))
+			c.Close()
+		}
+	}()
+	select {
+	case err := <-ended:
+		t.Fatalf("the gate ended while the held agent listens: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	cfg := ClientTLS(client, serverDER)
+	cfg.ServerName = "filler"
+	c, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if b, _ := io.ReadAll(c); string(b) != "filler" {
+		t.Errorf("the held container's agent answered %q", b)
+	}
+	c.Close()
+	filler.Close()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gate did not end once the held agent had")
+	}
+	if b, err := os.ReadFile(termLog); err != nil || !strings.Contains(string(b), "MAIN_STATE_COMPLETED") {
+		t.Errorf("termination log %q, %v: want the primary's status", b, err)
+	}
+}

@@ -67,6 +67,8 @@ const (
 	// AgentServiceWriteFileStreamProcedure is the fully-qualified name of the AgentService's
 	// WriteFileStream RPC.
 	AgentServiceWriteFileStreamProcedure = "/sandboxd.agent.v1.AgentService/WriteFileStream"
+	// AgentServiceStopProcedure is the fully-qualified name of the AgentService's Stop RPC.
+	AgentServiceStopProcedure = "/sandboxd.agent.v1.AgentService/Stop"
 )
 
 // AgentServiceClient is a client for the sandboxd.agent.v1.AgentService service.
@@ -111,6 +113,14 @@ type AgentServiceClient interface {
 	// place once size bytes have arrived, before the call returns. UNIMPLEMENTED from
 	// older agents, as ReadFileStream.
 	WriteFileStream(context.Context) *connect.ClientStreamForClient[v1.WriteFileChunk, v1.WriteFileResponse]
+	// Stop stops the main command as a SIGTERM to the agent would (SIGTERM to its process
+	// group, no restart, state STOPPED), and kills its process group (SIGKILL) when it has
+	// not exited after grace; the agent then ends, and its container with it. The
+	// Kubernetes backend stops the workload of a Pod this way when the Pod must outlive it
+	// (a GLOBAL volume's writer, whose copy is archived after the workload stopped). In
+	// standby it ends the agent. Runner-only (runnerapi refuses it); UNIMPLEMENTED from
+	// older agents.
+	Stop(context.Context, *connect.Request[v1.StopRequest]) (*connect.Response[v1.StopResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the sandboxd.agent.v1.AgentService service. By
@@ -196,6 +206,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("WriteFileStream")),
 			connect.WithClientOptions(opts...),
 		),
+		stop: connect.NewClient[v1.StopRequest, v1.StopResponse](
+			httpClient,
+			baseURL+AgentServiceStopProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Stop")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -213,6 +229,7 @@ type agentServiceClient struct {
 	extractPath     *connect.Client[v1.ExtractPathRequest, v1.ExtractPathResponse]
 	readFileStream  *connect.Client[v1.ReadFileRequest, v1.ReadFileChunk]
 	writeFileStream *connect.Client[v1.WriteFileChunk, v1.WriteFileResponse]
+	stop            *connect.Client[v1.StopRequest, v1.StopResponse]
 }
 
 // Exec calls sandboxd.agent.v1.AgentService.Exec.
@@ -275,6 +292,11 @@ func (c *agentServiceClient) WriteFileStream(ctx context.Context) *connect.Clien
 	return c.writeFileStream.CallClientStream(ctx)
 }
 
+// Stop calls sandboxd.agent.v1.AgentService.Stop.
+func (c *agentServiceClient) Stop(ctx context.Context, req *connect.Request[v1.StopRequest]) (*connect.Response[v1.StopResponse], error) {
+	return c.stop.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the sandboxd.agent.v1.AgentService service.
 type AgentServiceHandler interface {
 	// Exec runs a command to completion and returns its output, capped.
@@ -317,6 +339,14 @@ type AgentServiceHandler interface {
 	// place once size bytes have arrived, before the call returns. UNIMPLEMENTED from
 	// older agents, as ReadFileStream.
 	WriteFileStream(context.Context, *connect.ClientStream[v1.WriteFileChunk]) (*connect.Response[v1.WriteFileResponse], error)
+	// Stop stops the main command as a SIGTERM to the agent would (SIGTERM to its process
+	// group, no restart, state STOPPED), and kills its process group (SIGKILL) when it has
+	// not exited after grace; the agent then ends, and its container with it. The
+	// Kubernetes backend stops the workload of a Pod this way when the Pod must outlive it
+	// (a GLOBAL volume's writer, whose copy is archived after the workload stopped). In
+	// standby it ends the agent. Runner-only (runnerapi refuses it); UNIMPLEMENTED from
+	// older agents.
+	Stop(context.Context, *connect.Request[v1.StopRequest]) (*connect.Response[v1.StopResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -398,6 +428,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("WriteFileStream")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceStopHandler := connect.NewUnaryHandler(
+		AgentServiceStopProcedure,
+		svc.Stop,
+		connect.WithSchema(agentServiceMethods.ByName("Stop")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.agent.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceExecProcedure:
@@ -424,6 +460,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceReadFileStreamHandler.ServeHTTP(w, r)
 		case AgentServiceWriteFileStreamProcedure:
 			agentServiceWriteFileStreamHandler.ServeHTTP(w, r)
+		case AgentServiceStopProcedure:
+			agentServiceStopHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -479,4 +517,8 @@ func (UnimplementedAgentServiceHandler) ReadFileStream(context.Context, *connect
 
 func (UnimplementedAgentServiceHandler) WriteFileStream(context.Context, *connect.ClientStream[v1.WriteFileChunk]) (*connect.Response[v1.WriteFileResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.WriteFileStream is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Stop(context.Context, *connect.Request[v1.StopRequest]) (*connect.Response[v1.StopResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.AgentService.Stop is not implemented"))
 }

@@ -3,7 +3,7 @@
 //
 //	sandbox-gate install          copy /sandbox-agent and /sandbox-gate into the bin emptyDir
 //	sandbox-gate exec-agent       complete the agent config and exec sandbox-agent (PID 1)
-//	sandbox-gate serve            mTLS front of the agent's unix socket (sidecar)
+//	sandbox-gate serve [--hold C] mTLS front of the agent's unix socket (sidecar); --hold: see gate.ServeOptions.HoldFor
 //	sandbox-gate noop             exit 0 (the image container of a pre-pull Pod: its image is pulled)
 package main
 
@@ -38,6 +38,10 @@ func main() {
 	case "serve":
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
+		hold := ""
+		if i := slices.Index(os.Args, gate.FlagHold); i >= 2 && i+1 < len(os.Args) {
+			hold = os.Args[i+1]
+		}
 		containers := "" // a single-container Pod mounts no ContainersDir
 		if st, serr := os.Stat(gate.ContainersDir); serr == nil && st.IsDir() {
 			containers = gate.ContainersDir
@@ -50,6 +54,7 @@ func main() {
 			Upstream:       filepath.Join(gate.RunDir, gate.Socket),
 			StatusFile:     filepath.Join(gate.RunDir, agentconfig.StatusFile),
 			TerminationLog: gate.TerminationLogPath,
+			HoldFor:        hold,
 			Logger:         log,
 		})
 	default:
