@@ -432,13 +432,53 @@ func chownToRoot(r idRange, paths ...string) error {
 // setNetNSSysctl writes a sysctl of the network namespace at nsPath.
 func setNetNSSysctl(nsPath, key, value string) error {
 	err := inNamespace(nsPath, unix.CLONE_NEWNET, func() error {
-		// /proc/sys/net shows the namespace of the thread that opens it.
-		return os.WriteFile("/proc/sys/"+strings.ReplaceAll(key, ".", "/"), []byte(value), 0o644)
+		return writeNetSysctl(key, value)
 	})
 	if err != nil {
 		return fmt.Errorf("sysctl %s in %s: %w", key, nsPath, err)
 	}
 	return nil
+}
+
+// writeNetSysctl sets the net sysctl key (dotted) of the calling thread's network
+// namespace: /proc/sys/net shows the namespace of the thread that looks it up.
+//
+// It looks the file up in a procfs of its own, mounted for this write and never attached
+// anywhere (fsopen/fsmount; gone with its descriptor), not in /proc: there the kernel
+// keeps one cached /proc/sys/net/ipv4 directory per network namespace that looked it up,
+// all on one hash chain it compares one by one (each under a global lock) at every
+// lookup — work per sandbox started that grew with the sandboxes running (issue 25). A
+// fresh procfs has only this namespace's. Where the new mount API is missing or refused,
+// it writes through /proc.
+func writeNetSysctl(key, value string) error {
+	rel := "sys/" + strings.ReplaceAll(key, ".", "/")
+	mnt, err := freshProc()
+	if err != nil {
+		return os.WriteFile("/proc/"+rel, []byte(value), 0o644)
+	}
+	defer unix.Close(mnt)
+	fd, err := unix.Openat(mnt, rel, unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: "/proc/" + rel, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), "/proc/"+rel)
+	defer f.Close()
+	_, err = f.Write([]byte(value))
+	return err
+}
+
+// freshProc is a descriptor of a new procfs mount attached nowhere (nosuid, nodev,
+// noexec).
+func freshProc() (int, error) {
+	fsfd, err := unix.Fsopen("proc", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, err
+	}
+	return unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 }
 
 // rootfsBase picks where the root filesystems of sandboxes in user namespaces are
