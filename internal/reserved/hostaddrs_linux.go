@@ -6,6 +6,8 @@ import (
 	"os"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // interfaceAddrs is the host's interface addresses from one RTM_GETADDR dump: what
@@ -14,16 +16,36 @@ import (
 // link to the host, so that dump grew with the sandboxes running and was read on every
 // create.
 func interfaceAddrs() ([]netip.Addr, error) {
-	tab, err := syscall.NetlinkRIB(syscall.RTM_GETADDR, syscall.AF_UNSPEC)
-	if err != nil {
-		return nil, os.NewSyscallError("netlinkrib", err)
+	for try := 0; ; try++ {
+		tab, err := syscall.NetlinkRIB(syscall.RTM_GETADDR, syscall.AF_UNSPEC)
+		if err != nil {
+			return nil, os.NewSyscallError("netlinkrib", err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(tab)
+		if err != nil {
+			return nil, os.NewSyscallError("parsenetlinkmessage", err)
+		}
+		out, err := parseAddrDump(msgs)
+		if errors.Is(err, errDumpInterrupted) && try == 0 {
+			continue // an address changed during the dump: once more
+		}
+		return out, err
 	}
-	msgs, err := syscall.ParseNetlinkMessage(tab)
-	if err != nil {
-		return nil, os.NewSyscallError("parsenetlinkmessage", err)
-	}
+}
+
+// errDumpInterrupted: the kernel marked the dump NLM_F_DUMP_INTR (an address was added
+// or removed while it was read in parts), so it may miss addresses.
+var errDumpInterrupted = errors.New("reserved: RTM_GETADDR dump interrupted by an address change")
+
+// parseAddrDump is the addresses of an RTM_GETADDR dump's messages; an error when the
+// dump failed or was interrupted (a partial list would let IsHostAddr answer false for
+// a host address).
+func parseAddrDump(msgs []syscall.NetlinkMessage) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, m := range msgs {
+		if m.Header.Flags&unix.NLM_F_DUMP_INTR != 0 {
+			return nil, errDumpInterrupted
+		}
 		switch m.Header.Type {
 		case syscall.NLMSG_DONE:
 			return out, nil
