@@ -3,10 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/bits"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -148,7 +150,12 @@ func runDensity(b *testing.B) densityResult {
 		}
 		wg.Wait()
 		if len(errs) > 0 {
+			prof.stop()
 			b.Fatalf("%d of the creates failed at %d sandboxes, the first: %v", len(errs), len(ids), errs[0])
+		}
+		if prof.err != nil {
+			prof.stop()
+			b.Fatal(prof.err)
 		}
 	}
 	t0 := time.Now()
@@ -156,6 +163,10 @@ func runDensity(b *testing.B) densityResult {
 	at10 := time.Since(t0)
 	r.exec10p50, r.exec10p99 = densityExec(b, s, ids)
 	r.rule10p50, r.rule10p99 = ruleChange(b, s)
+	// The CPU at 10 for the tenth that starts there, without the measurements' (the
+	// pause's).
+	cpu10 := cpuUsed()
+	prof.afterPause()
 	t1 := time.Now()
 	create(n - 10)
 	r.wall = at10 + time.Since(t1)
@@ -180,7 +191,11 @@ func runDensity(b *testing.B) densityResult {
 			lo, hi := i*n/10, (i+1)*n/10-1
 			r.tenths = append(r.tenths, float64(hi-lo+1)/(at(hi)-at(lo-1)).Seconds())
 			if lo > 0 { // the first tenth's start is not sampled
-				d := cpu[hi].sub(cpu[lo-1])
+				from := cpu[lo-1]
+				if lo == 10 { // n < 110: the 2nd tenth starts at the pause
+					from = cpu10
+				}
+				d := cpu[hi].sub(from)
 				per := func(t time.Duration) float64 { return float64(t.Microseconds()) / 1000 / float64(hi-lo+1) }
 				r.cpuTenths = append(r.cpuTenths, per(d.total()))
 				r.cpuSplit = append(r.cpuSplit, [4]float64{per(d.selfUser), per(d.selfSys), per(d.kidsUser), per(d.kidsSys)})
@@ -340,45 +355,110 @@ func cpuUsed() cpuSample {
 // densityProfiles writes CPU profiles of this process (the runner) over the 2nd and
 // the last tenth of the creates to BENCH_DENSITY_PROFILE-early.prof and -late.prof when
 // that is set (n ≥ 100), to compare where a create's runner CPU goes as the host fills.
+// The early one leaves out the measurements made at 10 sandboxes (at n < 110 the 2nd
+// tenth starts there: it starts at afterPause).
 type densityProfiles struct {
-	b      *testing.B
 	prefix string
 	n      int
 	f      *os.File
+	err    error // the first failure to start one; the caller fails on it
 }
 
-func startDensityProfiles(b *testing.B, n int) *densityProfiles {
-	p := &densityProfiles{b: b, prefix: os.Getenv("BENCH_DENSITY_PROFILE"), n: n}
+func startDensityProfiles(b testing.TB, n int) *densityProfiles {
+	p := &densityProfiles{prefix: os.Getenv("BENCH_DENSITY_PROFILE"), n: n}
 	if n < 100 {
 		p.prefix = ""
 	}
+	b.Cleanup(p.stop)
 	return p
 }
 
-// at is called (under the caller's lock) when the done-th create has finished.
+// at is called (under the caller's lock) when the done-th create has finished; it
+// never fails the benchmark itself (it runs on a worker goroutine): see err.
 func (p *densityProfiles) at(done int) {
 	if p.prefix == "" {
 		return
 	}
 	switch done {
-	case p.n / 10, p.n - p.n/10:
-		name := p.prefix + "-early.prof"
-		if done != p.n/10 {
-			name = p.prefix + "-late.prof"
+	case p.n / 10:
+		if done > 10 { // else at afterPause
+			p.start(p.prefix + "-early.prof")
 		}
-		f, err := os.Create(name)
-		if err != nil {
-			p.b.Fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			p.b.Fatal(err) // e.g. -cpuprofile given as well
-		}
-		p.f = f
+	case p.n - p.n/10:
+		p.start(p.prefix + "-late.prof")
 	case 2 * p.n / 10, p.n:
-		if p.f != nil {
-			pprof.StopCPUProfile()
-			_ = p.f.Close()
-			p.f = nil
-		}
+		p.stop()
+	}
+}
+
+// afterPause is called when the measurements at 10 sandboxes are done, before the
+// next create.
+func (p *densityProfiles) afterPause() {
+	if p.prefix != "" && p.n/10 == 10 {
+		p.start(p.prefix + "-early.prof")
+	}
+}
+
+func (p *densityProfiles) start(name string) {
+	if p.err != nil || p.f != nil {
+		return
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		p.err = err
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		p.err = fmt.Errorf("CPU profile %s: %w", name, err) // e.g. -cpuprofile given as well
+		return
+	}
+	p.f = f
+}
+
+// stop ends the profile being written, if any.
+func (p *densityProfiles) stop() {
+	if p.f != nil {
+		pprof.StopCPUProfile()
+		_ = p.f.Close()
+		p.f = nil
+	}
+}
+
+// TestDensityProfiles: at n < 110 the early profile starts after the measurements at 10
+// sandboxes, not before them; a profile that cannot start is an error for the caller
+// (at runs on a worker goroutine, where failing the benchmark would hang it).
+func TestDensityProfiles(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "p")
+	t.Setenv("BENCH_DENSITY_PROFILE", prefix)
+	p := startDensityProfiles(t, 100)
+	for i := 1; i <= 10; i++ {
+		p.at(i)
+	}
+	if p.f != nil {
+		t.Fatal("the early profile started before the measurements at 10")
+	}
+	p.afterPause()
+	if p.f == nil || p.err != nil {
+		t.Fatalf("no early profile after the pause: %v", p.err)
+	}
+	for i := 11; i <= 20; i++ {
+		p.at(i)
+	}
+	if p.f != nil {
+		t.Fatal("the early profile still runs after the 2nd tenth")
+	}
+	if st, err := os.Stat(prefix + "-early.prof"); err != nil || st.Size() == 0 {
+		t.Fatalf("early profile: %v", err)
+	}
+
+	if err := pprof.StartCPUProfile(io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	defer pprof.StopCPUProfile()
+	q := startDensityProfiles(t, 200)
+	q.at(20)
+	if q.err == nil || q.f != nil {
+		t.Fatalf("a profile that cannot start: err %v, running %v", q.err, q.f != nil)
 	}
 }
