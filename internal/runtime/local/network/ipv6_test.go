@@ -53,3 +53,20 @@ func TestDisableIPv6SmallMTU(t *testing.T) {
 		t.Fatal(msg)
 	}
 }
+
+// TestSetupSmallMTU: a sandbox network with an MTU below IPv6's minimum sets up (its
+// host veth has no IPv6 conf to turn off).
+func TestSetupSmallMTU(t *testing.T) {
+	requireNetAdmin(t)
+	cfg := testConfig(t, false)
+	cfg.MTU = 1200
+	m := newManagerFrom(t, cfg)
+	a := setup(t, m, "mtu-"+randHex(4))
+	l, err := netlink.LinkByName(a.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Attrs().MTU != 1200 {
+		t.Errorf("host veth MTU %d, want 1200", l.Attrs().MTU)
+	}
+}
