@@ -3,10 +3,13 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/bits"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,10 +46,11 @@ func envInt(b *testing.B, name string, def int) int {
 type densityResult struct {
 	n, conc                        int
 	wall                           time.Duration
-	rate, lastRate                 float64   // creates/s overall and over the last tenth
-	tenths                         []float64 // creates/s in each tenth of n (n ≥ 100)
-	cpuTenths                      []float64 // CPU ms per create in each tenth (this process and its reaped children: runc)
-	availPer, cgroupPer, runnerPer float64   // MiB per sandbox
+	rate, lastRate                 float64      // creates/s overall and over the last tenth
+	tenths                         []float64    // creates/s in each tenth of n (n ≥ 100)
+	cpuTenths                      []float64    // CPU ms per create in each tenth (this process and its reaped children: runc)
+	cpuSplit                       [][4]float64 // per tenth, of cpuTenths: runner user, runner sys, children user, children sys
+	availPer, cgroupPer, runnerPer float64      // MiB per sandbox
 	exec10p50, exec10p99, execNp50 float64
 	execNp99, rule10p50, rule10p99 float64
 	ruleNp50, ruleNp99             float64
@@ -63,7 +67,11 @@ var (
 // created by BENCH_DENSITY_CONCURRENCY (default 4) callers at once, each create counted
 // when the sandbox's first exec has answered. It prints:
 //   - sustained creates/s until the N-th, overall and over the last tenth (at least
-//     10 creates; target ≥ 30/s);
+//     10 creates; target ≥ 30/s); for N ≥ 100, creates/s in each tenth and CPU ms per
+//     create in each tenth, split into the runner's (this process's) user and system
+//     time and its reaped children's (runc) — with BENCH_DENSITY_PROFILE=PREFIX also
+//     CPU profiles of the runner over the 2nd and the last tenth (PREFIX-early.prof,
+//     PREFIX-late.prof; not together with -cpuprofile);
 //   - host memory per idle sandbox at N, two ways (hostmem_test.go): the drop of the host's
 //     MemAvailable / N, and (the sandboxes' cgroups + the runner's PSS growth) / N
 //     (target ≤ 5 MiB);
@@ -110,9 +118,10 @@ func runDensity(b *testing.B) densityResult {
 		mu   sync.Mutex
 		ids  []string
 		done []time.Time
-		cpu  []time.Duration // this process's and its reaped children's CPU at each done
+		cpu  []cpuSample // this process's and its reaped children's CPU at each done
 		errs []error
 	)
+	prof := startDensityProfiles(b, n)
 	create := func(count int) {
 		var wg sync.WaitGroup
 		next := make(chan struct{}, count)
@@ -133,6 +142,7 @@ func runDensity(b *testing.B) densityResult {
 						ids = append(ids, id)
 						done = append(done, time.Now())
 						cpu = append(cpu, cpuUsed())
+						prof.at(len(ids))
 					}
 					mu.Unlock()
 				}
@@ -140,7 +150,12 @@ func runDensity(b *testing.B) densityResult {
 		}
 		wg.Wait()
 		if len(errs) > 0 {
+			prof.stop()
 			b.Fatalf("%d of the creates failed at %d sandboxes, the first: %v", len(errs), len(ids), errs[0])
+		}
+		if prof.err != nil {
+			prof.stop()
+			b.Fatal(prof.err)
 		}
 	}
 	t0 := time.Now()
@@ -148,6 +163,10 @@ func runDensity(b *testing.B) densityResult {
 	at10 := time.Since(t0)
 	r.exec10p50, r.exec10p99 = densityExec(b, s, ids)
 	r.rule10p50, r.rule10p99 = ruleChange(b, s)
+	// The CPU at 10 for the tenth that starts there, without the measurements' (the
+	// pause's).
+	cpu10 := cpuUsed()
+	prof.afterPause()
 	t1 := time.Now()
 	create(n - 10)
 	r.wall = at10 + time.Since(t1)
@@ -172,7 +191,14 @@ func runDensity(b *testing.B) densityResult {
 			lo, hi := i*n/10, (i+1)*n/10-1
 			r.tenths = append(r.tenths, float64(hi-lo+1)/(at(hi)-at(lo-1)).Seconds())
 			if lo > 0 { // the first tenth's start is not sampled
-				r.cpuTenths = append(r.cpuTenths, float64((cpu[hi]-cpu[lo-1]).Microseconds())/1000/float64(hi-lo+1))
+				from := cpu[lo-1]
+				if lo == 10 { // n < 110: the 2nd tenth starts at the pause
+					from = cpu10
+				}
+				d := cpu[hi].sub(from)
+				per := func(t time.Duration) float64 { return float64(t.Microseconds()) / 1000 / float64(hi-lo+1) }
+				r.cpuTenths = append(r.cpuTenths, per(d.total()))
+				r.cpuSplit = append(r.cpuSplit, [4]float64{per(d.selfUser), per(d.selfSys), per(d.kidsUser), per(d.kidsSys)})
 			}
 		}
 	}
@@ -190,6 +216,14 @@ func runDensity(b *testing.B) densityResult {
 	if r.tenths != nil {
 		fmt.Printf("density: creates/s in each tenth of the %d: %.1f\n", n, r.tenths)
 		fmt.Printf("density: CPU ms per create (the runner and the runc processes it reaped) in the 2nd to the last tenth: %.1f\n", r.cpuTenths)
+		var ru, rs, cu, cs []float64
+		for _, c := range r.cpuSplit {
+			ru, rs, cu, cs = append(ru, c[0]), append(rs, c[1]), append(cu, c[2]), append(cs, c[3])
+		}
+		fmt.Printf("density: of which the runner user %.1f\n", ru)
+		fmt.Printf("density: of which the runner sys  %.1f\n", rs)
+		fmt.Printf("density: of which runc etc. user  %.1f\n", cu)
+		fmt.Printf("density: of which runc etc. sys   %.1f\n", cs)
 	}
 	fmt.Printf("density: host memory per idle sandbox at %d: MemAvailable drop %.2f MiB; cgroups %.2f + runner PSS growth %.2f = %.2f MiB (target ≤ 5 MiB)\n",
 		n, r.availPer, r.cgroupPer, r.runnerPer, r.cgroupPer+r.runnerPer)
@@ -299,11 +333,132 @@ func quantiles(d []time.Duration) (p50, p99 float64) {
 	return at(0.50), at(0.99)
 }
 
+// cpuSample is the CPU time of this process (the runner) and of its children it has
+// reaped (runc and other helpers), user and system.
+type cpuSample struct{ selfUser, selfSys, kidsUser, kidsSys time.Duration }
+
+func (c cpuSample) total() time.Duration { return c.selfUser + c.selfSys + c.kidsUser + c.kidsSys }
+
+func (c cpuSample) sub(o cpuSample) cpuSample {
+	return cpuSample{c.selfUser - o.selfUser, c.selfSys - o.selfSys, c.kidsUser - o.kidsUser, c.kidsSys - o.kidsSys}
+}
+
 // cpuUsed is the CPU time of this process and of its children it has reaped.
-func cpuUsed() time.Duration {
+func cpuUsed() cpuSample {
 	var self, kids unix.Rusage
 	_ = unix.Getrusage(unix.RUSAGE_SELF, &self)
 	_ = unix.Getrusage(unix.RUSAGE_CHILDREN, &kids)
 	tv := func(t unix.Timeval) time.Duration { return time.Duration(t.Nano()) }
-	return tv(self.Utime) + tv(self.Stime) + tv(kids.Utime) + tv(kids.Stime)
+	return cpuSample{tv(self.Utime), tv(self.Stime), tv(kids.Utime), tv(kids.Stime)}
+}
+
+// densityProfiles writes CPU profiles of this process (the runner) over the 2nd and
+// the last tenth of the creates to BENCH_DENSITY_PROFILE-early.prof and -late.prof when
+// that is set (n ≥ 100), to compare where a create's runner CPU goes as the host fills.
+// The early one leaves out the measurements made at 10 sandboxes (at n < 110 the 2nd
+// tenth starts there: it starts at afterPause).
+type densityProfiles struct {
+	prefix string
+	n      int
+	f      *os.File
+	err    error // the first failure to start one; the caller fails on it
+}
+
+func startDensityProfiles(b testing.TB, n int) *densityProfiles {
+	p := &densityProfiles{prefix: os.Getenv("BENCH_DENSITY_PROFILE"), n: n}
+	if n < 100 {
+		p.prefix = ""
+	}
+	b.Cleanup(p.stop)
+	return p
+}
+
+// at is called (under the caller's lock) when the done-th create has finished; it
+// never fails the benchmark itself (it runs on a worker goroutine): see err.
+func (p *densityProfiles) at(done int) {
+	if p.prefix == "" {
+		return
+	}
+	switch done {
+	case p.n / 10:
+		if done > 10 { // else at afterPause
+			p.start(p.prefix + "-early.prof")
+		}
+	case p.n - p.n/10:
+		p.start(p.prefix + "-late.prof")
+	case 2 * p.n / 10, p.n:
+		p.stop()
+	}
+}
+
+// afterPause is called when the measurements at 10 sandboxes are done, before the
+// next create.
+func (p *densityProfiles) afterPause() {
+	if p.prefix != "" && p.n/10 == 10 {
+		p.start(p.prefix + "-early.prof")
+	}
+}
+
+func (p *densityProfiles) start(name string) {
+	if p.err != nil || p.f != nil {
+		return
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		p.err = err
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		p.err = fmt.Errorf("CPU profile %s: %w", name, err) // e.g. -cpuprofile given as well
+		return
+	}
+	p.f = f
+}
+
+// stop ends the profile being written, if any.
+func (p *densityProfiles) stop() {
+	if p.f != nil {
+		pprof.StopCPUProfile()
+		_ = p.f.Close()
+		p.f = nil
+	}
+}
+
+// TestDensityProfiles: at n < 110 the early profile starts after the measurements at 10
+// sandboxes, not before them; a profile that cannot start is an error for the caller
+// (at runs on a worker goroutine, where failing the benchmark would hang it).
+func TestDensityProfiles(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "p")
+	t.Setenv("BENCH_DENSITY_PROFILE", prefix)
+	p := startDensityProfiles(t, 100)
+	for i := 1; i <= 10; i++ {
+		p.at(i)
+	}
+	if p.f != nil {
+		t.Fatal("the early profile started before the measurements at 10")
+	}
+	p.afterPause()
+	if p.f == nil || p.err != nil {
+		t.Fatalf("no early profile after the pause: %v", p.err)
+	}
+	for i := 11; i <= 20; i++ {
+		p.at(i)
+	}
+	if p.f != nil {
+		t.Fatal("the early profile still runs after the 2nd tenth")
+	}
+	if st, err := os.Stat(prefix + "-early.prof"); err != nil || st.Size() == 0 {
+		t.Fatalf("early profile: %v", err)
+	}
+
+	if err := pprof.StartCPUProfile(io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	defer pprof.StopCPUProfile()
+	q := startDensityProfiles(t, 200)
+	q.at(20)
+	if q.err == nil || q.f != nil {
+		t.Fatalf("a profile that cannot start: err %v, running %v", q.err, q.f != nil)
+	}
 }

@@ -6,7 +6,6 @@
 package reserved
 
 import (
-	"net"
 	"net/netip"
 	"slices"
 )
@@ -53,34 +52,27 @@ func HostLocal(a netip.Addr) bool {
 
 // HostAddrs returns the addresses of the host's interfaces (nil when they cannot be read).
 func HostAddrs() []netip.Addr {
-	addrs, err := net.InterfaceAddrs()
+	addrs, err := interfaceAddrs()
 	if err != nil {
 		return nil
 	}
-	var out []netip.Addr
-	for _, ia := range addrs {
-		if n, ok := ia.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok {
-				out = append(out, ip.Unmap())
-			}
-		}
+	for i, a := range addrs {
+		addrs[i] = a.Unmap()
 	}
-	return out
+	return addrs
 }
 
 // IsHostAddr reports whether a is one of the host's own addresses (true when they
 // cannot be read: fail closed).
 func IsHostAddr(a netip.Addr) bool {
-	addrs, err := net.InterfaceAddrs()
+	addrs, err := interfaceAddrs()
 	if err != nil {
 		return true
 	}
 	a = a.Unmap()
-	for _, ia := range addrs {
-		if n, ok := ia.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == a {
-				return true
-			}
+	for _, ip := range addrs {
+		if ip.Unmap() == a {
+			return true
 		}
 	}
 	return false

@@ -224,20 +224,38 @@ func supported(n *runtime.Network, can runtime.Support) error {
 // sandbox subnet, the host's addresses, …): such a rule would grant nothing, and asking
 // for it is a mistake or a probe. A rule that merely overlaps them (0.0.0.0/0) is
 // enforced with the reserved parts cut out.
-func unreserved(n *runtime.Network, rs reserved.Set) error {
+//
+// rs is asked only when n has a cidr rule, and once: the local backend's set holds the
+// host's addresses, read from the kernel per call (and the host has a link per running
+// sandbox), so creates without cidr rules — most — do not pay for it.
+func unreserved(n *runtime.Network, rs func() reserved.Set) error {
 	var vs violations
 	if n == nil {
 		return nil
 	}
+	var set *reserved.Set
 	for i, r := range n.Egress {
 		p, err := netip.ParsePrefix(r.CIDR)
 		if r.CIDR == "" || err != nil {
 			continue
 		}
-		if rs.Covers(p) {
+		if set == nil {
+			s := rs()
+			set = &s
+		}
+		if set.Covers(p) {
 			vs.add(fmt.Sprintf("spec.network.egress[%d].cidr", i),
 				"%s lies inside the platform's reserved ranges (link-local and cloud metadata, loopback, private and cluster-internal ranges, the sandbox network, this host), which no sandbox reaches; only the runner's operator can open a range (--egress-allow-reserved)", r.CIDR)
 		}
 	}
 	return vs.err()
+}
+
+// checkUnreserved is unreserved with the backend's reserved set, when it has one.
+func (r *Runner) checkUnreserved(n *runtime.Network) error {
+	rb, ok := r.backend.(runtime.EgressReserver)
+	if !ok {
+		return nil
+	}
+	return unreserved(n, rb.ReservedEgress)
 }

@@ -85,7 +85,7 @@ func TestUnreserved(t *testing.T) {
 		{CIDR: "10.20.0.0/16"}, {CIDR: "10.88.1.0/24"}, {CIDR: "203.0.113.7/32"}, {CIDR: "203.0.113.0/24"}, {Any: true}, {CIDR: "fe80::/10"}, {CIDR: "::/0"},
 	}}
 	var verr *ValidationError
-	if err := unreserved(n, rs); !errors.As(err, &verr) {
+	if err := unreserved(n, func() reserved.Set { return rs }); !errors.As(err, &verr) {
 		t.Fatalf("unreserved = %v", err)
 	}
 	var got []string
@@ -100,7 +100,25 @@ func TestUnreserved(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("refused %v, want %v", got, want)
 	}
-	if err := unreserved(&runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.20.0.0/16"}, {CIDR: "8.8.8.0/24"}}}, rs); err != nil {
+	if err := unreserved(&runtime.Network{Egress: []runtime.EgressRule{{CIDR: "10.20.0.0/16"}, {CIDR: "8.8.8.0/24"}}}, func() reserved.Set { return rs }); err != nil {
 		t.Errorf("opened and public ranges refused: %v", err)
+	}
+	// The set is read once per check, and not at all without a cidr rule (the local
+	// backend's holds the host's addresses, read from the kernel per call).
+	for _, c := range []struct {
+		n    *runtime.Network
+		want int
+	}{
+		{nil, 0},
+		{&runtime.Network{}, 0},
+		{&runtime.Network{Egress: runtime.DefaultEgress()}, 0},
+		{&runtime.Network{Egress: []runtime.EgressRule{{Any: true}, {DNSName: "example.com"}}}, 0},
+		{n, 1},
+	} {
+		calls := 0
+		_ = unreserved(c.n, func() reserved.Set { calls++; return rs })
+		if calls != c.want {
+			t.Errorf("%+v: the reserved set read %d times, want %d", c.n, calls, c.want)
+		}
 	}
 }

@@ -567,10 +567,8 @@ func (r *Runner) importFork(ctx context.Context, req ImportRequest, registered f
 		if err := supported(spec.Network, r.Support()); err != nil {
 			return nil, err
 		}
-		if rb, ok := r.backend.(runtime.EgressReserver); ok {
-			if err := unreserved(spec.Network, rb.ReservedEgress()); err != nil {
-				return nil, err
-			}
+		if err := r.checkUnreserved(spec.Network); err != nil {
+			return nil, err
 		}
 		sb.Spec = cloneSpec(spec)
 		// The egress secrets' values, resolved again by the gateway: checked as a

@@ -293,10 +293,8 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if err := supported(req.Spec.Network, r.Support()); err != nil {
 		return Sandbox{}, err
 	}
-	if rb, ok := r.backend.(runtime.EgressReserver); ok {
-		if err := unreserved(req.Spec.Network, rb.ReservedEgress()); err != nil {
-			return Sandbox{}, err
-		}
+	if err := r.checkUnreserved(req.Spec.Network); err != nil {
+		return Sandbox{}, err
 	}
 	if req.Spec.ID == "" {
 		req.Spec.ID = NewID()

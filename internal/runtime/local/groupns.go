@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,7 +52,7 @@ type groupNS struct {
 // namespace with hostname host and, with newNet, a network namespace with lo up and
 // netSysctls set. The namespaces are made by a child that never runs (it is traced, so
 // it stops at its execve) and is killed once they are open, as usernsFD does.
-func newGroupNS(host string, ids *idRange, newNet bool) (g *groupNS, err error) {
+func newGroupNS(host string, ids *idRange, newNet, freshProc bool, log *slog.Logger) (g *groupNS, err error) {
 	g = &groupNS{user: -1, uts: -1, net: -1}
 	defer func() {
 		if err != nil {
@@ -70,7 +71,7 @@ func newGroupNS(host string, ids *idRange, newNet bool) (g *groupNS, err error) 
 			return nil, fmt.Errorf("group namespaces: loopback: %w", err)
 		}
 		for k, v := range netSysctls {
-			if err := setNetNSSysctl(g.path(g.net), k, v); err != nil {
+			if err := setNetNSSysctl(g.path(g.net), k, v, freshProc, log); err != nil {
 				return nil, fmt.Errorf("group namespaces: %w", err)
 			}
 		}
@@ -258,6 +259,7 @@ func (j *joinParams) idmapUserNS() int {
 // egress secrets and, for a user namespace, the attachment's sysctls and sysfs (see mountNetNSSysfs),
 // then the group's namespaces.
 func (b *Backend) setupGroupNS(ctx context.Context, s *sandbox, j *joinParams, host string) error {
+	fresh := b.freshProcSysctl()
 	if b.cfg.Network != nil {
 		att, err := b.cfg.Network.Setup(ctx, s.cid)
 		if err != nil {
@@ -277,7 +279,7 @@ func (b *Backend) setupGroupNS(ctx context.Context, s *sandbox, j *joinParams, h
 			// namespace can neither set its sysctls nor mount its sysfs: the backend
 			// does both, once for every container.
 			for k, v := range netSysctls {
-				if err := setNetNSSysctl(att.NetNSPath, k, v); err != nil {
+				if err := setNetNSSysctl(att.NetNSPath, k, v, fresh, b.log); err != nil {
 					return err
 				}
 			}
@@ -289,7 +291,7 @@ func (b *Backend) setupGroupNS(ctx context.Context, s *sandbox, j *joinParams, h
 			failpoint.Hit("local.create.sysfs")
 		}
 	}
-	ns, err := newGroupNS(host, j.ids, j.att == nil || j.att.NetNSPath == "")
+	ns, err := newGroupNS(host, j.ids, j.att == nil || j.att.NetNSPath == "", fresh, b.log)
 	if err != nil {
 		return err
 	}

@@ -999,8 +999,9 @@ func (b *Backend) launch(ctx context.Context, s *sandbox, creds *runtime.Credent
 			// A root mapped into a user namespace that does not own this network
 			// namespace can neither set its sysctls nor mount its sysfs (see ociSpec):
 			// the backend does both.
+			fresh := b.freshProcSysctl()
 			for k, v := range netSysctls {
-				if err := setNetNSSysctl(att.NetNSPath, k, v); err != nil {
+				if err := setNetNSSysctl(att.NetNSPath, k, v, fresh, b.log); err != nil {
 					return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
 				}
 			}

@@ -362,10 +362,10 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 
 	hostName := vethName(m.cfg.Bridge, id)
 	mac := macForIP(ip)
+	// Made down: its IPv6 goes off (disableIPv6) before it comes up.
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{
 			Name:   hostName,
-			Flags:  net.FlagUp,
 			MTU:    m.cfg.MTU,
 			TxQLen: -1,
 		},
@@ -381,6 +381,12 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 		return nil, fmt.Errorf("add veth: %w", err)
 	}
 	undo = append(undo, func() { _ = h.LinkDel(veth) })
+	if err := disableIPv6(hostName); err != nil {
+		return nil, err
+	}
+	if err := h.LinkSetUp(veth); err != nil {
+		return nil, fmt.Errorf("host veth up: %w", err)
+	}
 	failpoint.Hit("network.setup.veth")
 	// Pinned before it joins the bridge: no sandbox port carries traffic unpinned.
 	if err := m.pinPort(id, pin{veth: hostName, mac: mac.String(), ip: ip}); err != nil {
@@ -644,6 +650,24 @@ func (m *Manager) Cleanup() error {
 	return nil
 }
 
+// disableIPv6 turns IPv6 off on the host's link name (a sandbox's host veth, still
+// down). Sandboxes get no IPv6, and a bridge port needs none; with it on, the kernel gave
+// each host veth a link-local address and routes in the host's IPv6 table, and walked that
+// whole table at every host veth's carrier change: work per sandbox started that grew with
+// the sandboxes running. A link without the file has no IPv6 to turn off: the kernel
+// makes no conf/<name> for a link whose MTU is below IPv6's minimum (1280; Config.MTU may
+// be lower), nor any conf without IPv6. Other errors fail.
+func disableIPv6(name string) error {
+	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("disable IPv6 on %s: %w", name, err)
+	}
+	return nil
+}
+
 func (m *Manager) setupBridge() error {
 	l, err := m.h.LinkByName(m.cfg.Bridge)
 	if err != nil && !isLinkNotFound(err) {
@@ -671,6 +695,12 @@ func (m *Manager) setupBridge() error {
 	m.brIdx = l.Attrs().Index
 	// Sandboxes get no IPv6; keep the host from talking IPv6 on the bridge.
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+m.cfg.Bridge+"/disable_ipv6", []byte("1"), 0o644)
+	// No multicast snooping: with it, every port's carrier change (one per sandbox
+	// started) re-armed the snooping timers of every port of the bridge, work that grew
+	// with the sandboxes running. The ports are isolated from each other, so multicast
+	// only ever reached the host's side of the bridge anyway; and no sandbox can fill the
+	// bridge's group database.
+	_ = os.WriteFile("/sys/class/net/"+m.cfg.Bridge+"/bridge/multicast_snooping", []byte("0"), 0o644)
 
 	want := &netlink.Addr{IPNet: &net.IPNet{
 		IP:   net.IP(m.gateway.AsSlice()),
