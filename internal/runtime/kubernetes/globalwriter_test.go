@@ -548,7 +548,15 @@ func TestGlobalWriterRecover(t *testing.T) {
 	grp.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
 	pull := writerSpec("")
 	pull.ID = "pull"
+	// A group writer's create cut short: its sidecar runs (in standby), its primary
+	// still pulls, the Pod never marked started.
+	cut := writerSpec("")
+	cut.ID = "cut"
+	cut.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
 	var objs []k8sruntime.Object
+	objs = append(objs, recoverWriter(t, lb, cut, []corev1.ContainerStatus{
+		{Name: containerGate, State: running}, {Name: containerFiller, State: running}, {Name: members(cut)[1].pod, State: running},
+		{Name: containerMain, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull"}}}}, nil)...)
 	objs = append(objs, recoverWriter(t, lb, grp, []corev1.ContainerStatus{
 		{Name: containerGate, State: running}, {Name: containerMain, State: ended}, {Name: containerFiller, State: running},
 		{Name: members(grp)[1].pod, State: running}}, started)...)
@@ -566,6 +574,9 @@ func TestGlobalWriterRecover(t *testing.T) {
 	}
 	if r, ok := got["grp"]; !ok || !r.Alive || r.Exit != nil {
 		t.Errorf("group writer with a sidecar running: %+v; want alive", r)
+	}
+	if r, ok := got["cut"]; !ok || r.Alive {
+		t.Errorf("group writer whose create was cut short (sidecar running, never marked started): %+v; want not alive", r)
 	}
 	if r, ok := got["pull"]; !ok || r.Alive || r.Exit == nil || r.Exit.Reason != "Vanished" {
 		t.Errorf("writer never started: %+v; want vanished", r)

@@ -738,10 +738,13 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 			cancel()
 		}
-		if rec.Exit != nil && rec.Exit.Reason == "Vanished" && commits(&s.spec) && workloadRunning(pod, &s.spec) {
+		if rec.Exit != nil && rec.Exit.Reason == "Vanished" && commits(&s.spec) && workloadRunning(pod, &s.spec) &&
+			pod.Annotations[annotationWorkloadStarted] == "true" {
 			// A GLOBAL writer whose primary has ended while a sidecar still runs (in its
 			// stop grace): alive until its whole workload has ended, so that its copy is
-			// not committed while the sidecar writes.
+			// not committed while the sidecar writes. Only a workload that was started: a
+			// create cut short (a sidecar in standby, the primary still pulling) stays
+			// vanished rather than holding the volume's lease with nothing started.
 			rec.Alive, rec.Exit = true, nil
 		}
 		if rec.Alive && pod.Status.PodIP != "" && (restoresVolumes(&s.spec) || commits(&s.spec)) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
