@@ -109,7 +109,15 @@ func TestGroup(t *testing.T) {
 	t.Logf("group created in %s", time.Since(start).Round(time.Millisecond))
 	defer func() { _ = b.Destroy(context.Background(), id) }()
 
-	if out, _, err := groupExec(t, b, id, "app", "cat", "/tmp/seen"); err != nil || out != "first\nsecond\n" {
+	// The primary's shell makes /tmp/seen before cat fills it: Create may return between.
+	var out string
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if out, _, err = groupExec(t, b, id, "app", "cat", "/tmp/seen"); (err == nil && out != "") || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || out != "first\nsecond\n" {
 		t.Errorf("init containers' order as the primary saw it: %q, %v", out, err)
 	}
 	for name, want := range map[string]string{"": "app", "app": "app", "web": "web"} {
