@@ -59,3 +59,72 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// verdict is an archive's outcome as the callers see it: accepted, ErrInvalid or
+// ErrTooLarge (anything else is spelled out, to fail a comparison).
+func verdict(err error) string {
+	switch {
+	case err == nil:
+		return "accepted"
+	case errors.Is(err, ErrInvalid) && errors.Is(err, ErrTooLarge):
+		return "both: " + err.Error()
+	case errors.Is(err, ErrInvalid):
+		return "ErrInvalid"
+	case errors.Is(err, ErrTooLarge):
+		return "ErrTooLarge"
+	}
+	return "other: " + err.Error()
+}
+
+// TestCheckAgreesWithExtract: over crafted archives, those the tree's rules accept
+// (nesting, going back up, the same base name in other directories, a symlink beside
+// an entry) and those they refuse (the attack cases, a name repeated after its
+// directory's subtree, a directory re-entered), Check and Extract give the same
+// verdict: the rules of the root entry, the parent and the repeated path are one.
+func TestCheckAgreesWithExtract(t *testing.T) {
+	type crafted struct {
+		name   string
+		raw    func(t testing.TB, outside string) []byte
+		limits runtime.ArchiveLimits
+		want   string
+	}
+	tarOf := func(ents ...ent) func(testing.TB, string) []byte {
+		return func(t testing.TB, _ string) []byte { return rawTar(t, ents...) }
+	}
+	cases := []crafted{
+		{name: "root-only", raw: tarOf(dirEnt("./")), want: "accepted"},
+		{name: "root-dot", raw: tarOf(dirEnt("."), fileEnt("f", "x")), want: "accepted"},
+		{name: "nested-and-back-up", raw: tarOf(dirEnt("./"), dirEnt("a/"), dirEnt("a/b/"), fileEnt("a/b/f", "x"),
+			fileEnt("a/g", "y"), dirEnt("c/"), fileEnt("c/x", ""), fileEnt("z", "z")), want: "accepted"},
+		{name: "deep-then-root", raw: tarOf(dirEnt("./"), dirEnt("a/"), dirEnt("a/b/"), dirEnt("a/b/c/"),
+			fileEnt("a/b/c/f", "x"), fileEnt("g", "y")), want: "accepted"},
+		{name: "same-base-other-dirs", raw: tarOf(dirEnt("./"), dirEnt("a/"), dirEnt("a/d/"), fileEnt("a/d/d", "x"),
+			dirEnt("b/"), dirEnt("b/d/"), fileEnt("b/d/d", "x"), fileEnt("d", "x")), want: "accepted"},
+		{name: "same-base-as-parent", raw: tarOf(dirEnt("./"), dirEnt("a/"), dirEnt("a/a/"), fileEnt("a/a/a", "x")), want: "accepted"},
+		{name: "symlink-beside", raw: tarOf(dirEnt("./"), linkEnt("s", "../x"), fileEnt("t", "x"), dirEnt("u/")), want: "accepted"},
+		{name: "exact-limits", raw: tarOf(dirEnt("./"), fileEnt("a", "012345"), fileEnt("b", "0123")),
+			limits: runtime.ArchiveLimits{MaxFiles: 3, MaxBytes: 10}, want: "accepted"},
+		{name: "repeat-after-subtree", raw: tarOf(dirEnt("./"), dirEnt("a/"), fileEnt("a/x", "x"), fileEnt("b", "x"), fileEnt("a", "x")), want: "ErrInvalid"},
+		{name: "dir-repeated-after-subtree", raw: tarOf(dirEnt("./"), dirEnt("a/"), fileEnt("a/f", "x"), dirEnt("a/")), want: "ErrInvalid"},
+		{name: "re-enter-left-dir", raw: tarOf(dirEnt("./"), dirEnt("a/"), dirEnt("a/b/"), fileEnt("c", "x"), fileEnt("a/b/x", "x")), want: "ErrInvalid"},
+		{name: "child-of-symlink-beside-dir", raw: tarOf(dirEnt("./"), dirEnt("d/"), linkEnt("s", "d"), fileEnt("s/x", "x")), want: "ErrInvalid"},
+		{name: "root-second-as-dot", raw: tarOf(dirEnt("./"), dirEnt(".")), want: "ErrInvalid"},
+		{name: "root-dir-first-is-file", raw: tarOf(fileEnt("f", "x"), dirEnt("./")), want: "ErrInvalid"},
+	}
+	for _, c := range attackCases() {
+		cases = append(cases, crafted{name: "attack-" + c.name, raw: c.raw, limits: c.limits, want: verdict(c.want)})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			data := compress(t, c.raw(t, t.TempDir()))
+			_, checkErr := Check(context.Background(), bytes.NewReader(data), c.limits)
+			_, _, extractErr := extractFresh(t, data, c.limits, IDMap{})
+			if got := verdict(checkErr); got != c.want {
+				t.Errorf("Check: %s (%v), want %s", got, checkErr, c.want)
+			}
+			if got := verdict(extractErr); got != c.want {
+				t.Errorf("Extract: %s (%v), want %s", got, extractErr, c.want)
+			}
+		})
+	}
+}

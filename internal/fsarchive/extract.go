@@ -285,33 +285,22 @@ func (ex *extractor) entry(hdr *tar.Header) error {
 	return ex.place(name, hdr, xs)
 }
 
-// check is place for Check: the same refusals, on a stack of directory names (no
-// descriptors) and a set of the names made in each directory being walked.
+// check is place for Check: the same refusals (locate, enter), on a stack of directory
+// names (no descriptors) and a set of the names made in each directory being walked.
 func (ex *extractor) check(name string, hdr *tar.Header, xs []xattr) error {
-	first := !ex.started
-	ex.started = true
-	if name == "." {
-		if !first || hdr.Typeflag != tar.TypeDir {
-			return invalid(hdr.Name, "the root entry must be the first and a directory")
-		}
+	root, err := ex.locate(name, hdr)
+	if err != nil {
+		return err
+	}
+	if root {
 		ex.stack = append(ex.stack, dirState{name: ".", fd: -1, names: map[uint64]struct{}{}})
 		return nil
 	}
-	if first {
-		return invalid(hdr.Name, "the first entry must be the root directory %q", "./")
+	parent, base := entryParent(name)
+	top, err := ex.enter(parent, hdr.Name)
+	if err != nil {
+		return err
 	}
-	parent, base := path.Split(name)
-	parent = strings.TrimSuffix(parent, "/")
-	if parent == "" {
-		parent = "."
-	}
-	for len(ex.stack) > 0 && ex.stack[len(ex.stack)-1].name != parent {
-		ex.stack = ex.stack[:len(ex.stack)-1]
-	}
-	if len(ex.stack) == 0 {
-		return invalid(hdr.Name, "its directory is not in the archive before it (or is not a directory, or the entries are not in depth-first order)")
-	}
-	top := &ex.stack[len(ex.stack)-1]
 	h := maphash.String(nameSeed, base)
 	if _, ok := top.names[h]; ok {
 		return invalid(hdr.Name, "repeated path")
@@ -385,26 +374,18 @@ func checkEntry(hdr *tar.Header) (string, []xattr, error) {
 
 // place makes the checked entry name under its parent.
 func (ex *extractor) place(name string, hdr *tar.Header, xs []xattr) error {
-	first := !ex.started
-	ex.started = true
-	if name == "." {
-		if !first || hdr.Typeflag != tar.TypeDir {
-			return invalid(hdr.Name, "the root entry must be the first and a directory")
-		}
+	root, err := ex.locate(name, hdr)
+	if err != nil {
+		return err
+	}
+	if root {
 		if err := ex.attrs(ex.rootfd, hdr, xs); err != nil {
 			return err
 		}
 		ex.stack = append(ex.stack, dirState{name: ".", mode: dirMode(hdr), mtime: hdr.ModTime, fd: ex.rootfd})
 		return nil
 	}
-	if first {
-		return invalid(hdr.Name, "the first entry must be the root directory %q", "./")
-	}
-	parent, base := path.Split(name)
-	parent = strings.TrimSuffix(parent, "/")
-	if parent == "" {
-		parent = "."
-	}
+	parent, base := entryParent(name)
 	pfd, err := ex.parent(parent, hdr.Name)
 	if err != nil {
 		return err
@@ -419,23 +400,60 @@ func (ex *extractor) place(name string, hdr *tar.Header, xs []xattr) error {
 	}
 }
 
+// locate holds the rules of the root entry, for place and check alike: the archive's
+// first entry is the root "." and a directory, and no later entry is the root. It
+// reports whether the checked entry name is the root.
+func (ex *extractor) locate(name string, hdr *tar.Header) (root bool, err error) {
+	first := !ex.started
+	ex.started = true
+	if name == "." {
+		if !first || hdr.Typeflag != tar.TypeDir {
+			return false, invalid(hdr.Name, "the root entry must be the first and a directory")
+		}
+		return true, nil
+	}
+	if first {
+		return false, invalid(hdr.Name, "the first entry must be the root directory %q", "./")
+	}
+	return false, nil
+}
+
+// entryParent splits a checked entry name other than the root into its parent
+// directory ("." for an entry of the root) and its base name.
+func entryParent(name string) (parent, base string) {
+	parent, base = path.Split(name)
+	parent = strings.TrimSuffix(parent, "/")
+	if parent == "" {
+		parent = "."
+	}
+	return parent, base
+}
+
 func dirMode(hdr *tar.Header) uint32 {
 	return uint32(hdr.Mode) & (0o777 | unix.S_ISVTX)
 }
 
-// parent returns the descriptor of directory parent, which must be one of the
-// directories being walked (entries come in depth-first order); the directories left
-// on the way are complete.
-func (ex *extractor) parent(parent, name string) (int, error) {
+// enter holds the rule of an entry's parent, for place and check alike: parent must be
+// one of the directories being walked (entries come in depth-first order); the
+// directories left on the way are complete (pop). It returns parent's state.
+func (ex *extractor) enter(parent, name string) (*dirState, error) {
 	for len(ex.stack) > 0 && ex.stack[len(ex.stack)-1].name != parent {
 		if err := ex.pop(); err != nil {
-			return -1, err
+			return nil, err
 		}
 	}
 	if len(ex.stack) == 0 {
-		return -1, invalid(name, "its directory is not in the archive before it (or is not a directory, or the entries are not in depth-first order)")
+		return nil, invalid(name, "its directory is not in the archive before it (or is not a directory, or the entries are not in depth-first order)")
 	}
-	top := &ex.stack[len(ex.stack)-1]
+	return &ex.stack[len(ex.stack)-1], nil
+}
+
+// parent returns the descriptor of directory parent (enter).
+func (ex *extractor) parent(parent, name string) (int, error) {
+	top, err := ex.enter(parent, name)
+	if err != nil {
+		return -1, err
+	}
 	if top.fd < 0 {
 		fd, err := openBeneath(ex.rootfd, top.name)
 		if err != nil {
@@ -447,10 +465,13 @@ func (ex *extractor) parent(parent, name string) (int, error) {
 }
 
 // pop completes the innermost directory: its mode and mtime, now that its content is
-// there.
+// there (for Check, only leaves it).
 func (ex *extractor) pop() error {
 	d := ex.stack[len(ex.stack)-1]
 	ex.stack = ex.stack[:len(ex.stack)-1]
+	if ex.checkOnly {
+		return nil // Check made nothing to complete
+	}
 	fd := d.fd
 	if fd < 0 {
 		var err error

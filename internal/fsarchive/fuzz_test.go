@@ -81,3 +81,30 @@ func tarOfArchive(t testing.TB, data []byte) []byte {
 	}
 	return out.Bytes()
 }
+
+// FuzzCheckAgreesWithExtract: whatever the bytes, Check gives Extract's verdict
+// (accepted, ErrInvalid or ErrTooLarge): an archive Check passes is one a restore can
+// extract, and one it refuses is one Extract refuses.
+func FuzzCheckAgreesWithExtract(f *testing.F) {
+	outside := f.TempDir()
+	for _, c := range attackCases() {
+		f.Add(c.raw(f, outside))
+	}
+	f.Add(rawTar(f, dirEnt("./"), dirEnt("a/"), dirEnt("a/b/"), fileEnt("a/b/f", "x"), fileEnt("a/g", "y"), linkEnt("s", "a"), fileEnt("z", "z")))
+	f.Add(rawTar(f, dirEnt("./"), dirEnt("a/"), fileEnt("a/x", "x"), fileEnt("b", "x"), fileEnt("a", "x")))
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(1<<20))
+	if err != nil {
+		f.Fatal(err)
+	}
+	limits := runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 1000}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		data := enc.EncodeAll(raw, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, checkErr := Check(ctx, bytes.NewReader(data), limits)
+		_, _, extractErr := extractFresh(t, data, limits, IDMap{})
+		if verdict(checkErr) != verdict(extractErr) {
+			t.Fatalf("Check: %v; Extract: %v", checkErr, extractErr)
+		}
+	})
+}
