@@ -150,34 +150,11 @@ func writerPod(mainEnded bool, msg string) *corev1.Pod {
 func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1connect.AgentServiceHandler, sidecars ...sidecarAgent) (*Backend, *sandbox, string) {
 	t.Helper()
 	dir := t.TempDir()
-	client, clientPEM, _, err := selfSigned("sandboxd-runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"tls.crt": serverPEM, "tls.key": serverKeyPEM, "client.crt": clientPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	client, server := gateCerts(t, dir)
 	ident, fident := agent.NewIdentity("x"), agent.NewIdentity("x/"+containerFiller)
 	containers := filepath.Join(dir, "containers")
 	if err := os.MkdirAll(filepath.Join(containers, containerFiller), 0o755); err != nil {
 		t.Fatal(err)
-	}
-	listen := func(path string, id *agentconfig.Identity) net.Listener {
-		raw, err := net.Listen("unix", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := agent.WithIdentity(raw, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ln
 	}
 	serve := func(ln net.Listener, h agentv1connect.AgentServiceHandler) {
 		mux := http.NewServeMux()
@@ -187,7 +164,7 @@ func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1conn
 		go func() { _ = srv.Serve(ln) }()
 		t.Cleanup(func() { _ = srv.Close() })
 	}
-	serve(listen(filepath.Join(dir, "primary.sock"), ident), primary)
+	serve(agentListener(t, filepath.Join(dir, "primary.sock"), ident), primary)
 	idents := map[string]*agentconfig.Identity{containerFiller: fident}
 	spec := writerSpec("")
 	spec.ID = "x"
@@ -196,44 +173,23 @@ func behindGateWithFiller(t *testing.T, ctx context.Context, primary agentv1conn
 			t.Fatal(err)
 		}
 		idents[sc.name] = agent.NewIdentity("x/" + sc.name)
-		serve(listen(filepath.Join(containers, sc.name, gate.Socket), idents[sc.name]), sc.handler)
+		serve(agentListener(t, filepath.Join(containers, sc.name, gate.Socket), idents[sc.name]), sc.handler)
 		spec.Sidecars = append(spec.Sidecars, runtime.Container{Name: sc.name, Image: "busybox", Command: "sh"})
 	}
-	fln := listen(filepath.Join(containers, containerFiller, gate.Socket), fident)
+	fln := agentListener(t, filepath.Join(containers, containerFiller, gate.Socket), fident)
 	fillerDone := make(chan struct{})
 	go func() {
 		defer close(fillerDone)
 		_, _ = agent.Run(ctx, agent.Options{Config: &agentconfig.Config{Standby: true, WorkingDir: dir}, StateDir: filepath.Join(dir, "filler-run"), Listener: fln})
 	}()
 	t.Cleanup(func() { <-fillerDone })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	go func() {
-		_ = gate.Serve(ctx, gate.ServeOptions{
-			Listen: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
-			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), DialTimeout: time.Second,
-			ContainersDir: containers, HoldFor: containerFiller,
-		})
-	}()
+	dial := startGate(t, ctx, dir, gate.ServeOptions{ContainersDir: containers, HoldFor: containerFiller})
 	b := snapBackend(t, 0)
 	b.ctx = ctx
 	b.log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	b.cfg.Namespace, b.cfg.StartTimeout, b.cfg.ForceDeleteAfter = "ns", 30*time.Second, time.Second
 	b.cfg.Client = fake.NewSimpleClientset()
-	b.cfg.Dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		for i := 0; ; i++ {
-			c, err := d.DialContext(ctx, "tcp", addr)
-			if err == nil || i > 50 {
-				return c, err
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	b.cfg.Dial = dial
 	s := &sandbox{id: "x", spec: *spec, client: client, server: server.Certificate[0], ident: ident, uid: "u1",
 		idents: idents,
 		pod:    writerPod(false, ""), changed: make(chan struct{}), done: make(chan struct{})}

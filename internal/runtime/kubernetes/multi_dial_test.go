@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,19 +24,7 @@ import (
 // refused; an unknown name wraps ErrContainerNotFound; an init container has no agent.
 func TestDialAgentByContainer(t *testing.T) {
 	dir := t.TempDir()
-	client, clientPEM, _, err := selfSigned("sandboxd-runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"tls.crt": serverPEM, "tls.key": serverKeyPEM, "client.crt": clientPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	client, server := gateCerts(t, dir)
 	idApp, idWeb, idDB := agent.NewIdentity("x"), agent.NewIdentity("x/web"), agent.NewIdentity("x/db")
 	containers := filepath.Join(dir, "containers")
 	// serve is an "agent" proving id on a socket, then saying reply.
@@ -45,14 +32,7 @@ func TestDialAgentByContainer(t *testing.T) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		raw, err := net.Listen("unix", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := agent.WithIdentity(raw, id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := agentListener(t, path, id)
 		t.Cleanup(func() { ln.Close() })
 		go func() {
 			for {
@@ -72,32 +52,10 @@ func TestDialAgentByContainer(t *testing.T) {
 	// web's socket leads to an agent proving app's identity.
 	serve(filepath.Join(containers, "web", gate.Socket), idApp, "app-as-web")
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
-		_ = gate.Serve(ctx, gate.ServeOptions{
-			Listen: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
-			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"),
-			ContainersDir: containers, DialTimeout: time.Second,
-		})
-	}()
 	b := &Backend{
-		cfg: Config{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			for i := 0; ; i++ {
-				c, err := d.DialContext(ctx, "tcp", addr)
-				if err == nil || i > 50 {
-					return c, err
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}},
+		cfg:       Config{Dial: startGate(t, ctx, dir, gate.ServeOptions{ContainersDir: containers})},
 		log:       slog.New(slog.DiscardHandler),
 		sandboxes: map[string]*sandbox{},
 	}

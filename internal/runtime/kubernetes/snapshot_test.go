@@ -261,53 +261,13 @@ func TestCaptureVolumeHold(t *testing.T) {
 func behindGate(t *testing.T, ctx context.Context, mount string, serve func(ln net.Listener, dir string)) (*Backend, *sandbox, string) {
 	t.Helper()
 	dir := t.TempDir()
-	client, clientPEM, _, err := selfSigned("sandboxd-runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"tls.crt": serverPEM, "tls.key": serverKeyPEM, "client.crt": clientPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	client, server := gateCerts(t, dir)
 	ident := agent.NewIdentity("x")
-	raw, err := net.Listen("unix", filepath.Join(dir, "primary.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	aln, err := agent.WithIdentity(raw, ident)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(aln, dir)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	go func() {
-		_ = gate.Serve(ctx, gate.ServeOptions{
-			Listen: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
-			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), DialTimeout: time.Second,
-		})
-	}()
+	serve(agentListener(t, filepath.Join(dir, "primary.sock"), ident), dir)
+	dial := startGate(t, ctx, dir, gate.ServeOptions{})
 	b := snapBackend(t, 0)
 	b.cfg.StartTimeout = 30 * time.Second
-	b.cfg.Dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		for i := 0; ; i++ {
-			c, err := d.DialContext(ctx, "tcp", addr)
-			if err == nil || i > 50 {
-				return c, err
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	b.cfg.Dial = dial
 	spec := runtime.Spec{ID: "x", Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: mount}}},
 		Volumes: []runtime.Volume{{Name: "v"}}}
 	s := &sandbox{id: "x", spec: spec, client: client, server: server.Certificate[0], ident: ident,
