@@ -3,8 +3,11 @@ package kubernetes
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,25 +18,121 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sandboxd/sandboxd/internal/install"
 )
 
-// sandboxRole is the Role the shipped manifest (deploy/kubernetes/runner.yaml, rendered
-// from the Helm chart) grants the runner in its sandbox namespace.
-func sandboxRole(t *testing.T) *rbacv1.Role {
+// The runner's Roles are written three times: the Helm chart (templates/rbac.yaml),
+// the plain manifest rendered from it (deploy/kubernetes/runner.yaml; test/k8s checks it
+// is the chart's rendering) and the installer the control plane runs (internal/install).
+// roleCopies reads the Role named name from each, by copy.
+func roleCopies(t *testing.T, name string) map[string]*rbacv1.Role {
 	t.Helper()
-	raw, err := os.ReadFile("../../../deploy/kubernetes/runner.yaml")
+	return map[string]*rbacv1.Role{
+		"chart":     findRole(t, "deploy/helm/sandboxd-runner/templates/rbac.yaml", chartYAML(t), name),
+		"manifest":  findRole(t, "deploy/kubernetes/runner.yaml", readRepo(t, "deploy/kubernetes/runner.yaml"), name),
+		"installer": installerRole(t, name),
+	}
+}
+
+func readRepo(t *testing.T, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile("../../../" + path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return raw
+}
+
+// chartYAML is the chart's rbac.yaml as plain YAML without helm: whole-line actions
+// ({{- if }}, {{- include "labels" }}) dropped, the names the Roles use put in. Any other
+// action left fails the test (the template grew logic this reading would get wrong).
+func chartYAML(t *testing.T) []byte {
+	t.Helper()
+	raw := string(readRepo(t, "deploy/helm/sandboxd-runner/templates/rbac.yaml"))
+	names := strings.NewReplacer(
+		`{{ include "sandboxd-runner.fullname" . }}`, install.ReleaseName,
+		`{{ include "sandboxd-runner.sandboxNamespace" . }}`, "sandboxd",
+		`{{ .Release.Namespace }}`, "sandboxd",
+	)
+	var out []string
+	for _, line := range strings.Split(raw, "\n") {
+		if trim := strings.TrimSpace(line); strings.HasPrefix(trim, "{{") && strings.HasSuffix(trim, "}}") {
+			continue
+		}
+		line = names.Replace(line)
+		if strings.Contains(line, "{{") {
+			t.Fatalf("chart rbac.yaml: a template action this test does not read: %q", line)
+		}
+		out = append(out, line)
+	}
+	return []byte(strings.Join(out, "\n"))
+}
+
+func findRole(t *testing.T, file string, raw []byte, name string) *rbacv1.Role {
+	t.Helper()
 	for doc := range bytes.SplitSeq(raw, []byte("\n---")) {
 		var r rbacv1.Role
-		if err := yaml.Unmarshal(doc, &r); err != nil || r.Kind != "Role" || r.Name != "sandboxd-runner-sandboxes" {
+		if err := yaml.Unmarshal(doc, &r); err != nil || r.Kind != "Role" || r.Name != name {
 			continue
 		}
 		return &r
 	}
-	t.Fatal("no Role sandboxd-runner-sandboxes in deploy/kubernetes/runner.yaml")
+	t.Fatalf("no Role %s in %s", name, file)
 	return nil
+}
+
+func installerRole(t *testing.T, name string) *rbacv1.Role {
+	t.Helper()
+	for _, o := range install.Objects(install.Values{Namespace: "sandboxd"}) {
+		if r, ok := o.(*rbacv1.Role); ok && r.Name == name {
+			return r
+		}
+	}
+	t.Fatalf("no Role %s in install.Objects", name)
+	return nil
+}
+
+// grants is what a Role allows, one "group resource[/name] verb" a grant.
+func grants(r *rbacv1.Role) map[string]bool {
+	g := map[string]bool{}
+	for _, rule := range r.Rules {
+		names := rule.ResourceNames
+		if len(names) == 0 {
+			names = []string{""}
+		}
+		for _, grp := range rule.APIGroups {
+			for _, res := range rule.Resources {
+				for _, n := range names {
+					for _, v := range rule.Verbs {
+						g[fmt.Sprintf("%q %s/%s %s", grp, res, n, v)] = true
+					}
+				}
+			}
+		}
+	}
+	return g
+}
+
+// TestRunnerRoleCopiesAgree: the chart, the manifest and the installer grant the runner
+// the same, in the sandbox namespace and in its own: a grant one copy lacks (the Pod
+// patch the installer lacked) fails here, without a cluster.
+func TestRunnerRoleCopiesAgree(t *testing.T) {
+	for _, name := range []string{install.ReleaseName + "-sandboxes", install.ReleaseName + "-self"} {
+		copies := roleCopies(t, name)
+		all := map[string]bool{}
+		for _, r := range copies {
+			maps.Copy(all, grants(r))
+		}
+		for copyName, r := range copies {
+			g := grants(r)
+			for _, k := range slices.Sorted(maps.Keys(all)) {
+				if !g[k] {
+					t.Errorf("Role %s: the %s lacks %s, which another copy grants", name, copyName, k)
+				}
+			}
+		}
+	}
 }
 
 // enforceRole makes cs refuse (403) every call role does not grant, as the API server would.
@@ -49,19 +148,24 @@ func enforceRole(cs *k8stesting.Fake, role *rbacv1.Role) {
 	})
 }
 
-// TestRunnerRoleGrantsWriterMark: the shipped Role lets the runner mark a GLOBAL
-// writer's Pod started (a Pod patch): without it every writer's create failed with 403
-// in a real deployment, while the test cluster's admin kubeconfig hid it.
+// TestRunnerRoleGrantsWriterMark: each copy of the runner's Role (roleCopies) lets the
+// runner mark a GLOBAL writer's Pod started (a Pod patch): without it every writer's
+// create failed with 403 in a real deployment, while the test cluster's admin kubeconfig
+// hid it.
 func TestRunnerRoleGrantsWriterMark(t *testing.T) {
-	spec := writerSpec("")
-	b, cs := newFakeBackend(t, Config{}, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(spec.ID), Namespace: "sbx"}})
-	enforceRole(&cs.Fake, sandboxRole(t))
-	s := &sandbox{id: spec.ID, spec: *spec, changed: make(chan struct{}), done: make(chan struct{})}
-	if err := b.markStarted(t.Context(), s); err != nil {
-		t.Fatalf("markStarted under the shipped Role: %v", err)
-	}
-	// The reactor does refuse what the Role lacks.
-	if _, err := cs.CoreV1().Pods("sbx").UpdateStatus(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(spec.ID)}}, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("a Pod status update, which the Role does not grant: %v, want Forbidden", err)
+	for copyName, role := range roleCopies(t, install.ReleaseName+"-sandboxes") {
+		t.Run(copyName, func(t *testing.T) {
+			spec := writerSpec("")
+			b, cs := newFakeBackend(t, Config{}, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(spec.ID), Namespace: "sbx"}})
+			enforceRole(&cs.Fake, role)
+			s := &sandbox{id: spec.ID, spec: *spec, changed: make(chan struct{}), done: make(chan struct{})}
+			if err := b.markStarted(t.Context(), s); err != nil {
+				t.Fatalf("markStarted under the %s's Role: %v", copyName, err)
+			}
+			// The reactor does refuse what the Role lacks.
+			if _, err := cs.CoreV1().Pods("sbx").UpdateStatus(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(spec.ID)}}, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+				t.Errorf("a Pod status update, which the Role does not grant: %v, want Forbidden", err)
+			}
+		})
 	}
 }
