@@ -99,8 +99,11 @@ func validatePod(ps *runtime.PodSettings, add func(field, format string, args ..
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(ps.Annotations)) {
+		field := fmt.Sprintf(f+"annotations[%s]", strconv.Quote(k))
 		if e := qualifiedNameError(k); e != "" {
-			add(fmt.Sprintf(f+"annotations[%s]", strconv.Quote(k)), "%s", e)
+			add(field, "%s", e)
+		} else if strings.HasPrefix(k, runtime.ReservedPodAnnotationPrefix) {
+			add(field, "key %q: the prefix %q is reserved for sandboxd's own state on the Pod", k, runtime.ReservedPodAnnotationPrefix)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -24,6 +25,10 @@ func TestValidatePod(t *testing.T) {
 				"policy.base.pod.tolerations[2].operator", "policy.base.pod.tolerations[2].effect", "policy.base.pod.tolerations[3].toleration_seconds"}},
 		{"bad names", `{"priority_class_name": "Low", "service_account_name": "a_b", "image_pull_secrets": ["ok", "No"], "annotations": {"a b": "x"}}`,
 			[]string{"policy.base.pod.priority_class_name", "policy.base.pod.service_account_name", "policy.base.pod.image_pull_secrets[1]", `policy.base.pod.annotations["a b"]`}},
+		// The backend's own keys (sandboxd.io/workload-started marks a GLOBAL writer's
+		// workload started) are refused, not dropped; another domain ending in it is not.
+		{"reserved annotations", `{"annotations": {"sandboxd.io/workload-started": "true", "sandboxd.io/team": "ml", "example.sandboxd.io/x": "y", "notsandboxd.io/x": "y"}}`,
+			[]string{`policy.base.pod.annotations["sandboxd.io/team"]`, `policy.base.pod.annotations["sandboxd.io/workload-started"]`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := Parse([]byte(`{"base": {"pod": ` + tc.pod + `}}`))
@@ -51,4 +56,17 @@ func TestValidatePod(t *testing.T) {
 			t.Errorf("no pod settings in the policy, got %+v", res.Pod)
 		}
 	})
+}
+
+// TestValidatePodReservedAnnotation: the refusal names the field and says why.
+func TestValidatePodReservedAnnotation(t *testing.T) {
+	p, err := Parse([]byte(`{"base": {"pod": {"annotations": {"sandboxd.io/workload-started": "true"}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := Validate(p)
+	if len(vs) != 1 || vs[0].Field != `policy.base.pod.annotations["sandboxd.io/workload-started"]` ||
+		!strings.Contains(vs[0].Description, `prefix "sandboxd.io/" is reserved`) {
+		t.Errorf("violations %+v, want one on the reserved key saying the prefix is reserved", vs)
+	}
 }

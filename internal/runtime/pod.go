@@ -10,9 +10,16 @@ type PodSettings struct {
 	ServiceAccountName string            `json:"service_account_name,omitempty"`
 	// ImagePullSecrets name Secrets in the runner's namespace.
 	ImagePullSecrets []string `json:"image_pull_secrets,omitempty"`
-	// Annotations go on the Pod (not on the sandbox).
+	// Annotations go on the Pod (not on the sandbox). No key may have the prefix
+	// ReservedPodAnnotationPrefix (the policy's validation refuses it).
 	Annotations map[string]string `json:"annotations,omitempty"`
 }
+
+// ReservedPodAnnotationPrefix is the prefix of the annotation keys the Kubernetes backend
+// keeps for its own state on a sandbox's Pod (sandboxd.io/workload-started marks a
+// GLOBAL volume writer's workload started: its copy is committed only then). Pod
+// annotations from a policy may not use it: one would forge that state.
+const ReservedPodAnnotationPrefix = "sandboxd.io/"
 
 // Toleration is a Kubernetes toleration.
 type Toleration struct {

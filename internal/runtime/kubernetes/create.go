@@ -574,7 +574,7 @@ func applyPodSettings(pod *corev1.Pod, ps *runtime.PodSettings) {
 	}
 	if len(ps.Annotations) > 0 {
 		pod.Annotations = maps.Clone(ps.Annotations)
-		delete(pod.Annotations, annotationWorkloadStarted) // the backend's own
+		delete(pod.Annotations, annotationWorkloadStarted) // the backend's own (policy validation refuses it; a policy stored before may hold it)
 	}
 }
 

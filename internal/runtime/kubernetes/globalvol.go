@@ -327,7 +327,8 @@ func workloadRunning(p *corev1.Pod, spec *runtime.Spec) bool {
 // workload is started (after the fill, once the filler answers): captureGlobal commits
 // only the copy of a Pod so marked, also after a runner restart. Set before the Start,
 // a restart between the two finds the agent still in standby (Recover: neverStarted).
-const annotationWorkloadStarted = "sandboxd.io/workload-started"
+// Under runtime.ReservedPodAnnotationPrefix: a policy cannot set it.
+const annotationWorkloadStarted = runtime.ReservedPodAnnotationPrefix + "workload-started"
 
 // markStarted sets annotationWorkloadStarted on a writer's Pod (its in-memory copy too).
 func (b *Backend) markStarted(ctx context.Context, s *sandbox) error {
