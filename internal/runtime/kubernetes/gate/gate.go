@@ -242,6 +242,8 @@ type ServeOptions struct {
 	// GLOBAL volume writer's copy through the filler after the workload stopped.
 	HoldFor string
 	Logger  *slog.Logger
+	// holdAppear, for tests, replaces holdAppear (0: holdAppear).
+	holdAppear time.Duration
 }
 
 // FlagHold, after serve, is followed by ServeOptions.HoldFor.
@@ -310,7 +312,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		agentEnded(ctx, o.StatusFile, o.Upstream)
 		if o.HoldFor != "" {
 			if sock, err := o.upstream(o.HoldFor); err == nil {
-				socketGone(ctx, sock)
+				appear := holdAppear
+				if o.holdAppear > 0 {
+					appear = o.holdAppear
+				}
+				socketGone(ctx, sock, appear)
 			}
 		}
 		stop()
@@ -361,15 +367,15 @@ func agentEnded(stop context.Context, statusFile, socket string) {
 // holdAppear bounds how long the hold waits for the held agent's socket to answer a
 // first time: a refusal before that is "not there yet" (the held container still
 // starting), not "gone"; a held agent that never answers within it ends the hold.
-var holdAppear = 2 * time.Minute
+const holdAppear = 2 * time.Minute
 
 // socketGone returns once the agent socket, having answered at least once (or not
-// within holdAppear), refuses connections, or ctx has ended.
-func socketGone(ctx context.Context, socket string) {
+// within the duration within), refuses connections, or ctx has ended.
+func socketGone(ctx context.Context, socket string, within time.Duration) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	seen := false
-	appear := time.Now().Add(holdAppear)
+	appear := time.Now().Add(within)
 	for ctx.Err() == nil {
 		c, err := net.DialTimeout("unix", socket, time.Second)
 		if err != nil && (seen || !time.Now().Before(appear)) {

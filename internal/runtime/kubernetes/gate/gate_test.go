@@ -385,3 +385,55 @@ func testServeHold(t *testing.T, late time.Duration) {
 		t.Errorf("termination log %q, %v: want the primary's status", b, err)
 	}
 }
+
+// TestServeHoldBounded: a held container whose agent never listens (its socket never
+// appears) does not keep the gate up for ever: the hold ends once holdAppear has passed
+// without an answer, and the gate ends as without a hold (the primary's status in the
+// termination log). The production bound is 2 minutes; the test shortens it.
+func TestServeHoldBounded(t *testing.T) {
+	if holdAppear != 2*time.Minute {
+		t.Errorf("holdAppear = %v, want 2m (docs/volumes.md)", holdAppear)
+	}
+	dir := t.TempDir()
+	keyPair(t, dir, "server")
+	keyPair(t, dir, "client")
+	status := filepath.Join(dir, "status.json")
+	if err := os.WriteFile(status, []byte(`{"state":"MAIN_STATE_COMPLETED","exit_code":0}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	containers := filepath.Join(dir, "containers")
+	if err := os.MkdirAll(filepath.Join(containers, "filler"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	termLog := filepath.Join(dir, "termination-log")
+	const bound = 600 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	ended := make(chan error, 1)
+	go func() {
+		ended <- Serve(ctx, ServeOptions{
+			Listen: addr, CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key"),
+			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), ContainersDir: containers,
+			StatusFile: status, TerminationLog: termLog, HoldFor: "filler", DialTimeout: 200 * time.Millisecond,
+			holdAppear: bound,
+		})
+	}()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took < bound {
+			t.Errorf("the gate ended after %v, before the held socket's %v to appear", took, bound)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gate still holds for a held agent that never listened, 10 s on (bound 600 ms)")
+	}
+	if b, err := os.ReadFile(termLog); err != nil || !strings.Contains(string(b), "MAIN_STATE_COMPLETED") {
+		t.Errorf("termination log %q, %v: want the primary's status", b, err)
+	}
+}
