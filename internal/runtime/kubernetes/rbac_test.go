@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -167,5 +169,66 @@ func TestRunnerRoleGrantsWriterMark(t *testing.T) {
 				t.Errorf("a Pod status update, which the Role does not grant: %v, want Forbidden", err)
 			}
 		})
+	}
+}
+
+// TestRunnerRoleGrantsBackendCalls: every call the backend makes in the sandbox
+// namespace while it starts, creates a sandbox (a GLOBAL writer; the create times out
+// against the fake cluster and is rolled back), marks a writer started, makes and
+// removes a registered volume's claim, recovers and destroys, is granted by each copy
+// of the runner's Role: a verb the runner calls that every copy lacks fails here too
+// (TestRunnerRoleCopiesAgree catches one copy lacking it). Cluster-scoped calls
+// (StorageClasses, nodes) are the ClusterRole's, optional, and not checked here.
+func TestRunnerRoleGrantsBackendCalls(t *testing.T) {
+	claimBindWait = 100 * time.Millisecond
+	marked := writerSpec("")
+	marked.ID = "marked"
+	b, cs := newFakeBackend(t, Config{}, storageClass("std", true, true, ""),
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(marked.ID), Namespace: "sbx"}})
+	ctx := t.Context()
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := b.Create(cctx, writerSpec("")); err == nil {
+		t.Fatal("Create against a fake cluster whose Pods never run succeeded")
+	}
+	if err := b.markStarted(ctx, &sandbox{id: marked.ID, spec: *marked, changed: make(chan struct{}), done: make(chan struct{})}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.EnsureClaim(ctx, testClaim("org-a", "data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RemoveClaim(ctx, testClaim("org-a", "data")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Destroy(ctx, marked.ID); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]k8stesting.Action{}
+	for _, a := range cs.Actions() {
+		if a.GetNamespace() == "" {
+			continue
+		}
+		res := a.GetResource().Resource
+		if a.GetSubresource() != "" {
+			res += "/" + a.GetSubresource()
+		}
+		calls[fmt.Sprintf("%q %s/ %s", a.GetResource().Group, res, a.GetVerb())] = a
+	}
+	for _, want := range []string{`"" pods/ create`, `"" pods/ patch`, `"" pods/ delete`, `"" pods/ list`, `"" pods/ watch`,
+		`"" secrets/ create`, `"" persistentvolumeclaims/ create`, `"" persistentvolumeclaims/ delete`} {
+		if calls[want] == nil {
+			t.Errorf("the scenario made no call %s (it no longer covers what it says)", want)
+		}
+	}
+	for copyName, role := range roleCopies(t, install.ReleaseName+"-sandboxes") {
+		g := grants(role)
+		for _, k := range slices.Sorted(maps.Keys(calls)) {
+			if !g[k] {
+				t.Errorf("the %s's Role does not grant %s, which the backend calls", copyName, k)
+			}
+		}
 	}
 }
