@@ -300,7 +300,11 @@ func TestServeHold(t *testing.T) { testServeHold(t, 0) }
 // than taking "not there yet" for "gone".
 func TestServeHoldLate(t *testing.T) { testServeHold(t, 700*time.Millisecond) }
 
-func testServeHold(t *testing.T, late time.Duration) {
+// holdGate is the set-up of the hold tests: the gate's options with HoldFor "filler"
+// (its container directory made, no agent listening yet), a primary whose status is
+// final and whose socket is gone; the client's certificate and the server's (DER).
+func holdGate(t *testing.T) (ServeOptions, tls.Certificate, []byte) {
+	t.Helper()
 	dir := t.TempDir()
 	_, serverDER := keyPair(t, dir, "server")
 	client, _ := keyPair(t, dir, "client")
@@ -312,6 +316,19 @@ func testServeHold(t *testing.T, late time.Duration) {
 	if err := os.MkdirAll(filepath.Join(containers, "filler"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	return ServeOptions{
+		Listen: addr, CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key"),
+		ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), ContainersDir: containers,
+		StatusFile: status, TerminationLog: filepath.Join(dir, "termination-log"), HoldFor: "filler", DialTimeout: 200 * time.Millisecond,
+	}, client, serverDER
+}
+
+func testServeHold(t *testing.T, late time.Duration) {
+	opts, client, serverDER := holdGate(t)
+	containers, addr, termLog := opts.ContainersDir, opts.Listen, opts.TerminationLog
 	listen := func() net.Listener {
 		filler, err := net.Listen("unix", filepath.Join(containers, "filler", Socket))
 		if err != nil {
@@ -325,18 +342,8 @@ func testServeHold(t *testing.T, late time.Duration) {
 	} else {
 		time.AfterFunc(late, func() { fillerc <- listen() })
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	termLog := filepath.Join(dir, "termination-log")
 	ended := make(chan error, 1)
-	go func() {
-		ended <- Serve(context.Background(), ServeOptions{
-			Listen: addr, CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key"),
-			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), ContainersDir: containers,
-			StatusFile: status, TerminationLog: termLog, HoldFor: "filler", DialTimeout: 200 * time.Millisecond,
-		})
-	}()
+	go func() { ended <- Serve(context.Background(), opts) }()
 	var filler net.Listener
 	select {
 	case err := <-ended:
@@ -394,34 +401,15 @@ func TestServeHoldBounded(t *testing.T) {
 	if holdAppear != 2*time.Minute {
 		t.Errorf("holdAppear = %v, want 2m (docs/volumes.md)", holdAppear)
 	}
-	dir := t.TempDir()
-	keyPair(t, dir, "server")
-	keyPair(t, dir, "client")
-	status := filepath.Join(dir, "status.json")
-	if err := os.WriteFile(status, []byte(`{"state":"MAIN_STATE_COMPLETED","exit_code":0}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	containers := filepath.Join(dir, "containers")
-	if err := os.MkdirAll(filepath.Join(containers, "filler"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	termLog := filepath.Join(dir, "termination-log")
+	opts, _, _ := holdGate(t)
 	const bound = 600 * time.Millisecond
+	opts.holdAppear = bound
+	termLog := opts.TerminationLog
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
 	ended := make(chan error, 1)
-	go func() {
-		ended <- Serve(ctx, ServeOptions{
-			Listen: addr, CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key"),
-			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"), ContainersDir: containers,
-			StatusFile: status, TerminationLog: termLog, HoldFor: "filler", DialTimeout: 200 * time.Millisecond,
-			holdAppear: bound,
-		})
-	}()
+	go func() { ended <- Serve(ctx, opts) }()
 	select {
 	case err := <-ended:
 		if err != nil {
