@@ -66,13 +66,13 @@ type extractor struct {
 	ids       IDMap
 	// existing: ExtractOptions.Existing with their parents, each removed once the
 	// archive's directory has filled it (a second entry there is a repeated path).
-	existing  map[string]bool
-	chown     bool
-	started   bool
-	stack     []dirState
-	stats     runtime.ArchiveStats
-	buf       []byte
-	zero      []byte
+	existing map[string]bool
+	chown    bool
+	started  bool
+	stack    []dirState
+	stats    runtime.ArchiveStats
+	buf      []byte
+	zero     []byte
 }
 
 func extractWith(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap, existing map[string]bool) (runtime.ArchiveStats, error) {

@@ -170,7 +170,6 @@ func TestGlobalVolumeSubPathFill(t *testing.T) {
 	}
 	ino(t, filepath.Join(copyDir, "data/ro/x")) // missing from the archive: the kubelet's, kept
 
-
 	// Hostile archives: the sub_path (or a directory on the way) a symlink or a file.
 	for name, mk := range map[string]func(root string){
 		"symlink to outside": func(root string) { must(t, os.Symlink(canary, filepath.Join(root, "data"))) },
