@@ -543,6 +543,7 @@ func (ex *extractor) pop() error {
 }
 
 func (ex *extractor) dir(pfd int, base, name string, hdr *tar.Header, xs []xattr) error {
+	reused := false
 	if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
 		if !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
@@ -552,10 +553,11 @@ func (ex *extractor) dir(pfd int, base, name string, hdr *tar.Header, xs []xattr
 		}
 		// An existing directory (ExtractOptions.Existing) the archive's fills, once.
 		delete(ex.existing, name)
+		reused = true
 	}
 	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		if reused && (errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR)) {
 			return notDir(hdr.Name, "something else")
 		}
 		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
