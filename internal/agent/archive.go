@@ -121,21 +121,41 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 	if first.GetMaxBytes() < 0 || first.GetMaxFiles() < 0 {
 		return nil, invalidArg("limits must not be negative")
 	}
+	subDirs := first.GetSubDirs()
+	if len(subDirs) > maxSubDirs {
+		return nil, invalidArg("more than %d sub_dirs", maxSubDirs)
+	}
+	for _, d := range subDirs {
+		if len(d) > 4096 || runtime.CheckSubPath(d) != nil || d == "" {
+			return nil, invalidArg("sub_dir %q is not a clean relative path inside the directory", clipName(d))
+		}
+	}
 	dir, err := openArchiveDir(first.GetPath())
 	if err != nil {
 		return nil, err
 	}
 	defer dir.Close()
-	if names, err := dir.Readdirnames(1); len(names) > 0 {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not empty", dir.Name()))
-	} else if err != nil && !errors.Is(err, io.EOF) {
-		return nil, fileError("read", dir.Name(), err)
+	if len(subDirs) == 0 {
+		if names, err := dir.Readdirnames(1); len(names) > 0 {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not empty", dir.Name()))
+		} else if err != nil && !errors.Is(err, io.EOF) {
+			return nil, fileError("read", dir.Name(), err)
+		}
 	}
 	limits := runtime.ArchiveLimits{MaxBytes: first.GetMaxBytes(), MaxFiles: first.GetMaxFiles()}
-	stats, err := fsarchive.Extract(ctx, &streamReader{st: st, buf: first.GetData()}, dir, limits, fsarchive.IDMap{})
+	// The sub_dirs (the kubelet's sub_path directories, made before the fill) may be
+	// there and are filled in place; nothing else may (fsarchive.ErrNotEmpty, checked
+	// before anything is made), and the archive may not put a file or symlink on them
+	// (fsarchive.ErrNotDir).
+	stats, err := fsarchive.ExtractWith(ctx, &streamReader{st: st, buf: first.GetData()}, dir, limits, fsarchive.ExtractOptions{Existing: subDirs})
+	if errors.Is(err, fsarchive.ErrNotEmpty) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", dir.Name(), err))
+	}
 	if err != nil {
 		clearDir(dir)
 		switch {
+		case errors.Is(err, fsarchive.ErrNotDir):
+			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 		case errors.Is(err, fsarchive.ErrTooLarge):
 			return nil, connect.NewError(connect.CodeResourceExhausted, err)
 		case errors.Is(err, fsarchive.ErrInvalid):
@@ -150,6 +170,17 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("extract into %s: %w", dir.Name(), err))
 	}
 	return connect.NewResponse(&agentv1.ExtractPathResponse{Stats: statsMsg(stats)}), nil
+}
+
+// maxSubDirs bounds ExtractPathRequest.sub_dirs.
+const maxSubDirs = 64
+
+// clipName keeps an error message readable when a name is huge.
+func clipName(s string) string {
+	if len(s) > 256 {
+		return s[:256] + "..."
+	}
+	return s
 }
 
 // clearDir removes what dir holds (by name below the open directory, so a symlink the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,5 +144,75 @@ func mustWrite(t *testing.T, p, content string, mode os.FileMode) {
 	}
 	if err := os.Chmod(p, mode); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// ExtractPath with sub_dirs (a Kubernetes GLOBAL copy whose sub_path directories the
+// kubelet made first): they may be there and are filled in place; a symlink of the
+// archive on one is FAILED_PRECONDITION, as is a directory holding anything else; bad
+// sub_dirs are INVALID_ARGUMENT.
+func TestExtractPathSubDirs(t *testing.T) {
+	h := startAgent(t, &agentconfig.Config{Standby: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	extract := func(dst string, archive []byte, subDirs ...string) error {
+		st := h.client.ExtractPath(ctx)
+		if err := st.Send(&agentv1.ExtractPathRequest{Path: dst, SubDirs: subDirs, Data: archive}); err != nil {
+			_, err = st.CloseAndReceive()
+			return err
+		}
+		_, err := st.CloseAndReceive()
+		return err
+	}
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, filepath.Join(src, "a", "b", "f.txt"), "in b", 0o644)
+	good, _, err := archivePath(ctx, t, h, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := t.TempDir()
+	if err := os.Symlink(t.TempDir(), filepath.Join(ln, "a")); err != nil {
+		t.Fatal(err)
+	}
+	hostile, _, err := archivePath(ctx, t, h, ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := func() string {
+		dst := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(dst, "a", "b"), 0o777); err != nil {
+			t.Fatal(err)
+		}
+		return dst
+	}
+
+	dst := made()
+	if err := extract(dst, good, "a/b"); err != nil {
+		t.Fatalf("extract into the made sub_dirs: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "a", "b", "f.txt")); err != nil || string(b) != "in b" {
+		t.Errorf("f.txt: %q %v", b, err)
+	}
+	if err := extract(made(), good); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("made directories without sub_dirs: %v, want FAILED_PRECONDITION (not empty)", err)
+	}
+	if err := extract(made(), hostile, "a/b"); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("a symlink on a sub_dir: %v, want FAILED_PRECONDITION naming the symlink", err)
+	}
+	other := made()
+	mustWrite(t, filepath.Join(other, "planted"), "x", 0o644)
+	if err := extract(other, good, "a/b"); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("a directory holding more than the sub_dirs: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(other, "planted")); err != nil {
+		t.Errorf("a refused directory's content was removed: %v", err)
+	}
+	for _, bad := range []string{"../x", "/abs", "a/../b", ""} {
+		if err := extract(made(), good, bad); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("sub_dir %q: %v, want INVALID_ARGUMENT", bad, err)
+		}
 	}
 }

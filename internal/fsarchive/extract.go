@@ -64,15 +64,18 @@ type extractor struct {
 	rootfd    int
 	limits    runtime.ArchiveLimits
 	ids       IDMap
-	chown     bool
-	started   bool
-	stack     []dirState
-	stats     runtime.ArchiveStats
-	buf       []byte
-	zero      []byte
+	// existing: ExtractOptions.Existing with their parents, each removed once the
+	// archive's directory has filled it (a second entry there is a repeated path).
+	existing map[string]bool
+	chown    bool
+	started  bool
+	stack    []dirState
+	stats    runtime.ArchiveStats
+	buf      []byte
+	zero     []byte
 }
 
-func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap) (runtime.ArchiveStats, error) {
+func extractWith(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap, existing map[string]bool) (runtime.ArchiveStats, error) {
 	rootfd := -1
 	if root != nil {
 		var err error
@@ -80,6 +83,11 @@ func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.Arc
 			return runtime.ArchiveStats{}, err
 		}
 		defer unix.Close(rootfd)
+		if existing != nil {
+			if err := onlyExisting(rootfd, "", existing); err != nil {
+				return runtime.ArchiveStats{}, err
+			}
+		}
 	}
 	src := &srcReader{r: r}
 	// The window is bounded (an archive asking for more is refused), so is the memory.
@@ -101,6 +109,7 @@ func extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.Arc
 		rootfd:    rootfd,
 		limits:    limits,
 		ids:       ids,
+		existing:  existing,
 		chown:     os.Geteuid() == 0,
 		buf:       make([]byte, copyBufSize),
 		zero:      make([]byte, copyBufSize),
@@ -193,6 +202,69 @@ func (ex *extractor) streamErr(err error) error {
 
 func invalid(name, format string, args ...any) error {
 	return fmt.Errorf("%w: entry %q: %s", ErrInvalid, clip(name), fmt.Sprintf(format, args...))
+}
+
+func notDir(name, what string) error {
+	return fmt.Errorf("%w: entry %q: %s where a directory is needed (a sub_path mount's)", ErrNotDir, clip(name), what)
+}
+
+// existingSet is ExtractOptions.Existing with every parent, checked.
+func existingSet(dirs []string) (map[string]bool, error) {
+	if len(dirs) == 0 {
+		return nil, nil
+	}
+	if len(dirs) > maxExisting {
+		return nil, fmt.Errorf("fsarchive: more than %d existing directories", maxExisting)
+	}
+	set := map[string]bool{}
+	for _, d := range dirs {
+		if err := checkPath(d); err != nil {
+			return nil, fmt.Errorf("fsarchive: existing directory %q: %w", clip(d), err)
+		}
+		for p := d; p != "." && p != ""; p = path.Dir(p) {
+			set[p] = true
+		}
+	}
+	return set, nil
+}
+
+// onlyExisting checks that the directory fd (at rel below the root, "" the root) holds
+// only directories of existing, each checked in turn (never following a symlink).
+func onlyExisting(fd int, rel string, existing map[string]bool) error {
+	// A descriptor of its own (not a dup: the offset of fd's readdir stays as it was).
+	dfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("fsarchive: %w", err)
+	}
+	f := os.NewFile(uintptr(dfd), rel)
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(64)
+		for _, n := range names {
+			p := path.Join(rel, n)
+			if !existing[p] {
+				return fmt.Errorf("%w: it holds %q", ErrNotEmpty, clip(p))
+			}
+			cfd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+					return fmt.Errorf("%w: %q is not a directory", ErrNotEmpty, clip(p))
+				}
+				return fmt.Errorf("fsarchive: %q: %w", clip(p), err)
+			}
+			err = onlyExisting(cfd, p, existing)
+			unix.Close(cfd)
+			if err != nil {
+				return err
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(names) == 0) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("fsarchive: read %q: %w", rel, err)
+		}
+	}
 }
 
 func tooLarge(name, format string, args ...any) error {
@@ -492,14 +564,23 @@ func (ex *extractor) pop() error {
 }
 
 func (ex *extractor) dir(pfd int, base, name string, hdr *tar.Header, xs []xattr) error {
+	reused := false
 	if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
-		if errors.Is(err, unix.EEXIST) {
+		if !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+		}
+		if !ex.existing[name] {
 			return invalid(hdr.Name, "repeated path")
 		}
-		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
+		// An existing directory (ExtractOptions.Existing) the archive's fills, once.
+		delete(ex.existing, name)
+		reused = true
 	}
 	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
+		if reused && (errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR)) {
+			return notDir(hdr.Name, "something else")
+		}
 		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
 	}
 	if err := ex.attrs(fd, hdr, xs); err != nil {
@@ -520,6 +601,9 @@ func (ex *extractor) file(pfd int, base string, hdr *tar.Header, xs []xattr) err
 	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		if errors.Is(err, unix.EEXIST) {
+			if ex.existing[path.Join(ex.stack[len(ex.stack)-1].name, base)] {
+				return notDir(hdr.Name, "a regular file")
+			}
 			return invalid(hdr.Name, "repeated path")
 		}
 		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
@@ -572,6 +656,9 @@ func (ex *extractor) symlink(pfd int, base string, hdr *tar.Header, xs []xattr) 
 	}
 	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
 		if errors.Is(err, unix.EEXIST) {
+			if ex.existing[path.Join(ex.stack[len(ex.stack)-1].name, base)] {
+				return notDir(hdr.Name, "a symlink")
+			}
 			return invalid(hdr.Name, "repeated path")
 		}
 		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)

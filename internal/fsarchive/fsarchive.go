@@ -46,6 +46,11 @@ var (
 	ErrInvalid = errors.New("invalid snapshot archive")
 	// ErrTooLarge: the archive holds more than its limits allow.
 	ErrTooLarge = errors.New("snapshot archive exceeds its limits")
+	// ErrNotDir (ExtractWith, ExtractOptions.Existing): the archive holds a file or a
+	// symlink where root already has a directory that must stay one.
+	ErrNotDir = errors.New("snapshot archive holds a non-directory where a directory is needed")
+	// ErrNotEmpty (ExtractWith): root holds something besides ExtractOptions.Existing.
+	ErrNotEmpty = errors.New("extraction root is not empty")
 )
 
 // Bounds of the format, shared by Write (which fails rather than write more) and Extract
@@ -159,7 +164,39 @@ func Extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.Arc
 	if root == nil {
 		return runtime.ArchiveStats{}, errors.New("fsarchive: Extract needs a root directory")
 	}
-	return extract(ctx, r, root, limits, ids)
+	return extractWith(ctx, r, root, limits, ids, nil)
+}
+
+// ExtractOptions are ExtractWith's. The zero value is Extract's behaviour with IDMap{}.
+type ExtractOptions struct {
+	IDs IDMap
+	// Existing are directories (clean relative paths, their parents implied) that root
+	// may hold before the extraction, made by someone the caller trusts before any
+	// sandbox-written content is there (the kubelet's sub_path directories of a
+	// Kubernetes volume, made when it creates a container, which mounts that very
+	// directory). root must hold nothing else: every entry in it must be one of them (or
+	// a parent of one) and a directory, not a symlink, else ErrNotEmpty. The archive's
+	// directory at such a path fills the existing one (its owner, xattrs, mode and mtime
+	// applied as to a directory Extract made); a file or symlink of the archive there is
+	// refused with ErrNotDir (the directory stays: what is mounted on it never shows the
+	// archive's symlink). Everything else is as Extract: a repeated path, one leaving the
+	// root, a symlink on the way, are refused as there. At most maxExisting paths.
+	Existing []string
+}
+
+// maxExisting bounds ExtractOptions.Existing.
+const maxExisting = 256
+
+// ExtractWith is Extract with options: directories root may already hold.
+func ExtractWith(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, opts ExtractOptions) (runtime.ArchiveStats, error) {
+	if root == nil {
+		return runtime.ArchiveStats{}, errors.New("fsarchive: ExtractWith needs a root directory")
+	}
+	existing, err := existingSet(opts.Existing)
+	if err != nil {
+		return runtime.ArchiveStats{}, err
+	}
+	return extractWith(ctx, r, root, limits, opts.IDs, existing)
 }
 
 // Check reads the archive from r to its end as Extract would, within limits, and makes
@@ -172,5 +209,5 @@ func Extract(ctx context.Context, r io.Reader, root *os.File, limits runtime.Arc
 // the archive's own, counted here, not what its writer said (Skipped is 0). For an
 // archive the runner did not make itself (the Kubernetes backend's, made in a Pod).
 func Check(ctx context.Context, r io.Reader, limits runtime.ArchiveLimits) (runtime.ArchiveStats, error) {
-	return extract(ctx, r, nil, limits, IDMap{})
+	return extractWith(ctx, r, nil, limits, IDMap{}, nil)
 }

@@ -260,9 +260,9 @@ func rejectedByRunner(err error) bool {
 	switch apierr.Reason(err) {
 	case apierr.PlacementRejected, apierr.ResourceCeilingExceeded, apierr.RunnerCapacityExhausted, apierr.RunnerUnavailable,
 		apierr.HTTPSShareTokenNotSupported,
-		// A volume this runner's backend cannot mount (e.g. a GLOBAL one read-write or
-		// with a sub_path on a Kubernetes runner): a stale view, a newer runner, or what
-		// placement does not see (Support.NoGlobalVolumeSubPaths).
+		// A volume this runner's backend cannot mount (e.g. a GLOBAL one read-write, or
+		// with a sub_path on a Kubernetes runner of an earlier release): a stale view, a
+		// newer runner, or what placement does not see (Support.NoGlobalVolumeSubPaths).
 		apierr.VolumeTypeNotSupported,
 		apierr.NoSuitableRunner: // more than this runner's capacity: a bigger one may take it
 		return true

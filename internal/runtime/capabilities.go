@@ -58,10 +58,12 @@ type Support struct {
 	// On the wire an older runner that does not say is taken to commit them.
 	NoGlobalVolumeWriters bool
 	// NoGlobalVolumeSubPaths: the runner cannot mount a sub-directory of a GLOBAL
-	// volume's copy (a mount's sub_path, or the registered volume's own): the Kubernetes
-	// backend, whose kubelet makes the sub-directory before the copy is filled, which then
-	// finds its target not empty. The runner refuses such a mount at create (set by the
-	// backend; not on the wire: a gateway that placed one there tries the next runner).
+	// volume's copy (a mount's sub_path, or the registered volume's own). No backend of
+	// this release sets it: the Kubernetes backend's of earlier releases did (its kubelet
+	// made the sub-directory before the copy was filled, which then found its target not
+	// empty; it now fills the copy into the kubelet's sub-directories). The runner refuses
+	// such a mount at create (set by the backend; not on the wire: a gateway that placed
+	// one on such a runner tries the next runner).
 	NoGlobalVolumeSubPaths bool
 }
 

@@ -104,8 +104,7 @@ func newGlobalEnv(t *testing.T) *globalEnv {
 // docs/volumes.md) on a Kubernetes runner: a read-only mount works (the copy is restored
 // from the committed generation through the runner-owned filler container before the
 // workload starts; the workload reads it and cannot write it; the filler has exited 0).
-// A read-only mount of a sub_path is refused (Support.NoGlobalVolumeSubPaths).
-// Read-write mounts: TestGlobalVolumeWriter.
+// Read-write mounts: TestGlobalVolumeWriter; sub_path mounts: TestGlobalVolumeSubPath.
 func TestGlobalVolumeReadOnly(t *testing.T) {
 	e := newGlobalEnv(t)
 	ctx := context.Background()
@@ -229,26 +228,6 @@ func TestGlobalVolumeReadOnly(t *testing.T) {
 			t.Fatalf("group %v: %v", group, err)
 		}
 		gwWait(t, api, res.Msg.GetSandboxId(), sandboxv1.State_STATE_COMPLETED)
-	}
-
-	// A read-only mount of a sub-directory (sub_path) of the copy: the kubelet would make
-	// the sub-directory before the filler fills the copy, whose extract then finds its
-	// target not empty, so the runner refuses it at create (Support.NoGlobalVolumeSubPaths,
-	// CWSANDBOX_VOLUME_TYPE_NOT_SUPPORTED naming sub_path), with no other runner to try.
-	before := len(s.Runner.List())
-	if res, err := api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
-		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", "sleep 3600"},
-			VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: true, SubPath: "sub"}}}},
-		Volumes: []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}},
-	}}})); err == nil {
-		sid := res.Msg.GetSandboxId()
-		_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: sid}))
-		t.Errorf("sandbox %s mounting a GLOBAL volume's sub_path created on a Kubernetes runner, want it refused", sid)
-	} else if apierr.Reason(err) != apierr.VolumeTypeNotSupported || !strings.Contains(err.Error(), "sub_path") {
-		t.Errorf("sub_path: %v, want %s naming sub_path", err, apierr.VolumeTypeNotSupported)
-	}
-	if n := len(s.Runner.List()); n != before {
-		t.Errorf("the runner made a sandbox for a refused sub_path mount (%d, was %d)", n, before)
 	}
 
 }

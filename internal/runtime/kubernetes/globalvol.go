@@ -40,6 +40,12 @@ import (
 // in its own run dir and the gate's, which no workload container mounts. The blob store is never reached from the Pod:
 // the runner downloads the archive (PrepareSnapshot) and streams it.
 //
+// A workload mount of a copy may have a sub_path (the kubelet's subPath): the kubelet
+// makes that directory when it creates the container, so the copy is filled only once
+// every container mounting a sub_path of it answers, into the kubelet's directories in
+// place, and an archive with a file or symlink there is refused (snapshot.go subPaths).
+// The filler always mounts the whole copy, so a writer's commit is the whole volume.
+//
 // The filler is not a container of the spec: DialAgent (the runner's exec, files,
 // logs) refuses its name; only the backend's restore reaches it. A spec container
 // called containerFiller is refused when the spec has a GLOBAL copy to fill.

@@ -19,14 +19,14 @@ import (
 )
 
 // TestGlobalVolumeSupport: the Kubernetes backend mounts GLOBAL volumes (its filler
-// fills the copy from the snapshot cache, so none without one) and commits writers
-// (globalwriter_test.go), but fills no sub_path mount: the runner refuses those.
+// fills the copy from the snapshot cache, so none without one), commits writers
+// (globalwriter_test.go) and takes sub_path mounts of them (globalsubpath_test.go).
 func TestGlobalVolumeSupport(t *testing.T) {
 	for _, dir := range []string{"", t.TempDir()} { // with and without a snapshot cache
 		b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", SnapshotCacheDir: dir}, sandboxes: map[string]*sandbox{}}
 		s := b.Support()
-		if s.NoGlobalVolumes != (dir == "") || s.NoGlobalVolumeWriters || !s.NoGlobalVolumeSubPaths {
-			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v, NoGlobalVolumeSubPaths %v; want %v, false, true",
+		if s.NoGlobalVolumes != (dir == "") || s.NoGlobalVolumeWriters || s.NoGlobalVolumeSubPaths {
+			t.Errorf("snapshot cache %q: NoGlobalVolumes %v, NoGlobalVolumeWriters %v, NoGlobalVolumeSubPaths %v; want %v, false, false",
 				dir, s.NoGlobalVolumes, s.NoGlobalVolumeWriters, s.NoGlobalVolumeSubPaths, dir == "")
 		}
 	}

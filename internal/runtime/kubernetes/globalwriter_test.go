@@ -43,12 +43,12 @@ func writerSpec(d string) *runtime.Spec {
 }
 
 // TestGlobalVolumeWriterSupport: the Kubernetes backend commits GLOBAL writers (no
-// NoGlobalVolumeWriters; a stopped writer's copy is captured), still fills no sub_path.
+// NoGlobalVolumeWriters; a stopped writer's copy is captured), sub_paths too.
 func TestGlobalVolumeWriterSupport(t *testing.T) {
 	b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", AgentImage: "agent:1", SnapshotCacheDir: t.TempDir()}, sandboxes: map[string]*sandbox{}}
 	s := b.Support()
-	if s.NoGlobalVolumes || s.NoGlobalVolumeWriters || !s.NoGlobalVolumeSubPaths {
-		t.Errorf("Support %+v: want GLOBAL volumes and writers, no sub_path", s)
+	if s.NoGlobalVolumes || s.NoGlobalVolumeWriters || s.NoGlobalVolumeSubPaths {
+		t.Errorf("Support %+v: want GLOBAL volumes and writers, with sub_paths", s)
 	}
 	var lc runtime.LiveCapturer = b
 	var sc runtime.StoppedGlobalCapturer = b

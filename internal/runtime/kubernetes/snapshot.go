@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -426,6 +427,41 @@ type restore struct {
 	volume, digest  string
 	container, path string
 	limits          runtime.ArchiveLimits
+	// subDirs, waitFor: a GLOBAL copy's sub_path mounts (subPaths).
+	subDirs, waitFor []string
+}
+
+// subPaths are the sub_paths the workload's containers mount of volume (each once) and
+// the runtime names of those containers ("" the primary). The kubelet makes a mount's
+// sub-directory (and its parents: doSafeMakeDir, following no symlink, mode that of the
+// volume's root, 0777 for an emptyDir) and bind-mounts that directory when it creates the
+// container. A GLOBAL copy is filled by the filler once every one of these containers is
+// created (its agent answers), so the kubelet makes them in the empty copy, never in
+// sandbox-written content; the fill then fills those directories in place (the mounts
+// show them) and refuses an archive with a file or symlink there (ExtractPathRequest
+// sub_dirs, fsarchive.ExtractOptions.Existing). Init containers mounting a restored
+// volume are refused (planRestores).
+func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string) {
+	for _, c := range spec.Containers() {
+		name := c.ContainerName()
+		if c == &spec.Container {
+			name = ""
+		}
+		mounts := false
+		for _, m := range c.VolumeMounts {
+			if m.Volume != volume || m.SubPath == "" || m.SubPath == "." {
+				continue
+			}
+			mounts = true
+			if !slices.Contains(dirs, m.SubPath) {
+				dirs = append(dirs, m.SubPath)
+			}
+		}
+		if mounts {
+			containers = append(containers, name)
+		}
+	}
+	return dirs, containers
 }
 
 // planRestores checks spec's restored volumes before anything is made: each has its
@@ -468,7 +504,11 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 		if v.SizeBytes > 0 && (limits.MaxBytes == 0 || limits.MaxBytes > v.SizeBytes) {
 			limits.MaxBytes = v.SizeBytes
 		}
-		plan = append(plan, restore{volume: v.Name, digest: v.RestoreDigest, container: container, path: path, limits: limits})
+		r := restore{volume: v.Name, digest: v.RestoreDigest, container: container, path: path, limits: limits}
+		if filled(&v) {
+			r.subDirs, r.waitFor = subPaths(spec, v.Name)
+		}
+		plan = append(plan, r)
 	}
 	if len(plan) == 0 {
 		return nil, release, nil
@@ -514,6 +554,13 @@ func (b *Backend) runRestores(ctx context.Context, s *sandbox, plan []restore) e
 		if err := b.waitAgent(ctx, s, r.container); err != nil {
 			return fmt.Errorf("restore volume %q: %w", r.volume, err)
 		}
+		// The containers mounting a sub_path of the copy are created (the kubelet made
+		// their sub-directories in the empty copy) before it is filled (subPaths).
+		for _, name := range r.waitFor {
+			if err := b.waitAgent(ctx, s, name); err != nil {
+				return fmt.Errorf("restore volume %q: %w", r.volume, err)
+			}
+		}
 		start := time.Now()
 		stats, err := b.extract(ctx, s.id, r)
 		if err != nil {
@@ -533,7 +580,7 @@ func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.A
 	cl := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialAgent(ctx, id, r.container, true) })
 	st := cl.ExtractPath(ctx)
 	send := func() error {
-		if err := st.Send(&agentv1.ExtractPathRequest{Path: r.path, MaxBytes: r.limits.MaxBytes, MaxFiles: r.limits.MaxFiles}); err != nil {
+		if err := st.Send(&agentv1.ExtractPathRequest{Path: r.path, MaxBytes: r.limits.MaxBytes, MaxFiles: r.limits.MaxFiles, SubDirs: r.subDirs}); err != nil {
 			return err
 		}
 		buf := make([]byte, extractChunk)
@@ -563,6 +610,11 @@ func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.A
 		return nil, fmt.Errorf("%w: %w", fsarchive.ErrTooLarge, err)
 	case connect.CodeOf(err) == connect.CodeInvalidArgument:
 		return nil, fmt.Errorf("%w: %w", fsarchive.ErrInvalid, err)
+	case len(r.subDirs) > 0 && connect.CodeOf(err) == connect.CodeFailedPrecondition:
+		// A sub_path the volume's content makes a file or symlink (fsarchive.ErrNotDir):
+		// refused as the local backend refuses it (ErrInvalidSpec), never mounted through.
+		return nil, fmt.Errorf("%w: volume %q: a sub_path of it (%s) is a symlink or not a directory in the volume, or the copy was not empty before the fill: %w",
+			runtime.ErrInvalidSpec, r.volume, strings.Join(r.subDirs, ", "), err)
 	}
 	return nil, err
 }

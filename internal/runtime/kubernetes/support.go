@@ -15,9 +15,9 @@ func (b *Backend) Support() runtime.Support {
 		// GLOBAL volumes: copies are filled through the filler (globalvol.go) from the
 		// snapshot cache (none without one: NoGlobalVolumes), and a writer's copy is
 		// archived through it once the workload stopped (the Pod outlives the workload
-		// until then); a sub_path mount of one is not filled (the kubelet makes the
-		// sub-directory first).
-		NoGlobalVolumes: b.cfg.SnapshotCacheDir == "", NoGlobalVolumeSubPaths: true}
+		// until then). A sub_path mount of one works: the copy is filled once the kubelet
+		// has made the sub-directories, into them (snapshot.go subPaths).
+		NoGlobalVolumes: b.cfg.SnapshotCacheDir == ""}
 }
 
 // The optional backend interfaces the Kubernetes backend implements (EgressReserver is

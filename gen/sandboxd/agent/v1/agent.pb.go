@@ -379,11 +379,20 @@ func (x *ArchiveStats) GetSkipped() int64 {
 }
 
 type ExtractPathRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`                          // first message only: absolute, an empty directory
-	MaxBytes      int64                  `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"` // first message only: sum of regular files' sizes; 0 = no limit
-	MaxFiles      int64                  `protobuf:"varint,3,opt,name=max_files,json=maxFiles,proto3" json:"max_files,omitempty"` // first message only: entries; 0 = no limit
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`                          // the next bytes of the archive (any message)
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Path     string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`                          // first message only: absolute, an empty directory
+	MaxBytes int64                  `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"` // first message only: sum of regular files' sizes; 0 = no limit
+	MaxFiles int64                  `protobuf:"varint,3,opt,name=max_files,json=maxFiles,proto3" json:"max_files,omitempty"` // first message only: entries; 0 = no limit
+	Data     []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`                          // the next bytes of the archive (any message)
+	// first message only: directories (clean relative paths inside path, at most 64, each
+	// at most 4096 bytes) the kubelet may have made before the fill: the sub_path mounts of
+	// the volume (it makes a mount's sub-directory, with its parents, when it creates the
+	// container). path may hold them (directories, no symlinks) and nothing else; the
+	// archive's directory at such a path fills the existing one, and an archive holding a
+	// file or symlink there (or on the way to it) is refused with FAILED_PRECONDITION
+	// (fsarchive.ErrNotDir): the mount shows the existing directory, never what the
+	// archive put there. Agents older than it ignore it (and refuse a path not empty).
+	SubDirs       []string `protobuf:"bytes,5,rep,name=sub_dirs,json=subDirs,proto3" json:"sub_dirs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -442,6 +451,13 @@ func (x *ExtractPathRequest) GetMaxFiles() int64 {
 func (x *ExtractPathRequest) GetData() []byte {
 	if x != nil {
 		return x.Data
+	}
+	return nil
+}
+
+func (x *ExtractPathRequest) GetSubDirs() []string {
+	if x != nil {
+		return x.SubDirs
 	}
 	return nil
 }
@@ -2006,12 +2022,13 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\fArchiveStats\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x18\n" +
-	"\askipped\x18\x03 \x01(\x03R\askipped\"v\n" +
+	"\askipped\x18\x03 \x01(\x03R\askipped\"\x91\x01\n" +
 	"\x12ExtractPathRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
 	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\x12\x1b\n" +
 	"\tmax_files\x18\x03 \x01(\x03R\bmaxFiles\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"L\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x19\n" +
+	"\bsub_dirs\x18\x05 \x03(\tR\asubDirs\"L\n" +
 	"\x13ExtractPathResponse\x125\n" +
 	"\x05stats\x18\x01 \x01(\v2\x1f.sandboxd.agent.v1.ArchiveStatsR\x05stats\"&\n" +
 	"\fStartRequest\x12\x16\n" +
