@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -26,21 +28,30 @@ import (
 // real Jaeger, scripts/build-jaeger.sh) vs off, interleaved in the same run, through a
 // gateway and a runner behind runnerapi over mTLS (both hops traced, and the runner's
 // agent hop): the exec round trip of /bin/true (30 a round in each mode) and create → the
-// first exec has returned (4 a round in each mode, no warm pool). Within a round the
-// modes alternate call by call in ABBA order (A is on in even rounds, off in odd ones).
-// A round is b.N's unit: -benchtime 50x (make bench) is 50 rounds, 1500 execs and 200
-// creates in each mode, about 90 s; with fewer than 10 rounds (bench-smoke) it only checks
-// that it runs. It prints, for each measure, each round's ratio median(on)/median(off),
-// the median of those ratios with its 95% bootstrap interval, and the verdict on the
-// target ≤ 1.03: MET (the interval is below it), NOT MET (above) or UNDECIDED (inside;
-// with the share of resampled medians ≤ 1.03). Needs the Jaeger binary (skips without it
-// unless SANDBOXD_REQUIRE_JAEGER=1).
+// first exec has returned (4 a round in each mode, BENCH_TRACING_CREATES to change it; no
+// warm pool). Within a round the modes alternate call by call in ABBA order (A is on in
+// even rounds, off in odd ones). A round is b.N's unit: -benchtime 50x (make bench) is
+// 50 rounds, 1500 execs and 200 creates in each mode, about 90 s; with fewer than 10
+// rounds (bench-smoke) it only checks that it runs. It prints, for each measure, each
+// round's ratio median(on)/median(off), the median of those ratios with its 95%
+// bootstrap interval over rounds, the p50 ratio of all samples with a round-block
+// bootstrap interval, and the verdicts on the target ≤ 1.03: MET (the interval is below
+// it), NOT MET (above) or UNDECIDED (inside; with the share of resamples ≤ 1.03); and
+// the process's CPU time per exec in each mode. Needs the Jaeger binary (skips without
+// it unless SANDBOXD_REQUIRE_JAEGER=1).
 func BenchmarkTracingOverhead(b *testing.B) {
 	const (
-		execsPerRound   = 30 // in each mode
-		createsPerRound = 4  // in each mode
-		target          = 1.03
+		execsPerRound = 30 // in each mode
+		target        = 1.03
 	)
+	createsPerRound := 4 // in each mode; BENCH_TRACING_CREATES sets it (1 to 100)
+	if v := os.Getenv("BENCH_TRACING_CREATES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			b.Fatalf("BENCH_TRACING_CREATES=%q: want 1 to 100", v)
+		}
+		createsPerRound = n
+	}
 	j := jaegertest.Start(b)
 	s := newStack(b, 0)
 	ctx := context.Background()
