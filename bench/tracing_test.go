@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/sandboxd/sandboxd/bench/abstat"
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/pki"
@@ -24,13 +28,30 @@ import (
 // real Jaeger, scripts/build-jaeger.sh) vs off, interleaved in the same run, through a
 // gateway and a runner behind runnerapi over mTLS (both hops traced, and the runner's
 // agent hop): the exec round trip of /bin/true (30 a round in each mode) and create → the
-// first exec has returned (one a round in each mode, no warm pool); the modes alternate
-// call by call. A round is b.N's unit: -benchtime 50x (make bench) is 50 rounds, 1500
-// execs and 50 creates in each mode, about 40 s; with fewer than 10 rounds it only
-// checks that it runs. Prints the p50 ratios on/off (target ≤ 1.03). Needs the Jaeger
-// binary (skips without it unless SANDBOXD_REQUIRE_JAEGER=1).
+// first exec has returned (4 a round in each mode, BENCH_TRACING_CREATES to change it; no
+// warm pool). Within a round the modes alternate call by call in ABBA order (A is on in
+// even rounds, off in odd ones). A round is b.N's unit: -benchtime 50x (make bench) is
+// 50 rounds, 1500 execs and 200 creates in each mode, about 90 s; with fewer than 10
+// rounds (bench-smoke) it only checks that it runs. It prints, for each measure, each
+// round's ratio median(on)/median(off), the median of those ratios with its 95%
+// bootstrap interval over rounds, the p50 ratio of all samples with a round-block
+// bootstrap interval, and the verdicts on the target ≤ 1.03: MET (the interval is below
+// it), NOT MET (above) or UNDECIDED (inside; with the share of resamples ≤ 1.03); and
+// the process's CPU time per exec in each mode. Needs the Jaeger binary (skips without
+// it unless SANDBOXD_REQUIRE_JAEGER=1).
 func BenchmarkTracingOverhead(b *testing.B) {
-	const execsPerRound = 30 // in each mode
+	const (
+		execsPerRound = 30 // in each mode
+		target        = 1.03
+	)
+	createsPerRound := 4 // in each mode; BENCH_TRACING_CREATES sets it (1 to 100)
+	if v := os.Getenv("BENCH_TRACING_CREATES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			b.Fatalf("BENCH_TRACING_CREATES=%q: want 1 to 100", v)
+		}
+		createsPerRound = n
+	}
 	j := jaegertest.Start(b)
 	s := newStack(b, 0)
 	ctx := context.Background()
@@ -103,7 +124,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		createFirst()
 	}
 
-	var execOn, execOff, cfeOn, cfeOff []time.Duration
+	var execs, creates, execCPU abstat.Rounds // A: traced
 	use := func(traced bool) {
 		if traced {
 			otel.SetTracerProvider(on)
@@ -111,48 +132,78 @@ func BenchmarkTracingOverhead(b *testing.B) {
 			otel.SetTracerProvider(off)
 		}
 	}
+	// abba is whether the k-th call of round i is traced: A B B A A B B A …, A being on in
+	// even rounds and off in odd ones, so that both modes see the same moments of a shared
+	// machine and neither always follows the other.
+	abba := func(i, k int) bool { return ((k+k/2)%2 == 0) == (i%2 == 0) }
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		// The modes alternate call by call, in ABBA order (A: on in even rounds, off in
-		// odd ones), so both see the same moments of a shared machine and neither always
-		// follows the other; and a round has 30 execs in each mode, not 10: the p50 of a
-		// few hundred execs on a loaded machine moves by more than the 3% target. Tracing
-		// off measured against off (3 runs each, load 6-10 on 2 cores): blocks of 10, 30
-		// rounds: exec p50 ratios ×0.893 to ×1.017; call by call, 300 execs each: ×0.951
-		// to ×1.027; call by call, 1500 each: ×0.997 to ×1.019. What a traced call
-		// leaves to do later — its spans' export — is batched over seconds and lands on
-		// either mode.
-		a := i%2 == 0
+		// 30 execs a round in each mode, not 10: the p50 of a few hundred execs on a
+		// loaded machine moves by more than the 3% target. Tracing off measured against
+		// off (3 runs each, load 6-10 on 2 cores): blocks of 10, 30 rounds: exec p50
+		// ratios ×0.893 to ×1.017; call by call, 300 execs each: ×0.951 to ×1.027; call
+		// by call, 1500 each: ×0.997 to ×1.019. What a traced call leaves to do later —
+		// its spans' export — is batched over seconds and lands on either mode.
 		for k := range 2 * execsPerRound {
-			traced := ((k+k/2)%2 == 0) == a
+			traced := abba(i, k)
 			use(traced)
-			if traced {
-				execOn = append(execOn, exec(gw, id))
-			} else {
-				execOff = append(execOff, exec(gw, id))
-			}
+			cpu0 := processCPU(b)
+			execs.Add(i, traced, exec(gw, id))
+			execCPU.Add(i, traced, processCPU(b)-cpu0)
 		}
-		for _, traced := range []bool{a, !a} {
+		for k := range 2 * createsPerRound {
+			traced := abba(i, k)
 			use(traced)
-			if traced {
-				cfeOn = append(cfeOn, createFirst())
-			} else {
-				cfeOff = append(cfeOff, createFirst())
-			}
+			creates.Add(i, traced, createFirst())
 		}
 	}
 	b.StopTimer()
 	otel.SetTracerProvider(on)
-	eOn, _ := percentiles(b, "exec-traced", execOn)
-	eOff, _ := percentiles(b, "exec-untraced", execOff)
-	cOn, _ := percentiles(b, "create-first-exec-traced", cfeOn)
-	cOff, _ := percentiles(b, "create-first-exec-untraced", cfeOff)
+	eOn, _ := percentiles(b, "exec-traced", execs.All(true))
+	eOff, _ := percentiles(b, "exec-untraced", execs.All(false))
+	cOn, _ := percentiles(b, "create-first-exec-traced", creates.All(true))
+	cOff, _ := percentiles(b, "create-first-exec-untraced", creates.All(false))
 	b.ReportMetric(eOn/eOff, "exec-p50-ratio")
 	b.ReportMetric(cOn/cOff, "create-first-exec-p50-ratio")
 	if b.N < 10 { // the probe run (and bench-smoke): too few for a ratio
 		return
 	}
-	fmt.Printf("tracing on (OTLP/gRPC to Jaeger, all sampled) vs off, gateway → runner over mTLS, %d execs and %d creates each:\n", len(execOn), len(cfeOn))
-	fmt.Printf("  %-28s p50 on %7.2f ms  off %7.2f ms  ratio %.3f (target ≤ 1.03)\n", "exec /bin/true", eOn, eOff, eOn/eOff)
-	fmt.Printf("  %-28s p50 on %7.2f ms  off %7.2f ms  ratio %.3f (target ≤ 1.03)\n", "create → first exec", cOn, cOff, cOn/cOff)
+	er := abstat.Bootstrap(execs.Ratios(), 0.95, target, 10000, 1)
+	cr := abstat.Bootstrap(creates.Ratios(), 0.95, target, 10000, 2)
+	ep := abstat.PooledBootstrap(&execs, 0.95, target, 2000, 3)
+	cp := abstat.PooledBootstrap(&creates, 0.95, target, 2000, 4)
+	b.ReportMetric(er.Median, "exec-round-ratio-median")
+	b.ReportMetric(er.Hi, "exec-round-ratio-ci95-hi")
+	b.ReportMetric(ep.Hi, "exec-p50-ratio-ci95-hi")
+	b.ReportMetric(cr.Median, "create-first-exec-round-ratio-median")
+	b.ReportMetric(cr.Hi, "create-first-exec-round-ratio-ci95-hi")
+	b.ReportMetric(cp.Hi, "create-first-exec-p50-ratio-ci95-hi")
+	fmt.Printf("tracing on (OTLP/gRPC to Jaeger, all sampled) vs off, gateway → runner over mTLS, %d rounds (ABBA), %d execs and %d creates each:\n",
+		b.N, len(execs.All(true)), len(creates.All(true)))
+	for _, m := range []struct {
+		name           string
+		rounds, pooled abstat.Result
+		samples        abstat.Rounds
+		on, off        float64
+	}{{"exec /bin/true", er, ep, execs, eOn, eOff}, {"create → first exec", cr, cp, creates, cOn, cOff}} {
+		fmt.Printf("  %s: p50 on %.2f ms, off %.2f ms\n    round ratios (median on / median off):", m.name, m.on, m.off)
+		for _, x := range m.samples.Ratios() {
+			fmt.Printf(" %.3f", x)
+		}
+		fmt.Printf("\n    %s\n    %s\n", m.rounds, m.pooled)
+	}
+	// Where the difference is: CPU time of this process (gateway and runner, every
+	// thread, the export goroutine and the GC included, whichever call they fall in)
+	// during an exec, median per mode. Not the agent's (another process).
+	fmt.Printf("  CPU of the process per exec: median on %.0f µs, off %.0f µs; median of the round differences %+.0f µs\n",
+		1000*abstat.MedianDur(execCPU.All(true)), 1000*abstat.MedianDur(execCPU.All(false)), 1000*abstat.Median(execCPU.Diffs()))
+}
+
+// processCPU is the CPU time the process has used (user and system, all threads).
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
