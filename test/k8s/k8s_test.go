@@ -95,18 +95,22 @@ func randomID(prefix string) string {
 }
 
 // newStack starts a runner on the cluster as runnerID, with dataDir for its files.
-func newStack(t testing.TB, c cluster, runnerID, dataDir string) *stack.KubernetesStack {
+func newStack(t testing.TB, c cluster, runnerID, dataDir string, tweak ...func(*kubernetes.Config)) *stack.KubernetesStack {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	bc := &kubernetes.Config{
+		Namespace: c.namespace, RunnerID: runnerID, AgentImage: c.agentImage,
+		ImagePullPolicy: corev1.PullNever, ImageConfig: localImageConfig,
+		TerminationGrace: 5 * time.Second,
+	}
+	for _, f := range tweak {
+		f(bc)
+	}
 	s, err := stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: c.kubeconfig,
 		DataDir:    dataDir,
-		Backend: &kubernetes.Config{
-			Namespace: c.namespace, RunnerID: runnerID, AgentImage: c.agentImage,
-			ImagePullPolicy: corev1.PullNever, ImageConfig: localImageConfig,
-			TerminationGrace: 5 * time.Second,
-		},
+		Backend:    bc,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -312,6 +312,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		s.pod = created
 	}
 	s.steps.observe(s.pod, s.steps.created)
+	b.hookLocked(s, StepCreated, s.steps.created)
+	b.hookPodLocked(s, s.steps.created)
 	b.mu.Unlock()
 	// The steps and image pulls it saw, whatever the outcome (observe.go).
 	defer b.reportCreate(ctx, s, created, &err)
@@ -614,6 +616,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			b.mu.Lock()
 			if s.steps != nil && s.steps.pinging.IsZero() {
 				s.steps.pinging = time.Now()
+				b.hookLocked(s, StepPinging, s.steps.pinging)
 			}
 			b.mu.Unlock()
 			pinged = make(chan error, 1)
@@ -626,6 +629,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 				b.mu.Lock()
 				if s.steps != nil {
 					s.steps.ready = time.Now()
+					b.hookLocked(s, StepReady, s.steps.ready)
 				}
 				b.mu.Unlock()
 				return b.info(s), nil

@@ -156,8 +156,13 @@ type Config struct {
 	// text) for the sandboxes' memory peaks (usage.go); default: through the node proxy.
 	NodeMetrics NodeStatsFunc
 	// Dial connects to a Pod's gate; default a net.Dialer.
-	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
-	Logger *slog.Logger
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// StepHook, when set, is told when a sandbox's Pod first reaches each step of its
+	// create as the backend sees it (Step* names): for measuring (the time-to-first-command
+	// benchmark prints them), never for control. Called with the backend's lock held: it
+	// must return at once and not call the backend.
+	StepHook func(id, step string, at time.Time)
+	Logger   *slog.Logger
 }
 
 // Backend is the Kubernetes runtime.Backend.
@@ -213,6 +218,9 @@ type sandbox struct {
 	// steps: while Create runs, when it saw the Pod reach each step (observe.go).
 	// Guarded by Backend.mu.
 	steps *createSteps
+	// hooked: the steps already told to Config.StepHook (observe.go); guarded by
+	// Backend.mu.
+	hooked stepSet
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -353,7 +361,9 @@ func (b *Backend) observe(o any, deleted bool) {
 
 // evaluateLocked ends s when its Pod has ended or is gone, and wakes waiters.
 func (b *Backend) evaluateLocked(s *sandbox) {
-	s.steps.observe(s.pod, time.Now())
+	now := time.Now()
+	s.steps.observe(s.pod, now)
+	b.hookPodLocked(s, now)
 	select {
 	case <-s.done:
 	default:
