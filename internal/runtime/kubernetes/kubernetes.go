@@ -218,6 +218,9 @@ type sandbox struct {
 	// steps: while Create runs, when it saw the Pod reach each step (observe.go).
 	// Guarded by Backend.mu.
 	steps *createSteps
+	// spare: the verified connection of the create's ping, for the first agent client
+	// (create.go keepSpare); guarded by Backend.mu.
+	spare *spareConn
 	// hooked: the steps already told to Config.StepHook (observe.go); guarded by
 	// Backend.mu.
 	hooked stepSet
@@ -471,12 +474,21 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 	}
 	select {
 	case <-s.done:
+		if c := b.takeSpare(s, ""); c != nil {
+			_ = c.Close()
+		}
 		// Its IP may be gone from the node: a dial would wait for ARP to give up.
 		return nil, fmt.Errorf("dial agent of %s: the sandbox has ended", id)
 	default:
 	}
 	if ip == "" {
 		return nil, fmt.Errorf("dial agent of %s: the Pod has no IP yet", id)
+	}
+	if serverName == "" {
+		// The create's ping verified this connection a moment ago (create.go keepSpare).
+		if c := b.takeSpare(s, ip); c != nil {
+			return c, nil
+		}
 	}
 	return b.dialGate(ctx, s, ip, serverName)
 }

@@ -487,7 +487,7 @@ func splice(ctx context.Context, c *tls.Conn, pick func(serverName string) (stri
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 	if err != nil {
 		log.Warn("dial agent", "err", err)
