@@ -124,7 +124,7 @@ func pct(ds []time.Duration, q float64) time.Duration {
 
 // benchSteps are the create steps the Kubernetes backend reports (Config.StepHook), in
 // the order they happen on a create; "first-exec" is the bench's own.
-var benchSteps = []string{kubernetes.StepCreated, kubernetes.StepScheduled, kubernetes.StepPinging, kubernetes.StepReady, kubernetes.StepRunning, "first-exec"}
+var benchSteps = []string{kubernetes.StepCreated, kubernetes.StepScheduled, kubernetes.StepHello, kubernetes.StepPinging, kubernetes.StepReady, kubernetes.StepRunning, "first-exec"}
 
 // stepLog gathers the Kubernetes backend's create steps per sandbox (its StepHook) and,
 // per measured create, each step's time since the create call.
@@ -159,6 +159,15 @@ func (l *stepLog) wait(id, step string, d time.Duration) {
 			return
 		}
 	}
+}
+
+// order returns when sandbox id reached steps a and b, ok when it reached both.
+func (l *stepLog) order(id, a, b string) (time.Time, time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ta, oka := l.at[id][a]
+	tb, okb := l.at[id][b]
+	return ta, tb, oka && okb
 }
 
 // take records sandbox id's steps relative to t0, with the first exec answered at exec.

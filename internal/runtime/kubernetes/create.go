@@ -151,6 +151,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		id: spec.ID, spec: persisted, class: class, client: client, server: server.Certificate[0],
 		changed: make(chan struct{}), done: make(chan struct{}),
 	}
+	if b.hello != nil && !spec.Multi() {
+		// Groups: the gate's primary socket lies elsewhere; they wait for the kubelet.
+		if s.helloKey, err = newHelloKey(); err != nil {
+			return runtime.Info{}, err
+		}
+	}
 	if grp != nil {
 		s.group, s.idents = grp, grp.idents
 	}
@@ -184,6 +190,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		gate.TLSKeyFile:     serverKeyPEM,
 		gate.ClientCertFile: clientPEM,
 		secretClientKey:     clientKeyPEM,
+	}
+	if s.helloKey != nil {
+		data[gate.HelloKeyFile] = s.helloKey
 	}
 	if needsFiller(spec) {
 		// The GLOBAL volume filler's agent (globalvol.go).
@@ -309,6 +318,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	} else {
 		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
+	b.addHello(pod, s)
 	b.addFiller(pod, spec)
 	applyClaims(pod, claims)
 	pinToNode(pod, claimNode)
@@ -399,6 +409,27 @@ func (b *Backend) createSandboxSecret(ctx context.Context, id string, sec *corev
 		return fmt.Errorf("%w: env and files too large for a Secret: %w", runtime.ErrInvalidSpec, err)
 	}
 	return fmt.Errorf("create sandbox %s: secret: %w", id, err)
+}
+
+// addHello makes pod's gate send its hello (hello.go): where to, the sandbox's ID, and
+// its hello key in the gate's own Secret volume (the main container never mounts it).
+func (b *Backend) addHello(pod *corev1.Pod, s *sandbox) {
+	if s.helloKey == nil {
+		return
+	}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if c.Name != containerGate {
+			continue
+		}
+		c.Env = append(c.Env, corev1.EnvVar{Name: gate.HelloAddrEnv, Value: b.cfg.HelloAddr}, corev1.EnvVar{Name: gate.HelloIDEnv, Value: s.id})
+	}
+	for i := range pod.Spec.Volumes {
+		v := &pod.Spec.Volumes[i]
+		if v.Name == "tls" && v.Secret != nil {
+			v.Secret.Items = append(v.Secret.Items, corev1.KeyToPath{Key: gate.HelloKeyFile, Path: gate.HelloKeyFile})
+		}
+	}
 }
 
 // primaryOps probes a single-container sandbox: its one agent is the primary's ("").
@@ -621,9 +652,9 @@ func applyPodSettings(pod *corev1.Pod, ps *runtime.PodSettings) {
 func ptr[T any](v T) *T { return &v }
 
 // waitRunning waits until the agent answers through the gate, or the Pod fails to
-// start. The agent is asked as soon as the Pod has an IP, not only once the kubelet
-// reports the main container running (it notices that at its next relist, up to ~1 s
-// later). A main command that ends first is not an error: the exit comes from Wait.
+// start. The agent is asked as soon as the gate's hello names the Pod's IP (hello.go) or
+// the Pod has an IP, not only once the kubelet reports the main container running (it
+// notices that at its next relist, up to ~1 s later). A main command that ends first is not an error: the exit comes from Wait.
 func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, error) {
 	timer := time.NewTimer(b.cfg.StartTimeout)
 	defer timer.Stop()
@@ -632,7 +663,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 	var pinged chan error // set once pinging has started
 	for {
 		b.mu.Lock()
-		pod, ch := s.pod, s.changed
+		pod, ch, helloIP := s.pod, s.changed, s.helloIP
 		ended := false
 		select {
 		case <-s.done:
@@ -650,7 +681,11 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			}
 			return b.info(s), nil
 		}
-		if pinged == nil && pod != nil && pod.Status.PodIP != "" {
+		ip := helloIP // the gate's hello comes before the kubelet's report
+		if ip == "" && pod != nil {
+			ip = pod.Status.PodIP
+		}
+		if pinged == nil && ip != "" {
 			b.mu.Lock()
 			if s.steps != nil && s.steps.pinging.IsZero() {
 				s.steps.pinging = time.Now()
@@ -658,7 +693,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			}
 			b.mu.Unlock()
 			pinged = make(chan error, 1)
-			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(pod.Status.PodIP)
+			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(ip)
 		}
 		select {
 		case <-ch:

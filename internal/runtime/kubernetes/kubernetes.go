@@ -157,6 +157,13 @@ type Config struct {
 	NodeMetrics NodeStatsFunc
 	// Dial connects to a Pod's gate; default a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// HelloListen (UDP host:port) and HelloAddr (the host:port sandboxes send to: the
+	// runner's address as the Pods reach it), both set: the runner takes each sandbox's
+	// gate hello (hello.go) and dials its agent as soon as it listens, instead of after
+	// the kubelet reported the Pod's IP (its next relist, up to ~1 s). Every sandbox
+	// NetworkPolicy then allows UDP to that port of the runner (RunnerPeers, else
+	// HelloAddr's address). Empty: off.
+	HelloListen, HelloAddr string
 	// StepHook, when set, is told when a sandbox's Pod first reaches each step of its
 	// create as the backend sees it (Step* names): for measuring (the time-to-first-command
 	// benchmark prints them), never for control. Called with the backend's lock held: it
@@ -191,6 +198,9 @@ type Backend struct {
 	eventsWait   []time.Duration // nil: defaultEventsWait (tests shorten it)
 	// stats caches the kubelets' usage summaries (usage.go).
 	stats statsCache
+	// hello is the gate hello listener (hello.go); nil: off.
+	hello     *net.UDPConn
+	helloRate helloLimiter
 }
 
 var _ runtime.Backend = (*Backend)(nil)
@@ -218,6 +228,10 @@ type sandbox struct {
 	// steps: while Create runs, when it saw the Pod reach each step (observe.go).
 	// Guarded by Backend.mu.
 	steps *createSteps
+	// helloKey is the sandbox's gate hello key (hello.go), nil without hellos; helloIP
+	// the Pod IP its hello named ("": none taken). Guarded by Backend.mu.
+	helloKey []byte
+	helloIP  string
 	// spare: the verified connection of the create's ping, for the first agent client
 	// (create.go keepSpare); guarded by Backend.mu.
 	spare *spareConn
@@ -318,6 +332,21 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		b.cancel()
 		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
 	}
+	if cfg.HelloListen != "" && cfg.HelloAddr != "" {
+		if _, _, ok := b.helloTarget(); !ok {
+			b.Close()
+			return nil, fmt.Errorf("kubernetes backend: HelloAddr %q: want IP:port", cfg.HelloAddr)
+		}
+		ua, err := net.ResolveUDPAddr("udp", cfg.HelloListen)
+		if err == nil {
+			b.hello, err = net.ListenUDP("udp", ua)
+		}
+		if err != nil {
+			b.Close()
+			return nil, fmt.Errorf("kubernetes backend: hello listener: %w", err)
+		}
+		go b.serveHellos(b.hello)
+	}
 	if cfg.MaxPrepull >= 0 {
 		b.prepull = newPrepuller(b)
 	}
@@ -336,6 +365,9 @@ func (b *Backend) Close() {
 	case <-b.stop:
 	default:
 		close(b.stop)
+		if b.hello != nil {
+			_ = b.hello.Close()
+		}
 	}
 }
 
@@ -461,8 +493,8 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		serverName = c.ContainerName()
 	}
 	b.mu.Lock()
-	ip := ""
-	if s.pod != nil {
+	ip := s.helloIP
+	if s.pod != nil && s.pod.Status.PodIP != "" {
 		ip = s.pod.Status.PodIP
 	}
 	// A GLOBAL writer's filler is reached after the workload ended, until the Pod goes
@@ -690,6 +722,34 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	return nil
 }
 
+// waitPodIP waits, at most d, until the watch shows s's Pod with an IP, and returns it
+// ("": none by then, or the sandbox ended).
+func (b *Backend) waitPodIP(ctx context.Context, s *sandbox, d time.Duration) string {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		b.mu.Lock()
+		ch := s.changed
+		ip := ""
+		if s.pod != nil {
+			ip = s.pod.Status.PodIP
+		}
+		b.mu.Unlock()
+		if ip != "" {
+			return ip
+		}
+		select {
+		case <-ch:
+		case <-s.done:
+			return ""
+		case <-timer.C:
+			return ""
+		case <-ctx.Done():
+			return ""
+		}
+	}
+}
+
 // Recover implements runtime.Backend: the runner's Pods, with their spec and keys from
 // their Secrets. Pods whose Secret is missing (a Create cut short) are deleted.
 func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
@@ -751,12 +811,22 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 		}
 		b.mu.Unlock()
-		if notRunning && pod.Status.PodIP != "" && pod.DeletionTimestamp == nil {
+		ip := pod.Status.PodIP
+		if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) {
+			// A create that took its gate's hello returns before the kubelet reports the
+			// Pod's IP (its next relist, ~1 s): a runner restarted within that window
+			// waits for the report.
+			ip = b.waitPodIP(ctx, s, 3*time.Second)
+		}
+		if notRunning && ip != "" && pod.DeletionTimestamp == nil {
 			// The kubelet reports a container running only at its next relist, seconds
 			// after a Pod of many containers started: an agent that answers is alive.
 			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			if b.pingAgent(pctx, s, pod.Status.PodIP) == nil {
+			if b.pingAgent(pctx, s, ip) == nil {
 				rec.Alive, rec.Exit = true, nil
+				b.mu.Lock()
+				rec.Info = infoOf(s)
+				b.mu.Unlock()
 			}
 			cancel()
 		}
@@ -797,12 +867,42 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	return out, nil
 }
 
+var _ runtime.LateInfoWaiter = (*Backend)(nil)
+
+// WaitInfo implements runtime.LateInfoWaiter: a Create that took its agent's answer
+// before the kubelet's status (the gate's hello) returns without the image digest; this
+// waits for the status that carries it (the kubelet's next relist, ≤ ~1 s).
+func (b *Backend) WaitInfo(ctx context.Context, id string) (runtime.Info, error) {
+	s, err := b.get(id)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	for {
+		b.mu.Lock()
+		info, ch := infoOf(s), s.changed
+		b.mu.Unlock()
+		if info.ImageDigest != "" {
+			return info, nil
+		}
+		select {
+		case <-ch:
+		case <-s.done:
+			return b.info(s), nil
+		case <-ctx.Done():
+			return info, ctx.Err()
+		}
+	}
+}
+
 func infoOf(s *sandbox) runtime.Info {
 	info := runtime.Info{ID: s.id, RuntimeClass: s.class}
 	if s.pod == nil {
 		return info
 	}
 	info.IP = s.pod.Status.PodIP
+	if info.IP == "" {
+		info.IP = s.helloIP // the kubelet reports it after its next relist
+	}
 	if cs := containerStatus(s.pod, containerMain); cs != nil {
 		info.ImageDigest = digestOf(cs.ImageID)
 		if cs.State.Running != nil {

@@ -78,7 +78,7 @@ func (b *Backend) hookPodLocked(s *sandbox, now time.Time) {
 
 // createSteps are the times a create saw its Pod reach each step (zero: not seen).
 type createSteps struct {
-	created, scheduled, running, pinging, ready time.Time
+	created, scheduled, running, hello, pinging, ready time.Time
 }
 
 // observe notes what pod shows at now.

@@ -241,7 +241,10 @@ type ServeOptions struct {
 	// socket refuses connections) or ctx has ended: the Kubernetes backend archives a
 	// GLOBAL volume writer's copy through the filler after the workload stopped.
 	HoldFor string
-	Logger  *slog.Logger
+	// HelloAddr, HelloID and HelloKeyFile, when all set: the gate sends the runner its
+	// hello (hello.go) once Upstream exists.
+	HelloAddr, HelloID, HelloKeyFile string
+	Logger                           *slog.Logger
 }
 
 // FlagHold, after serve, is followed by ServeOptions.HoldFor.
@@ -306,6 +309,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	done, stop := context.WithCancel(context.Background())
 	defer stop()
+	if o.HelloAddr != "" && o.HelloID != "" && o.HelloKeyFile != "" {
+		hctx, hcancel := context.WithCancel(ctx)
+		defer hcancel()
+		go SendHellos(hctx, o.HelloAddr, o.HelloID, o.HelloKeyFile, o.Upstream, o.DialTimeout, log)
+	}
 	go func() {
 		agentEnded(ctx, o.StatusFile, o.Upstream)
 		if o.HoldFor != "" {
