@@ -129,7 +129,8 @@ func (b *Backend) takeHello(p []byte, src netip.Addr, now time.Time) bool {
 	return true
 }
 
-// helloTarget is the address and port hellos go to, from Config.HelloAddr.
+// helloTarget is the address and port hellos go to, from Config.HelloAddr (IP:port;
+// the IP may be bracketed, IPv4 too: "[10.0.0.1]:7444").
 func (b *Backend) helloTarget() (netip.Addr, int, bool) {
 	host, port, err := net.SplitHostPort(b.cfg.HelloAddr)
 	if err != nil {

@@ -210,3 +210,26 @@ func TestWaitInfoLate(t *testing.T) {
 		t.Fatal("WaitInfo did not return after the kubelet's report")
 	}
 }
+
+// TestHelloTargetForms: the deployments pass --hello-addr=[$(POD_IP)]:port, brackets for
+// an IPv6 Pod IP; a bracketed IPv4 address is taken too, an unbracketed IPv6 one is not
+// (its port is ambiguous).
+func TestHelloTargetForms(t *testing.T) {
+	for addr, want := range map[string]string{
+		"[10.0.0.1]:7444": "10.0.0.1/32", "10.0.0.1:7444": "10.0.0.1/32", "[fd00::1]:7444": "fd00::1/128",
+		"fd00::1:7444": "", "10.0.0.1": "", "[10.0.0.1]:0": "", "[10.0.0.1]:x": "", "host:7444": "",
+	} {
+		b := &Backend{cfg: Config{HelloAddr: addr}}
+		rule, ok := b.helloEgress()
+		got := ""
+		if ok {
+			got = rule.To[0].IPBlock.CIDR
+			if rule.Ports[0].Port.IntValue() != 7444 || *rule.Ports[0].Protocol != corev1.ProtocolUDP {
+				t.Errorf("%s: ports %+v", addr, rule.Ports)
+			}
+		}
+		if got != want {
+			t.Errorf("HelloAddr %q: egress to %q, want %q", addr, got, want)
+		}
+	}
+}

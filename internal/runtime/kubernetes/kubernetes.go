@@ -333,10 +333,14 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
 	}
 	if cfg.HelloListen != "" && cfg.HelloAddr != "" {
-		if _, _, ok := b.helloTarget(); !ok {
+		ip, port, ok := b.helloTarget()
+		if !ok {
 			b.Close()
 			return nil, fmt.Errorf("kubernetes backend: HelloAddr %q: want IP:port", cfg.HelloAddr)
 		}
+		// The deployments pass [$(POD_IP)]:port (brackets: an IPv6 Pod IP): the gates
+		// get the canonical form.
+		b.cfg.HelloAddr = netip.AddrPortFrom(ip, uint16(port)).String()
 		ua, err := net.ResolveUDPAddr("udp", cfg.HelloListen)
 		if err == nil {
 			b.hello, err = net.ListenUDP("udp", ua)
