@@ -28,6 +28,10 @@ import (
 // for another's ID achieves nothing (no key); the worst any hello can do is one extra
 // dial of a gate.
 
+// HelloFirstLog is the runner's log message when it takes its first gate hello: the
+// sandboxes reach its hello port (test/k8s TestChartRunner looks for it).
+const HelloFirstLog = "the first gate hello taken: sandboxes reach the hello port"
+
 // StepHello is the step told to Config.StepHook when a sandbox's hello was taken.
 const StepHello = "hello"
 
@@ -97,7 +101,9 @@ func (b *Backend) serveHellos(pc *net.UDPConn) {
 			b.log.Warn("hello listener", "err", err)
 			return
 		}
-		b.takeHello(buf[:n], src.Addr().Unmap(), time.Now())
+		if b.takeHello(buf[:n], src.Addr().Unmap(), time.Now()) && b.helloSeen.CompareAndSwap(false, true) {
+			b.log.Info(HelloFirstLog, "listen", pc.LocalAddr().String())
+		}
 	}
 }
 

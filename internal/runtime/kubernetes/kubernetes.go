@@ -201,6 +201,9 @@ type Backend struct {
 	// hello is the gate hello listener (hello.go); nil: off.
 	hello     *net.UDPConn
 	helloRate helloLimiter
+	// helloSeen: a hello was taken (the first is logged: the path through the
+	// NetworkPolicies works; a policy blocking it is otherwise silent).
+	helloSeen atomic.Bool
 }
 
 var _ runtime.Backend = (*Backend)(nil)
