@@ -27,7 +27,8 @@ type kubernetesFlags struct {
 	leaseName, leaseNamespace, identity           string
 	leaseDuration                                 time.Duration
 	selfDeployment, selfContainer                 string
-	diskBytes                                     int64          // from --disk
+	diskBytes                                     int64 // from --disk
+	helloListen, helloAddr                        string
 	openReserved                                  []netip.Prefix // from --egress-allow-reserved
 	blobs                                         blobStore      // from --blob-*
 	platformRegistry                              string
@@ -46,6 +47,8 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.peerCIDRs, "runner-peer-cidrs", "", "kubernetes backend: comma-separated CIDRs the runner reaches sandboxes from (their NetworkPolicies let them in)")
 	fs.StringVar(&k.peerPods, "runner-peer-pods", "", "kubernetes backend: the runner's Pod labels, k=v,… (in $POD_NAMESPACE, else --namespace): sandboxes' NetworkPolicies let those Pods in")
 	fs.StringVar(&k.dnsCIDRs, "dns-cidrs", "", "kubernetes backend: comma-separated CIDRs of the cluster DNS that sandboxes may always query (default: the kube-system namespace)")
+	fs.StringVar(&k.helloListen, "hello-listen", "", "kubernetes backend: UDP host:port where the runner takes its sandboxes' gate hellos, so it dials a new sandbox's agent without waiting for the kubelet's status (~1 s); with --hello-addr (docs/hardening.md)")
+	fs.StringVar(&k.helloAddr, "hello-addr", "", "kubernetes backend: IP:port the sandboxes' gates send hellos to (this runner as the Pods reach it; $POD_IP expands); sandbox NetworkPolicies allow UDP to it")
 	fs.BoolVar(&k.leaderElect, "leader-elect", false, "kubernetes backend: hold a coordination.k8s.io Lease before acting, so two replicas never act at once")
 	fs.StringVar(&k.leaseName, "leader-elect-lease", "sandboxd-runner", "kubernetes backend: name of the Lease")
 	fs.StringVar(&k.leaseNamespace, "leader-elect-namespace", "", "kubernetes backend: namespace of the Lease (default $POD_NAMESPACE, else --namespace)")
@@ -144,6 +147,9 @@ func (k kubernetesFlags) validate() error {
 	if k.prepullInFlight < 0 || k.prepullInFlight > 64 {
 		return fmt.Errorf("--prepull-in-flight %d: want 1..64 (0: the default, 4)", k.prepullInFlight)
 	}
+	if (k.helloListen == "") != (k.helloAddr == "") {
+		return fmt.Errorf("--hello-listen and --hello-addr go together")
+	}
 	_, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
 	return err
 }
@@ -165,6 +171,7 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		Blobs: k.blobs.store, BlobConfig: k.blobs.cfg, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
 		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight,
+		HelloListen: k.helloListen, HelloAddr: os.ExpandEnv(k.helloAddr),
 	})
 }
 

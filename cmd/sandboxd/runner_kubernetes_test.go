@@ -1,8 +1,20 @@
 package main
 
 import (
+	"flag"
+	"io"
+	"net"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/sandboxd/sandboxd/internal/install"
 )
 
 func TestRunnerPeers(t *testing.T) {
@@ -58,5 +70,81 @@ func TestPlatformRegistryFlag(t *testing.T) {
 		if err := k.validate(); (err == nil) != ok {
 			t.Errorf("--platform-registry %q: %v, want ok %v", v, err, ok)
 		}
+	}
+}
+
+// TestInstalledRunnerHello: the installer's runner arguments (the chart's defaults;
+// internal/install TestHelloCopiesAgree and test/k8s TestChartHello hold the chart and the
+// manifest to them), as Kubernetes expands $(POD_IP) for an IPv4 and an IPv6 Pod, parse
+// and validate as the runner's: the hello listens on the container's UDP port "hello", its
+// address is the Pod's own IP on that port, and --runner-peer-pods (the peer every
+// sandbox NetworkPolicy's hello rule names) selects exactly the runner's Pods in its
+// namespace. Two empty flags appended (--install-runner-arg) turn the hello off.
+func TestInstalledRunnerHello(t *testing.T) {
+	v := install.Values{Namespace: "sandboxd-r1", Image: "i", AgentImage: "a"}
+	var d *appsv1.Deployment
+	for _, o := range install.Objects(v) {
+		if x, ok := o.(*appsv1.Deployment); ok {
+			d = x
+		}
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	var port int32
+	for _, p := range c.Ports {
+		if p.Name == "hello" && p.Protocol == corev1.ProtocolUDP {
+			port = p.ContainerPort
+		}
+	}
+	if port == 0 {
+		t.Fatalf("no UDP port hello in %+v", c.Ports)
+	}
+	t.Setenv("POD_NAMESPACE", v.Namespace) // the downward API's, as the container has it
+	parse := func(t *testing.T, args []string) kubernetesFlags {
+		t.Helper()
+		cfg := new(runnerConfig)
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg.bind(fs)
+		if args[0] != "runner" {
+			t.Fatalf("args %q", args)
+		}
+		if err := fs.Parse(args[1:]); err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.validate(); err != nil {
+			t.Fatalf("validate: %v", err)
+		}
+		return cfg.kube
+	}
+	for _, podIP := range []string{"10.244.0.7", "fd00:10:244::7"} {
+		t.Run(podIP, func(t *testing.T) {
+			var args []string
+			for _, a := range c.Args {
+				args = append(args, strings.ReplaceAll(a, "$(POD_IP)", podIP)) // the kubelet's expansion
+			}
+			k := parse(t, args)
+			if _, p, err := net.SplitHostPort(k.helloListen); err != nil || p != strconv.Itoa(int(port)) {
+				t.Errorf("--hello-listen %q: want the port %d", k.helloListen, port)
+			}
+			host, p, err := net.SplitHostPort(os.ExpandEnv(k.helloAddr))
+			if err != nil || host != podIP || p != strconv.Itoa(int(port)) {
+				t.Errorf("--hello-addr %q: want %s port %d (%v)", k.helloAddr, podIP, port, err)
+			}
+			peers, err := k.runnerPeers()
+			if err != nil || len(peers) != 1 || peers[0].PodSelector == nil {
+				t.Fatalf("peers %+v %v: want the runner's Pods", peers, err)
+			}
+			sel, err := metav1.LabelSelectorAsSelector(peers[0].PodSelector)
+			if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+				t.Errorf("peer %v does not select the runner's Pods %v", peers[0].PodSelector, d.Spec.Template.Labels)
+			}
+			if ns := peers[0].NamespaceSelector.MatchLabels[corev1.LabelMetadataName]; ns != d.Namespace {
+				t.Errorf("peer namespace %q, the runner's %q", ns, d.Namespace)
+			}
+		})
+	}
+	off := parse(t, append(append([]string(nil), c.Args...), "--hello-listen=", "--hello-addr="))
+	if off.helloListen != "" || off.helloAddr != "" {
+		t.Errorf("turned off: %q %q", off.helloListen, off.helloAddr)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -161,6 +162,10 @@ func labels(v Values) map[string]string {
 	}
 }
 
+// HelloPort is the runner's UDP port for its sandboxes' gate hellos (the chart's
+// hello.port): --hello-listen, --hello-addr, the container's port "hello".
+const HelloPort = 7444
+
 func selectorLabels() map[string]string {
 	return map[string]string{"app.kubernetes.io/name": ChartName, "app.kubernetes.io/instance": ReleaseName}
 }
@@ -194,6 +199,9 @@ func Args(v Values) []string {
 	}
 	args = append(args,
 		"--runner-peer-pods=app.kubernetes.io/name="+ChartName+",app.kubernetes.io/instance="+ReleaseName,
+		// The gates' hellos (the chart's hello.enabled, its default), UDP to the Pod's IP.
+		"--hello-listen=:"+strconv.Itoa(HelloPort),
+		"--hello-addr=[$(POD_IP)]:"+strconv.Itoa(HelloPort),
 		"--self-deployment="+ReleaseName,
 		"--leader-elect",
 		"--leader-elect-lease="+ReleaseName,
@@ -284,10 +292,11 @@ func Objects(v Values) []runtime.Object {
 						ImagePullPolicy: orDefault(v.PullPolicy),
 						Args:            Args(v),
 						Env: []corev1.EnvVar{
-							fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_NAMESPACE", "metadata.namespace"),
+							fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_NAMESPACE", "metadata.namespace"), fieldEnv("POD_IP", "status.podIP"),
 							secretEnv("SANDBOXD_CONTROL_PLANE", "address"), secretEnv("SANDBOXD_BOOTSTRAP_TOKEN", "bootstrap-token"),
 						},
-						Ports: []corev1.ContainerPort{{Name: "api", ContainerPort: 7443}, {Name: "edge", ContainerPort: 8443}},
+						Ports: []corev1.ContainerPort{{Name: "api", ContainerPort: 7443}, {Name: "edge", ContainerPort: 8443},
+							{Name: "hello", ContainerPort: HelloPort, Protocol: corev1.ProtocolUDP}},
 						ReadinessProbe: &corev1.Probe{
 							ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("api")}},
 							PeriodSeconds: 2,

@@ -1,16 +1,22 @@
 package install_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/install"
@@ -154,4 +160,100 @@ func FuzzNamespace(f *testing.F) {
 			t.Fatalf("org label %q", h)
 		}
 	})
+}
+
+// helloOf is a runner container's gate-hello settings (docs/hardening.md): its
+// --hello-listen and --hello-addr, its POD_IP variable and its UDP port "hello". An
+// error names what is missing or disagrees.
+func helloOf(c corev1.Container) (port int32, err error) {
+	var listen, addr []string
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--hello-listen="); ok {
+			listen = append(listen, v)
+		}
+		if v, ok := strings.CutPrefix(a, "--hello-addr="); ok {
+			addr = append(addr, v)
+		}
+	}
+	var ports []corev1.ContainerPort
+	for _, p := range c.Ports {
+		if p.Name == "hello" {
+			ports = append(ports, p)
+		}
+	}
+	if len(ports) != 1 || ports[0].Protocol != corev1.ProtocolUDP {
+		return 0, fmt.Errorf("want one UDP port named hello, have %+v", c.Ports)
+	}
+	port = ports[0].ContainerPort
+	p := strconv.Itoa(int(port))
+	if !slices.Equal(listen, []string{":" + p}) || !slices.Equal(addr, []string{"[$(POD_IP)]:" + p}) {
+		return 0, fmt.Errorf("want --hello-listen=:%s --hello-addr=[$(POD_IP)]:%s, have %q %q", p, p, listen, addr)
+	}
+	// $(POD_IP) expands only from a variable defined before it is used in args (all are).
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP"
+	}) {
+		return 0, fmt.Errorf("no POD_IP from status.podIP in %+v", c.Env)
+	}
+	return port, nil
+}
+
+// peerPodsMatch checks that the runner's --runner-peer-pods selects its own Pods: the
+// sandboxes' NetworkPolicies let the hello (and the agent channel) reach exactly them.
+func peerPodsMatch(d *appsv1.Deployment) error {
+	c := d.Spec.Template.Spec.Containers[0]
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--runner-peer-pods="); ok {
+			sel, err := labels.Parse(v)
+			if err != nil {
+				return err
+			}
+			if !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+				return fmt.Errorf("--runner-peer-pods=%s does not select the runner's Pods %v", v, d.Spec.Template.Labels)
+			}
+			return nil
+		}
+	}
+	return errors.New("no --runner-peer-pods")
+}
+
+// TestHelloCopiesAgree: the installer's runner and the plain manifest's (the chart's
+// default rendering; test/k8s TestChartHello renders the chart itself) both turn the
+// gate's hello on, on the same UDP port, to the Pod's IP, and the sandboxes' NetworkPolicy
+// peer (--runner-peer-pods) selects the runner's Pods. One copy lacking a setting fails.
+func TestHelloCopiesAgree(t *testing.T) {
+	var installer, manifest *appsv1.Deployment
+	for _, o := range install.Objects(install.Values{Namespace: "sandboxd", Image: "i", AgentImage: "a"}) {
+		if d, ok := o.(*appsv1.Deployment); ok {
+			installer = d
+		}
+	}
+	raw, err := os.ReadFile("../../deploy/kubernetes/runner.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for doc := range bytes.SplitSeq(raw, []byte("\n---")) {
+		var d appsv1.Deployment
+		if err := yaml.Unmarshal(doc, &d); err == nil && d.Kind == "Deployment" {
+			manifest = &d
+		}
+	}
+	if installer == nil || manifest == nil {
+		t.Fatalf("Deployments: installer %v, manifest %v", installer != nil, manifest != nil)
+	}
+	ports := map[string]int32{}
+	for name, d := range map[string]*appsv1.Deployment{"installer": installer, "manifest": manifest} {
+		c := d.Spec.Template.Spec.Containers[0]
+		port, err := helloOf(c)
+		if err != nil {
+			t.Errorf("the %s's runner: %v", name, err)
+		}
+		ports[name] = port
+		if err := peerPodsMatch(d); err != nil {
+			t.Errorf("the %s's runner: %v", name, err)
+		}
+	}
+	if ports["installer"] != install.HelloPort || ports["manifest"] != install.HelloPort {
+		t.Errorf("hello ports %v, want %d in each", ports, install.HelloPort)
+	}
 }

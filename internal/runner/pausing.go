@@ -317,6 +317,10 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 	if stop || st != StateRunning && st != StatePaused {
 		return nil, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, st)
 	}
+	if src.ImageDigest == "" {
+		// A backend that reports the digest after RUNNING (runtime.LateInfoWaiter).
+		src.ImageDigest = r.holdForLateInfo(e).ImageDigest
+	}
 	sup, _, why := r.pauseSupport(class)
 	fk, ok := r.backend.(runtime.Forker)
 	switch {

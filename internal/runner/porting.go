@@ -141,6 +141,10 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 	if stop || st != StateRunning && st != StatePaused {
 		return CheckpointRef{}, Sandbox{}, fmt.Errorf("%w: %s is %s", ErrNotRunning, id, st)
 	}
+	if src.ImageDigest == "" {
+		// A backend that reports the digest after RUNNING (runtime.LateInfoWaiter).
+		src.ImageDigest = r.holdForLateInfo(e).ImageDigest
+	}
 	porter, platform, err := r.porter(class)
 	if err != nil {
 		return CheckpointRef{}, Sandbox{}, err

@@ -127,6 +127,9 @@ type entry struct {
 	// startedAt is when the backend started the container: the StartedAt reported once
 	// the agent says the main command runs, and the one a restarted runner recovers.
 	startedAt time.Time
+	// lateInfo, when set, is closed once the backend's late Info (runtime.LateInfoWaiter:
+	// the image digest) has been taken or given up on (awaitLateInfo).
+	lateInfo chan struct{}
 	// start is what its start is doing (WatchProgress); nil for a re-adopted sandbox.
 	start        *progress.Tracker
 	cancelCreate context.CancelFunc
@@ -530,6 +533,61 @@ func (r *Runner) Agent(ctx context.Context, id, container string) (agentv1connec
 			return nil, fmt.Errorf("wait for sandbox %s to run: %w", id, ctx.Err())
 		}
 	}
+}
+
+// lateInfoWait bounds how long the runner waits for a backend's late Info in the
+// background; lateInfoHold how long a fork or export waits for it (the Kubernetes
+// backend's comes with the kubelet's next relist, ≤ ~1 s).
+const (
+	lateInfoWait = 30 * time.Second
+	lateInfoHold = 1500 * time.Millisecond
+)
+
+// awaitLateInfo takes, in the background, what a backend's Create returned without (its
+// image digest): from runtime.LateInfoWaiter, bounded by lateInfoWait.
+func (r *Runner) awaitLateInfo(e *entry, info runtime.Info) {
+	w, ok := r.backend.(runtime.LateInfoWaiter)
+	if !ok || info.ImageDigest != "" {
+		return
+	}
+	done := make(chan struct{})
+	r.mu.Lock()
+	e.lateInfo = done
+	id := e.sb.ID
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(done)
+		ctx, cancel := context.WithTimeout(r.ctx, lateInfoWait)
+		defer cancel()
+		late, err := w.WaitInfo(ctx, id)
+		if err != nil || late.ImageDigest == "" {
+			return
+		}
+		r.update(e, func(sb *Sandbox) {
+			if sb.ImageDigest == "" {
+				sb.ImageDigest = late.ImageDigest
+			}
+		})
+	}()
+}
+
+// holdForLateInfo waits (at most lateInfoHold) for e's late Info, if one is awaited, and
+// returns e's snapshot then: a fork or export records the image digest.
+func (r *Runner) holdForLateInfo(e *entry) Sandbox {
+	r.mu.Lock()
+	ch := e.lateInfo
+	r.mu.Unlock()
+	if ch != nil {
+		select {
+		case <-ch:
+		case <-time.After(lateInfoHold):
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return e.snapshot()
 }
 
 // container resolves a container name of e's sandbox ("" = the primary): its name, and
@@ -974,6 +1032,7 @@ func (r *Runner) lifecycle(ctx context.Context, e *entry, create bool) {
 			sb.IP, sb.RuntimeClass, sb.ImageDigest = info.IP, info.RuntimeClass, info.ImageDigest
 			e.startedAt = info.StartedAt
 		})
+		r.awaitLateInfo(e, info)
 		r.refreshContainersNow(e)
 	}
 	client := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return r.backend.DialAgent(ctx, id, "") }, agentTracing)

@@ -368,6 +368,14 @@ func (e Exit) WithDefaultReason() Exit {
 	return e
 }
 
+// LateInfoWaiter is a backend whose Create may return before every Info field is known:
+// the Kubernetes backend's agent can answer before the kubelet reports the container
+// (ImageDigest comes with that report). WaitInfo waits, bounded by ctx, until the
+// sandbox's Info is complete (or it ended) and returns it.
+type LateInfoWaiter interface {
+	WaitInfo(ctx context.Context, id string) (Info, error)
+}
+
 // Info is what a backend knows of a live sandbox.
 type Info struct {
 	ID           string

@@ -50,6 +50,8 @@ type KubernetesConfig struct {
 	PlatformRegistryHTTP bool
 	// MaxPrepull and PrepullInFlight: see kubernetes.Config.
 	MaxPrepull, PrepullInFlight int
+	// HelloListen and HelloAddr: see kubernetes.Config.
+	HelloListen, HelloAddr string
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -90,6 +92,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers, DiskBytes: cfg.DiskBytes, OpenReserved: cfg.OpenReserved,
 		PlatformRegistry: cfg.PlatformRegistry, PlatformRegistryHTTP: cfg.PlatformRegistryHTTP,
 		MaxPrepull: cfg.MaxPrepull, PrepullInFlight: cfg.PrepullInFlight,
+		HelloListen: cfg.HelloListen, HelloAddr: cfg.HelloAddr,
 	}
 	if cfg.Backend != nil {
 		bc = *cfg.Backend

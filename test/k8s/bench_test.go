@@ -9,6 +9,8 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 )
 
@@ -35,7 +38,8 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("SANDBOXD_BENCH_N")); err == nil && v > 0 {
 		n = v
 	}
-	kst := newStack(b, c, randomID("bench-"), b.TempDir())
+	steps := newStepLog()
+	kst := newStack(b, c, randomID("bench-"), b.TempDir(), func(cfg *kubernetes.Config) { cfg.StepHook = steps.hook })
 	b.Cleanup(kst.Close)
 	env, err := stacktest.Setup("k8sb")
 	if err != nil {
@@ -51,8 +55,8 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 		_ = lst.Network.Cleanup()
 	})
 	for range b.N {
-		k8s := ttfc(b, kst.Runner, busybox, n)
-		local := ttfc(b, lst.Runner, env.Busybox(), n)
+		k8s := ttfc(b, kst.Runner, busybox, n, steps)
+		local := ttfc(b, lst.Runner, env.Busybox(), n, nil)
 		kp50, kp99 := pct(k8s, 0.50), pct(k8s, 0.99)
 		lp50, lp99 := pct(local, 0.50), pct(local, 0.99)
 		b.ReportMetric(ms(kp50), "k8s-p50-ms")
@@ -61,6 +65,8 @@ func BenchmarkTimeToFirstCommand(b *testing.B) {
 		b.ReportMetric(ms(lp99), "local-p99-ms")
 		fmt.Printf("time to first command over %d sandboxes each: kubernetes p50 %.0f ms p99 %.0f ms; local p50 %.0f ms p99 %.0f ms; ratio p50 %.1fx p99 %.1fx\n",
 			n, ms(kp50), ms(kp99), ms(lp50), ms(lp99), ms(kp50)/ms(lp50), ms(kp99)/ms(lp99))
+		fmt.Printf("kubernetes create steps over %d sandboxes, p50 of the time since the create call (ms; seen by the runner; n = creates that saw the step): %s\n",
+			n, steps.summary())
 		agentSandboxPeer(b, c, n, k8s)
 	}
 }
@@ -116,9 +122,82 @@ func pct(ds []time.Duration, q float64) time.Duration {
 	return ds[min(max(i-1, 0), len(ds)-1)]
 }
 
+// benchSteps are the create steps the Kubernetes backend reports (Config.StepHook), in
+// the order they happen on a create; "first-exec" is the bench's own.
+var benchSteps = []string{kubernetes.StepCreated, kubernetes.StepScheduled, kubernetes.StepHello, kubernetes.StepPinging, kubernetes.StepReady, kubernetes.StepRunning, "first-exec"}
+
+// stepLog gathers the Kubernetes backend's create steps per sandbox (its StepHook) and,
+// per measured create, each step's time since the create call.
+type stepLog struct {
+	mu    sync.Mutex
+	at    map[string]map[string]time.Time // by sandbox ID, by step
+	since map[string][]time.Duration      // by step, one per measured create that saw it
+}
+
+func newStepLog() *stepLog {
+	return &stepLog{at: map[string]map[string]time.Time{}, since: map[string][]time.Duration{}}
+}
+
+func (l *stepLog) hook(id, step string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.at[id] == nil {
+		l.at[id] = map[string]time.Time{}
+	}
+	if _, ok := l.at[id][step]; !ok {
+		l.at[id][step] = at
+	}
+}
+
+// wait waits (bounded) until sandbox id has reported step.
+func (l *stepLog) wait(id, step string, d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		l.mu.Lock()
+		_, ok := l.at[id][step]
+		l.mu.Unlock()
+		if ok {
+			return
+		}
+	}
+}
+
+// order returns when sandbox id reached steps a and b, ok when it reached both.
+func (l *stepLog) order(id, a, b string) (time.Time, time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ta, oka := l.at[id][a]
+	tb, okb := l.at[id][b]
+	return ta, tb, oka && okb
+}
+
+// take records sandbox id's steps relative to t0, with the first exec answered at exec.
+func (l *stepLog) take(id string, t0, exec time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for step, at := range l.at[id] {
+		l.since[step] = append(l.since[step], at.Sub(t0))
+	}
+	l.since["first-exec"] = append(l.since["first-exec"], exec.Sub(t0))
+	delete(l.at, id)
+}
+
+// summary is "step p50 (n)" for each step seen, in create order.
+func (l *stepLog) summary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var parts []string
+	for _, step := range benchSteps {
+		if ds := l.since[step]; len(ds) > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f (n=%d)", step, ms(pct(ds, 0.50)), len(ds)))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 // ttfc creates n sandboxes one after the other (after one unmeasured warm-up) and
-// returns create → first exec answered for each.
-func ttfc(b *testing.B, r *runner.Runner, image string, n int) []time.Duration {
+// returns create → first exec answered for each. steps (nil: none) records the
+// Kubernetes backend's create steps of the measured creates.
+func ttfc(b *testing.B, r *runner.Runner, image string, n int, steps *stepLog) []time.Duration {
 	b.Helper()
 	var out []time.Duration
 	for i := -1; i < n; i++ {
@@ -142,8 +221,16 @@ func ttfc(b *testing.B, r *runner.Runner, image string, n int) []time.Duration {
 		if err != nil || res.Msg.ExitCode != 0 {
 			b.Fatalf("first exec: %v", err)
 		}
+		execAt := time.Now()
 		if i >= 0 {
-			out = append(out, time.Since(t0))
+			out = append(out, execAt.Sub(t0))
+		}
+		if steps != nil {
+			// The kubelet's running report may come after the first exec (its relist).
+			steps.wait(sb.ID, kubernetes.StepRunning, 3*time.Second)
+			if i >= 0 {
+				steps.take(sb.ID, t0, execAt)
+			}
 		}
 		if _, err := r.Delete(sb.ID, 0); err != nil {
 			b.Fatal(err)

@@ -304,6 +304,16 @@ func TestChartRunner(t *testing.T) {
 	if out := execOK(t, ctx, api, first, "echo", "in a pod"); out != "in a pod\n" {
 		t.Errorf("exec: %q", out)
 	}
+	// The chart turns the gate's hello on (hello.enabled): the sandbox's NetworkPolicy lets
+	// it reach the runner Pod's UDP port, and the runner takes it (docs/hardening.md).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if l := podLog(admin, pod); strings.Contains(l, kubernetes.HelloFirstLog) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Errorf("the runner took no gate hello: %q missing from\n%s", kubernetes.HelloFirstLog, l)
+			break
+		}
+	}
 	if _, err := api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: first, GracePeriodSeconds: 2})); err != nil {
 		t.Fatal(err)
 	}

@@ -2,15 +2,20 @@ package k8s
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sandboxd/sandboxd/internal/install"
 )
 
 // chartHelm is helm for the tests that render the chart without a cluster: $HELM or
@@ -34,13 +39,20 @@ func chartHelm(t *testing.T) string {
 // runnerArgs renders the chart's Deployment with args and returns the runner's args.
 func runnerArgs(t *testing.T, helm string, args ...string) ([]string, error) {
 	t.Helper()
+	c, err := runnerContainer(t, helm, args...)
+	return c.Args, err
+}
+
+// runnerContainer renders the chart's Deployment with args and returns its runner container.
+func runnerContainer(t *testing.T, helm string, args ...string) (corev1.Container, error) {
+	t.Helper()
 	cmd := osexec.Command(helm, append([]string{"template", "sandboxd-runner", chartDir, "--namespace", "sandboxd",
 		"--show-only", "templates/deployment.yaml"}, args...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *osexec.ExitError
 		if errors.As(err, &ee) {
-			return nil, &chartError{string(ee.Stderr)}
+			return corev1.Container{}, &chartError{string(ee.Stderr)}
 		}
 		t.Fatalf("helm template: %v", err)
 	}
@@ -50,11 +62,11 @@ func runnerArgs(t *testing.T, helm string, args ...string) ([]string, error) {
 	}
 	for _, c := range d.Spec.Template.Spec.Containers {
 		if c.Name == "runner" {
-			return c.Args, nil
+			return c, nil
 		}
 	}
 	t.Fatalf("no runner container in\n%s", out)
-	return nil, nil
+	return corev1.Container{}, nil
 }
 
 type chartError struct{ stderr string }
@@ -116,6 +128,69 @@ func TestChartPlatformRegistry(t *testing.T) {
 		_, err := runnerArgs(t, helm, "--set-string", "platformRegistry.host="+bad)
 		if err == nil || !strings.Contains(err.Error(), "platformRegistry.host") || !strings.Contains(err.Error(), "want host[:port]") {
 			t.Errorf("host %q: %v, want the render refused naming platformRegistry.host", bad, err)
+		}
+	}
+}
+
+// helloShape is a runner container's gate-hello settings: its --hello-* args, its POD_IP
+// variable's source and its ports named hello.
+func helloShape(c corev1.Container) []any {
+	var env []string
+	for _, e := range c.Env {
+		if e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			env = append(env, e.ValueFrom.FieldRef.FieldPath)
+		}
+	}
+	var ports []corev1.ContainerPort
+	for _, p := range c.Ports {
+		if p.Name == "hello" {
+			ports = append(ports, p)
+		}
+	}
+	return []any{withPrefix(c.Args, "--hello-"), env, ports}
+}
+
+// TestChartHello: the chart turns the gate's hello on by default exactly as the installer
+// does (args to the Pod's IP, POD_IP from the downward API, the UDP port; the manifest is
+// the chart's default rendering, and internal/install TestHelloCopiesAgree checks it
+// against the installer without helm); hello.enabled=false drops all of it (the runner
+// then waits for the kubelet); hello.port moves it. The chart passes helm lint either way.
+func TestChartHello(t *testing.T) {
+	helm := chartHelm(t)
+	for _, set := range [][]string{nil, {"--set", "hello.enabled=false"}} {
+		if out, err := osexec.Command(helm, append([]string{"lint", "--strict", chartDir}, set...)...).CombinedOutput(); err != nil {
+			t.Errorf("helm lint %v: %v\n%s", set, err, out)
+		}
+	}
+	var installer corev1.Container
+	for _, o := range install.Objects(install.Values{Namespace: "sandboxd", Image: "i", AgentImage: "a"}) {
+		if d, ok := o.(*appsv1.Deployment); ok {
+			installer = d.Spec.Template.Spec.Containers[0]
+		}
+	}
+	want := []any{
+		[]string{fmt.Sprintf("--hello-listen=:%d", install.HelloPort), fmt.Sprintf("--hello-addr=[$(POD_IP)]:%d", install.HelloPort)},
+		[]string{"status.podIP"},
+		[]corev1.ContainerPort{{Name: "hello", ContainerPort: install.HelloPort, Protocol: corev1.ProtocolUDP}},
+	}
+	if got := helloShape(installer); !reflect.DeepEqual(got, want) {
+		t.Errorf("installer: hello %v, want %v", got, want)
+	}
+	for _, c := range []struct {
+		set  []string
+		want []any
+	}{
+		{nil, want},
+		{[]string{"--set", "hello.enabled=false"}, []any{[]string(nil), []string(nil), []corev1.ContainerPort(nil)}},
+		{[]string{"--set", "hello.port=7500"}, []any{[]string{"--hello-listen=:7500", "--hello-addr=[$(POD_IP)]:7500"},
+			[]string{"status.podIP"}, []corev1.ContainerPort{{Name: "hello", ContainerPort: 7500, Protocol: corev1.ProtocolUDP}}}},
+	} {
+		ctr, err := runnerContainer(t, helm, c.set...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.set, err)
+		}
+		if got := helloShape(ctr); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("chart %v: hello %v, want %v", c.set, got, c.want)
 		}
 	}
 }

@@ -502,6 +502,7 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 	same("imagePullPolicy", gc.ImagePullPolicy, wc.ImagePullPolicy)
 	same("args", gc.Args, wc.Args)
 	same("env", envShape(gc.Env), envShape(wc.Env))
+	same("gate hello (args, POD_IP, UDP port)", helloShape(gc), helloShape(wc))
 	same("container securityContext", gc.SecurityContext, wc.SecurityContext)
 	same("pod securityContext", got.Spec.Template.Spec.SecurityContext, want.Spec.Template.Spec.SecurityContext)
 	same("serviceAccountName", got.Spec.Template.Spec.ServiceAccountName, want.Spec.Template.Spec.ServiceAccountName)

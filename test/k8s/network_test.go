@@ -65,9 +65,14 @@ func TestNetworkPolicy(t *testing.T) {
 			np.Spec.Ingress[1].Ports[0].Port.IntValue() != 8080 {
 			t.Errorf("ingress %+v", np.Spec.Ingress)
 		}
-		// Egress: DNS, the internet without the private ranges, the organization, the CIDR.
-		if len(np.Spec.Egress) != 4 {
+		// Egress: DNS, the internet without the private ranges, the organization, the CIDR,
+		// and the gate's hello to the runner (UDP to its hello port only).
+		if len(np.Spec.Egress) != 5 {
 			t.Fatalf("egress %+v", np.Spec.Egress)
+		}
+		if h := np.Spec.Egress[4]; len(h.Ports) != 1 || h.Ports[0].Protocol == nil || *h.Ports[0].Protocol != corev1.ProtocolUDP ||
+			h.Ports[0].Port.IntValue() <= 0 || len(h.To) != 1 || h.To[0].IPBlock == nil || !strings.HasSuffix(h.To[0].IPBlock.CIDR, "/32") {
+			t.Errorf("hello rule %+v, want UDP to one port of one address", h)
 		}
 		if p := np.Spec.Egress[0].Ports; len(p) != 2 || p[0].Port.IntValue() != 53 {
 			t.Errorf("DNS rule %+v", np.Spec.Egress[0])

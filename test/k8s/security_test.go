@@ -140,7 +140,8 @@ func TestSecurityVolumesRemote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if user == "" || len(np.Spec.Egress) != 2 || np.Spec.Egress[1].To[0].PodSelector == nil ||
+	// Egress: DNS, the same user, the gate's hello to the runner.
+	if user == "" || len(np.Spec.Egress) != 3 || np.Spec.Egress[1].To[0].PodSelector == nil ||
 		np.Spec.Egress[1].To[0].PodSelector.MatchLabels[kubernetes.LabelUser] != user || len(np.Spec.Egress[1].Ports) != 0 {
 		t.Errorf("same_user: pod label %q, egress %+v", user, np.Spec.Egress)
 	}

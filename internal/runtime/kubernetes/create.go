@@ -22,6 +22,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/google/go-containerregistry/pkg/name"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -150,6 +151,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		id: spec.ID, spec: persisted, class: class, client: client, server: server.Certificate[0],
 		changed: make(chan struct{}), done: make(chan struct{}),
 	}
+	if b.hello != nil && !spec.Multi() {
+		// Groups: the gate's primary socket lies elsewhere; they wait for the kubelet.
+		if s.helloKey, err = newHelloKey(); err != nil {
+			return runtime.Info{}, err
+		}
+	}
 	if grp != nil {
 		s.group, s.idents = grp, grp.idents
 	}
@@ -183,6 +190,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		gate.TLSKeyFile:     serverKeyPEM,
 		gate.ClientCertFile: clientPEM,
 		secretClientKey:     clientKeyPEM,
+	}
+	if s.helloKey != nil {
+		data[gate.HelloKeyFile] = s.helloKey
 	}
 	if needsFiller(spec) {
 		// The GLOBAL volume filler's agent (globalvol.go).
@@ -239,46 +249,68 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		Type:       corev1.SecretTypeOpaque,
 		Data:       data,
 	}
-	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
-	if _, err := secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
-		switch {
-		case apierrors.IsAlreadyExists(err):
-			return runtime.Info{}, fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, spec.ID)
-		case apierrors.IsInvalid(err), apierrors.IsRequestEntityTooLargeError(err), strings.Contains(err.Error(), "too large"):
-			// Env and files travel in the Secret: at most 1 MiB together.
-			return runtime.Info{}, fmt.Errorf("%w: env and files too large for a Secret: %w", runtime.ErrInvalidSpec, err)
-		}
-		return runtime.Info{}, fmt.Errorf("create sandbox %s: secret: %w", spec.ID, err)
-	}
 	// The organization's platform registry token goes into its Secret (orgsecret.go),
 	// any other credentials into the sandbox's own.
-	var pullSecrets []string
 	orgPull, rest := b.splitPullCreds(spec)
-	if orgPull != nil {
-		n, err := b.ensureOrgSecret(ctx, orgPull)
-		if err != nil {
-			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
-		}
-		pullSecrets = append(pullSecrets, n)
-	}
-	ownPull := ""
 	ps, err := dockerConfigSecret(rest)
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	// The sandbox's Secret, the pull Secrets and the NetworkPolicy do not depend on each
+	// other: written at once, all before the Pod (so the Pod never runs unconfined).
+	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
+	var (
+		writes  errgroup.Group
+		secErr  error
+		orgName string
+		ownPull string
+	)
+	writes.Go(func() error {
+		secErr = b.createSandboxSecret(ctx, spec.ID, sec)
+		return secErr
+	})
+	if orgPull != nil {
+		writes.Go(func() error {
+			n, err := b.ensureOrgSecret(ctx, orgPull)
+			if err != nil {
+				return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+			}
+			orgName = n
+			return nil
+		})
+	}
 	if ps != nil {
 		ps.Namespace, ps.Labels = b.cfg.Namespace, lbls
-		if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
-			return runtime.Info{}, fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
-		}
 		ownPull = ps.Name
-		pullSecrets = append(pullSecrets, ownPull)
+		writes.Go(func() error {
+			if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
+			}
+			return nil
+		})
 	}
-	// The policy exists before the Pod, so the Pod never runs unconfined.
 	if np != nil {
-		if err := b.createNetworkPolicy(ctx, np); err != nil {
-			return runtime.Info{}, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		writes.Go(func() error {
+			if err := b.createNetworkPolicy(ctx, np); err != nil {
+				return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+			}
+			return nil
+		})
+	}
+	if err := writes.Wait(); err != nil {
+		if secErr != nil {
+			// The sandbox's own Secret's error says most (an existing sandbox, a spec
+			// too large), whichever write failed first.
+			err = secErr
 		}
+		return runtime.Info{}, err
+	}
+	var pullSecrets []string
+	if orgName != "" {
+		pullSecrets = append(pullSecrets, orgName)
+	}
+	if ownPull != "" {
+		pullSecrets = append(pullSecrets, ownPull)
 	}
 	var pod *corev1.Pod
 	if grp != nil {
@@ -286,6 +318,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	} else {
 		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
+	b.addHello(pod, s)
 	b.addFiller(pod, spec)
 	applyClaims(pod, claims)
 	pinToNode(pod, claimNode)
@@ -312,6 +345,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		s.pod = created
 	}
 	s.steps.observe(s.pod, s.steps.created)
+	b.hookLocked(s, StepCreated, s.steps.created)
+	b.hookPodLocked(s, s.steps.created)
 	b.mu.Unlock()
 	// The steps and image pulls it saw, whatever the outcome (observe.go).
 	defer b.reportCreate(ctx, s, created, &err)
@@ -359,6 +394,42 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.startLogs(s)
 	return info, nil
+}
+
+// createSandboxSecret creates the sandbox's own Secret (agent config, keys, spec).
+func (b *Backend) createSandboxSecret(ctx context.Context, id string, sec *corev1.Secret) error {
+	_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Create(ctx, sec, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		return fmt.Errorf("%w: sandbox %s already exists", runtime.ErrInvalidSpec, id)
+	case apierrors.IsInvalid(err), apierrors.IsRequestEntityTooLargeError(err), strings.Contains(err.Error(), "too large"):
+		// Env and files travel in the Secret: at most 1 MiB together.
+		return fmt.Errorf("%w: env and files too large for a Secret: %w", runtime.ErrInvalidSpec, err)
+	}
+	return fmt.Errorf("create sandbox %s: secret: %w", id, err)
+}
+
+// addHello makes pod's gate send its hello (hello.go): where to, the sandbox's ID, and
+// its hello key in the gate's own Secret volume (the main container never mounts it).
+func (b *Backend) addHello(pod *corev1.Pod, s *sandbox) {
+	if s.helloKey == nil {
+		return
+	}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if c.Name != containerGate {
+			continue
+		}
+		c.Env = append(c.Env, corev1.EnvVar{Name: gate.HelloAddrEnv, Value: b.cfg.HelloAddr}, corev1.EnvVar{Name: gate.HelloIDEnv, Value: s.id})
+	}
+	for i := range pod.Spec.Volumes {
+		v := &pod.Spec.Volumes[i]
+		if v.Name == "tls" && v.Secret != nil {
+			v.Secret.Items = append(v.Secret.Items, corev1.KeyToPath{Key: gate.HelloKeyFile, Path: gate.HelloKeyFile})
+		}
+	}
 }
 
 // primaryOps probes a single-container sandbox: its one agent is the primary's ("").
@@ -581,9 +652,9 @@ func applyPodSettings(pod *corev1.Pod, ps *runtime.PodSettings) {
 func ptr[T any](v T) *T { return &v }
 
 // waitRunning waits until the agent answers through the gate, or the Pod fails to
-// start. The agent is asked as soon as the Pod has an IP, not only once the kubelet
-// reports the main container running (it notices that at its next relist, up to ~1 s
-// later). A main command that ends first is not an error: the exit comes from Wait.
+// start. The agent is asked as soon as the gate's hello names the Pod's IP (hello.go) or
+// the Pod has an IP, not only once the kubelet reports the main container running (it
+// notices that at its next relist, up to ~1 s later). A main command that ends first is not an error: the exit comes from Wait.
 func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, error) {
 	timer := time.NewTimer(b.cfg.StartTimeout)
 	defer timer.Stop()
@@ -592,7 +663,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 	var pinged chan error // set once pinging has started
 	for {
 		b.mu.Lock()
-		pod, ch := s.pod, s.changed
+		pod, ch, helloIP := s.pod, s.changed, s.helloIP
 		ended := false
 		select {
 		case <-s.done:
@@ -610,14 +681,19 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			}
 			return b.info(s), nil
 		}
-		if pinged == nil && pod != nil && pod.Status.PodIP != "" {
+		ip := helloIP // the gate's hello comes before the kubelet's report
+		if ip == "" && pod != nil {
+			ip = pod.Status.PodIP
+		}
+		if pinged == nil && ip != "" {
 			b.mu.Lock()
 			if s.steps != nil && s.steps.pinging.IsZero() {
 				s.steps.pinging = time.Now()
+				b.hookLocked(s, StepPinging, s.steps.pinging)
 			}
 			b.mu.Unlock()
 			pinged = make(chan error, 1)
-			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(pod.Status.PodIP)
+			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(ip)
 		}
 		select {
 		case <-ch:
@@ -626,6 +702,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 				b.mu.Lock()
 				if s.steps != nil {
 					s.steps.ready = time.Now()
+					b.hookLocked(s, StepReady, s.steps.ready)
 				}
 				b.mu.Unlock()
 				return b.info(s), nil
@@ -645,7 +722,11 @@ func (b *Backend) info(s *sandbox) runtime.Info {
 	return infoOf(s)
 }
 
-// pingUntil asks the agent for its status until it answers or ctx ends.
+// pingRetry is how long pingUntil waits after an attempt failed: the ping starts once
+// the Pod has an IP, when its agent is almost always up already, so this is the fallback.
+const pingRetry = 10 * time.Millisecond
+
+// pingUntil asks the agent until it answers or ctx ends.
 func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
 	for {
 		err := b.pingAgent(ctx, s, ip)
@@ -654,20 +735,82 @@ func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
 		}
 		b.log.Debug("agent not ready", "sandbox", s.id, "err", err)
 		select {
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(pingRetry):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
 
-// pingAgent asks the agent for its status through the gate.
+// pingAgent asks the agent through the gate whether it answers. With an agent identity
+// (every sandbox made by this backend has one), a connection whose TLS handshake and
+// identity check passed is the answer: it is kept (spareConn) for the sandbox's first
+// agent client, so that client does not dial and verify again. Without one, a Status.
 func (b *Backend) pingAgent(ctx context.Context, s *sandbox, ip string) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
-	_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
-	return err
+	if s.ident == nil {
+		c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
+		_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+		return err
+	}
+	c, err := b.dialGate(pctx, s, ip, "")
+	if err != nil {
+		return err
+	}
+	b.keepSpare(s, ip, c)
+	return nil
+}
+
+// spareTTL is how long a kept verified connection waits to be taken (dialAgent) before
+// it is closed: a sandbox's first agent client comes within milliseconds of its Create.
+const spareTTL = 10 * time.Second
+
+// spareConn is a verified connection to a sandbox's primary agent, from its ping.
+type spareConn struct {
+	conn net.Conn
+	ip   string
+}
+
+// keepSpare keeps c, a verified connection to s's primary agent at ip, for the first
+// dialAgent; it is closed if nobody takes it within spareTTL.
+func (b *Backend) keepSpare(s *sandbox, ip string, c net.Conn) {
+	sp := &spareConn{conn: c, ip: ip}
+	b.mu.Lock()
+	old := s.spare
+	s.spare = sp
+	b.mu.Unlock()
+	if old != nil {
+		_ = old.conn.Close()
+	}
+	time.AfterFunc(spareTTL, func() {
+		b.mu.Lock()
+		mine := s.spare == sp
+		if mine {
+			s.spare = nil
+		}
+		b.mu.Unlock()
+		if mine {
+			_ = c.Close()
+		}
+	})
+}
+
+// takeSpare returns s's kept verified connection to its primary agent at ip (nil: none;
+// a connection to another IP is closed).
+func (b *Backend) takeSpare(s *sandbox, ip string) net.Conn {
+	b.mu.Lock()
+	sp := s.spare
+	s.spare = nil
+	b.mu.Unlock()
+	if sp == nil {
+		return nil
+	}
+	if sp.ip != ip {
+		_ = sp.conn.Close()
+		return nil
+	}
+	return sp.conn
 }
 
 func selfSigned(cn string) (tls.Certificate, []byte, []byte, error) {

@@ -156,8 +156,20 @@ type Config struct {
 	// text) for the sandboxes' memory peaks (usage.go); default: through the node proxy.
 	NodeMetrics NodeStatsFunc
 	// Dial connects to a Pod's gate; default a net.Dialer.
-	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
-	Logger *slog.Logger
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// HelloListen (UDP host:port) and HelloAddr (the host:port sandboxes send to: the
+	// runner's address as the Pods reach it), both set: the runner takes each sandbox's
+	// gate hello (hello.go) and dials its agent as soon as it listens, instead of after
+	// the kubelet reported the Pod's IP (its next relist, up to ~1 s). Every sandbox
+	// NetworkPolicy then allows UDP to that port of the runner (RunnerPeers, else
+	// HelloAddr's address). Empty: off.
+	HelloListen, HelloAddr string
+	// StepHook, when set, is told when a sandbox's Pod first reaches each step of its
+	// create as the backend sees it (Step* names): for measuring (the time-to-first-command
+	// benchmark prints them), never for control. Called with the backend's lock held: it
+	// must return at once and not call the backend.
+	StepHook func(id, step string, at time.Time)
+	Logger   *slog.Logger
 }
 
 // Backend is the Kubernetes runtime.Backend.
@@ -186,6 +198,12 @@ type Backend struct {
 	eventsWait   []time.Duration // nil: defaultEventsWait (tests shorten it)
 	// stats caches the kubelets' usage summaries (usage.go).
 	stats statsCache
+	// hello is the gate hello listener (hello.go); nil: off.
+	hello     *net.UDPConn
+	helloRate helloLimiter
+	// helloSeen: a hello was taken (the first is logged: the path through the
+	// NetworkPolicies works; a policy blocking it is otherwise silent).
+	helloSeen atomic.Bool
 }
 
 var _ runtime.Backend = (*Backend)(nil)
@@ -213,6 +231,16 @@ type sandbox struct {
 	// steps: while Create runs, when it saw the Pod reach each step (observe.go).
 	// Guarded by Backend.mu.
 	steps *createSteps
+	// helloKey is the sandbox's gate hello key (hello.go), nil without hellos; helloIP
+	// the Pod IP its hello named ("": none taken). Guarded by Backend.mu.
+	helloKey []byte
+	helloIP  string
+	// spare: the verified connection of the create's ping, for the first agent client
+	// (create.go keepSpare); guarded by Backend.mu.
+	spare *spareConn
+	// hooked: the steps already told to Config.StepHook (observe.go); guarded by
+	// Backend.mu.
+	hooked stepSet
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -307,6 +335,25 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		b.cancel()
 		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
 	}
+	if cfg.HelloListen != "" && cfg.HelloAddr != "" {
+		ip, port, ok := b.helloTarget()
+		if !ok {
+			b.Close()
+			return nil, fmt.Errorf("kubernetes backend: HelloAddr %q: want IP:port", cfg.HelloAddr)
+		}
+		// The deployments pass [$(POD_IP)]:port (brackets: an IPv6 Pod IP): the gates
+		// get the canonical form.
+		b.cfg.HelloAddr = netip.AddrPortFrom(ip, uint16(port)).String()
+		ua, err := net.ResolveUDPAddr("udp", cfg.HelloListen)
+		if err == nil {
+			b.hello, err = net.ListenUDP("udp", ua)
+		}
+		if err != nil {
+			b.Close()
+			return nil, fmt.Errorf("kubernetes backend: hello listener: %w", err)
+		}
+		go b.serveHellos(b.hello)
+	}
 	if cfg.MaxPrepull >= 0 {
 		b.prepull = newPrepuller(b)
 	}
@@ -325,6 +372,9 @@ func (b *Backend) Close() {
 	case <-b.stop:
 	default:
 		close(b.stop)
+		if b.hello != nil {
+			_ = b.hello.Close()
+		}
 	}
 }
 
@@ -353,7 +403,9 @@ func (b *Backend) observe(o any, deleted bool) {
 
 // evaluateLocked ends s when its Pod has ended or is gone, and wakes waiters.
 func (b *Backend) evaluateLocked(s *sandbox) {
-	s.steps.observe(s.pod, time.Now())
+	now := time.Now()
+	s.steps.observe(s.pod, now)
+	b.hookPodLocked(s, now)
 	select {
 	case <-s.done:
 	default:
@@ -448,8 +500,8 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		serverName = c.ContainerName()
 	}
 	b.mu.Lock()
-	ip := ""
-	if s.pod != nil {
+	ip := s.helloIP
+	if s.pod != nil && s.pod.Status.PodIP != "" {
 		ip = s.pod.Status.PodIP
 	}
 	// A GLOBAL writer's filler is reached after the workload ended, until the Pod goes
@@ -461,12 +513,21 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 	}
 	select {
 	case <-s.done:
+		if c := b.takeSpare(s, ""); c != nil {
+			_ = c.Close()
+		}
 		// Its IP may be gone from the node: a dial would wait for ARP to give up.
 		return nil, fmt.Errorf("dial agent of %s: the sandbox has ended", id)
 	default:
 	}
 	if ip == "" {
 		return nil, fmt.Errorf("dial agent of %s: the Pod has no IP yet", id)
+	}
+	if serverName == "" {
+		// The create's ping verified this connection a moment ago (create.go keepSpare).
+		if c := b.takeSpare(s, ip); c != nil {
+			return c, nil
+		}
 	}
 	return b.dialGate(ctx, s, ip, serverName)
 }
@@ -668,6 +729,34 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	return nil
 }
 
+// waitPodIP waits, at most d, until the watch shows s's Pod with an IP, and returns it
+// ("": none by then, or the sandbox ended).
+func (b *Backend) waitPodIP(ctx context.Context, s *sandbox, d time.Duration) string {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		b.mu.Lock()
+		ch := s.changed
+		ip := ""
+		if s.pod != nil {
+			ip = s.pod.Status.PodIP
+		}
+		b.mu.Unlock()
+		if ip != "" {
+			return ip
+		}
+		select {
+		case <-ch:
+		case <-s.done:
+			return ""
+		case <-timer.C:
+			return ""
+		case <-ctx.Done():
+			return ""
+		}
+	}
+}
+
 // Recover implements runtime.Backend: the runner's Pods, with their spec and keys from
 // their Secrets. Pods whose Secret is missing (a Create cut short) are deleted.
 func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
@@ -729,12 +818,22 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 		}
 		b.mu.Unlock()
-		if notRunning && pod.Status.PodIP != "" && pod.DeletionTimestamp == nil {
+		ip := pod.Status.PodIP
+		if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) {
+			// A create that took its gate's hello returns before the kubelet reports the
+			// Pod's IP (its next relist, ~1 s): a runner restarted within that window
+			// waits for the report.
+			ip = b.waitPodIP(ctx, s, 3*time.Second)
+		}
+		if notRunning && ip != "" && pod.DeletionTimestamp == nil {
 			// The kubelet reports a container running only at its next relist, seconds
 			// after a Pod of many containers started: an agent that answers is alive.
 			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			if b.pingAgent(pctx, s, pod.Status.PodIP) == nil {
+			if b.pingAgent(pctx, s, ip) == nil {
 				rec.Alive, rec.Exit = true, nil
+				b.mu.Lock()
+				rec.Info = infoOf(s)
+				b.mu.Unlock()
 			}
 			cancel()
 		}
@@ -775,12 +874,42 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	return out, nil
 }
 
+var _ runtime.LateInfoWaiter = (*Backend)(nil)
+
+// WaitInfo implements runtime.LateInfoWaiter: a Create that took its agent's answer
+// before the kubelet's status (the gate's hello) returns without the image digest; this
+// waits for the status that carries it (the kubelet's next relist, ≤ ~1 s).
+func (b *Backend) WaitInfo(ctx context.Context, id string) (runtime.Info, error) {
+	s, err := b.get(id)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	for {
+		b.mu.Lock()
+		info, ch := infoOf(s), s.changed
+		b.mu.Unlock()
+		if info.ImageDigest != "" {
+			return info, nil
+		}
+		select {
+		case <-ch:
+		case <-s.done:
+			return b.info(s), nil
+		case <-ctx.Done():
+			return info, ctx.Err()
+		}
+	}
+}
+
 func infoOf(s *sandbox) runtime.Info {
 	info := runtime.Info{ID: s.id, RuntimeClass: s.class}
 	if s.pod == nil {
 		return info
 	}
 	info.IP = s.pod.Status.PodIP
+	if info.IP == "" {
+		info.IP = s.helloIP // the kubelet reports it after its next relist
+	}
 	if cs := containerStatus(s.pod, containerMain); cs != nil {
 		info.ImageDigest = digestOf(cs.ImageID)
 		if cs.State.Running != nil {

@@ -175,6 +175,11 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 			np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: peers, Ports: ports})
 		}
 	}
+	// Last: the gate's hello to the runner (hello.go), UDP to its hello port only, also
+	// under deny-all egress (the gate sends it; the sandbox could too, and gains nothing).
+	if rule, ok := b.helloEgress(); ok && !spec.Multi() {
+		np.Spec.Egress = append(np.Spec.Egress, rule)
+	}
 	return np, nil
 }
 

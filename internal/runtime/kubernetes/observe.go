@@ -33,9 +33,52 @@ const (
 	stepPull     = "image.pull"          // one per sandbox container whose image the kubelet pulled or found
 )
 
+// Steps of a create told to Config.StepHook: the Pod object created, seen scheduled, the
+// first ping of its agent started, the agent answered (Create returns), the kubelet
+// reported the main container running (often after ready: at its next relist).
+const (
+	StepCreated   = "created"
+	StepScheduled = "scheduled"
+	StepPinging   = "pinging"
+	StepReady     = "ready"
+	StepRunning   = "running"
+)
+
+// stepSet is the steps already told to Config.StepHook, one bit each.
+type stepSet uint8
+
+const (
+	hookedScheduled stepSet = 1 << iota
+	hookedRunning
+)
+
+// hookLocked tells Config.StepHook (if any) that s reached step at at. Called with
+// Backend.mu held.
+func (b *Backend) hookLocked(s *sandbox, step string, at time.Time) {
+	if b.cfg.StepHook != nil {
+		b.cfg.StepHook(s.id, step, at)
+	}
+}
+
+// hookPodLocked tells Config.StepHook the steps s's Pod shows for the first time: also
+// after Create returned (the kubelet reports a running container at its next relist).
+func (b *Backend) hookPodLocked(s *sandbox, now time.Time) {
+	if b.cfg.StepHook == nil || s.pod == nil {
+		return
+	}
+	if s.hooked&hookedScheduled == 0 && scheduled(s.pod) {
+		s.hooked |= hookedScheduled
+		b.hookLocked(s, StepScheduled, now)
+	}
+	if s.hooked&hookedRunning == 0 && mainRunning(s.pod) {
+		s.hooked |= hookedRunning
+		b.hookLocked(s, StepRunning, now)
+	}
+}
+
 // createSteps are the times a create saw its Pod reach each step (zero: not seen).
 type createSteps struct {
-	created, scheduled, running, pinging, ready time.Time
+	created, scheduled, running, hello, pinging, ready time.Time
 }
 
 // observe notes what pod shows at now.

@@ -241,7 +241,10 @@ type ServeOptions struct {
 	// socket refuses connections) or ctx has ended: the Kubernetes backend archives a
 	// GLOBAL volume writer's copy through the filler after the workload stopped.
 	HoldFor string
-	Logger  *slog.Logger
+	// HelloAddr, HelloID and HelloKeyFile, when all set: the gate sends the runner its
+	// hello (hello.go) once Upstream exists.
+	HelloAddr, HelloID, HelloKeyFile string
+	Logger                           *slog.Logger
 	// holdAppear, for tests, replaces holdAppear (0: holdAppear).
 	holdAppear time.Duration
 }
@@ -308,6 +311,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	done, stop := context.WithCancel(context.Background())
 	defer stop()
+	if o.HelloAddr != "" && o.HelloID != "" && o.HelloKeyFile != "" {
+		hctx, hcancel := context.WithCancel(ctx)
+		defer hcancel()
+		go SendHellos(hctx, o.HelloAddr, o.HelloID, o.HelloKeyFile, o.Upstream, o.DialTimeout, log)
+	}
 	go func() {
 		agentEnded(ctx, o.StatusFile, o.Upstream)
 		if o.HoldFor != "" {
@@ -493,7 +501,7 @@ func splice(ctx context.Context, c *tls.Conn, pick func(serverName string) (stri
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 	if err != nil {
 		log.Warn("dial agent", "err", err)

@@ -55,6 +55,9 @@ func main() {
 			StatusFile:     filepath.Join(gate.RunDir, agentconfig.StatusFile),
 			TerminationLog: gate.TerminationLogPath,
 			HoldFor:        hold,
+			HelloAddr:      os.Getenv(gate.HelloAddrEnv),
+			HelloID:        os.Getenv(gate.HelloIDEnv),
+			HelloKeyFile:   filepath.Join(gate.TLSDir, gate.HelloKeyFile),
 			Logger:         log,
 		})
 	default:

@@ -1,0 +1,53 @@
+package gate
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestSendHellos: nothing is sent before the agent's socket exists; then the hellos
+// arrive, name the sandbox and the sender's address, and verify under the key.
+func TestSendHellos(t *testing.T) {
+	dir := t.TempDir()
+	key := bytes.Repeat([]byte{3}, HelloKeyLen)
+	keyFile := filepath.Join(dir, HelloKeyFile)
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	sock := filepath.Join(dir, Socket)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go SendHellos(ctx, pc.LocalAddr().String(), "sbx1", keyFile, sock, 10*time.Second, slog.New(slog.DiscardHandler))
+	buf := make([]byte, 512)
+	_ = pc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, _, err := pc.ReadFromUDP(buf); err == nil {
+		t.Fatal("a hello before the agent's socket exists")
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for i := range helloAt {
+		_ = pc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, src, err := pc.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("hello %d: %v", i, err)
+		}
+		h, err := ParseHello(buf[:n])
+		if err != nil || h.ID != "sbx1" || h.IP != src.Addr().Unmap() || !h.Verify(key) || time.Since(h.At) > time.Second {
+			t.Fatalf("hello %d from %s: %+v %v", i, src, h, err)
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package kubernetes
+
+import (
+	"crypto/rand"
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+// The runner's side of the gate's hello (gate/hello.go): a UDP listener that learns a
+// creating sandbox's Pod IP from its gate as soon as the agent's socket exists, instead
+// of from the kubelet's status (written after its next relist, up to ~1 s later). A hello
+// is a hint: it only lets waitRunning start its ping (TLS with the pinned certificates,
+// then the agent's identity) earlier. It is dropped unless it is well formed (fixed
+// bounds), its sender is within the per-source rate, it names a sandbox of this backend
+// whose Create is waiting for its agent, its MAC verifies under that sandbox's hello key
+// (made per sandbox, in the gate container's Secret volume only), its time is within
+// helloWindow, and it comes from the address it names. So a sandbox that forges hellos
+// for another's ID achieves nothing (no key); the worst any hello can do is one extra
+// dial of a gate.
+
+// HelloFirstLog is the runner's log message when it takes its first gate hello: the
+// sandboxes reach its hello port (test/k8s TestChartRunner looks for it).
+const HelloFirstLog = "the first gate hello taken: sandboxes reach the hello port"
+
+// StepHello is the step told to Config.StepHook when a sandbox's hello was taken.
+const StepHello = "hello"
+
+// helloWindow bounds how far a hello's time may be from the runner's clock.
+const helloWindow = 60 * time.Second
+
+// Per-source rate of hellos: helloBurst at once, then one per helloEvery; at most
+// maxHelloSources sources are tracked (beyond, the table starts over).
+const (
+	helloBurst      = 8
+	helloEvery      = 50 * time.Millisecond
+	maxHelloSources = 4096
+)
+
+// newHelloKey is a fresh per-sandbox hello key.
+func newHelloKey() ([]byte, error) {
+	k := make([]byte, gate.HelloKeyLen)
+	_, err := rand.Read(k)
+	return k, err
+}
+
+// helloLimiter is a token bucket per source address.
+type helloLimiter struct {
+	mu      sync.Mutex
+	buckets map[netip.Addr]*helloBucket
+}
+
+type helloBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func (l *helloLimiter) allow(src netip.Addr, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.buckets == nil || len(l.buckets) >= maxHelloSources {
+		l.buckets = map[netip.Addr]*helloBucket{}
+	}
+	bk := l.buckets[src]
+	if bk == nil {
+		bk = &helloBucket{tokens: helloBurst, at: now}
+		l.buckets[src] = bk
+	}
+	bk.tokens = min(helloBurst, bk.tokens+float64(now.Sub(bk.at))/float64(helloEvery))
+	bk.at = now
+	if bk.tokens < 1 {
+		return false
+	}
+	bk.tokens--
+	return true
+}
+
+// serveHellos reads hellos from pc until it is closed.
+func (b *Backend) serveHellos(pc *net.UDPConn) {
+	buf := make([]byte, 256)
+	for {
+		n, src, err := pc.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			select {
+			case <-b.stop:
+				return
+			default:
+			}
+			if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			b.log.Warn("hello listener", "err", err)
+			return
+		}
+		if b.takeHello(buf[:n], src.Addr().Unmap(), time.Now()) && b.helloSeen.CompareAndSwap(false, true) {
+			b.log.Info(HelloFirstLog, "listen", pc.LocalAddr().String())
+		}
+	}
+}
+
+// takeHello takes one datagram from src at now; it reports whether the hello was taken.
+// Everything that fails a check is dropped without an answer.
+func (b *Backend) takeHello(p []byte, src netip.Addr, now time.Time) bool {
+	if !b.helloRate.allow(src, now) {
+		return false
+	}
+	h, err := gate.ParseHello(p)
+	if err != nil || h.IP != src {
+		return false
+	}
+	if d := now.Sub(h.At); d > helloWindow || d < -helloWindow {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.sandboxes[h.ID]
+	// Only a Create waiting for its agent takes one, once.
+	if s == nil || s.helloKey == nil || s.steps == nil || s.helloIP != "" || !h.Verify(s.helloKey) {
+		return false
+	}
+	s.helloIP = h.IP.String()
+	s.steps.hello = now
+	b.hookLocked(s, StepHello, now)
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return true
+}
+
+// helloTarget is the address and port hellos go to, from Config.HelloAddr (IP:port;
+// the IP may be bracketed, IPv4 too: "[10.0.0.1]:7444").
+func (b *Backend) helloTarget() (netip.Addr, int, bool) {
+	host, port, err := net.SplitHostPort(b.cfg.HelloAddr)
+	if err != nil {
+		return netip.Addr{}, 0, false
+	}
+	ip, err := netip.ParseAddr(host)
+	p, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || p <= 0 || p > 65535 {
+		return netip.Addr{}, 0, false
+	}
+	return ip.Unmap(), p, true
+}
+
+// helloEgress is the egress rule a sandbox's NetworkPolicy needs for its hello: UDP to
+// the runner's hello port only (the runner's peers, else its hello address).
+func (b *Backend) helloEgress() (networkingv1.NetworkPolicyEgressRule, bool) {
+	ip, port, ok := b.helloTarget()
+	if b.cfg.HelloAddr == "" || !ok {
+		return networkingv1.NetworkPolicyEgressRule{}, false
+	}
+	udp := corev1.ProtocolUDP
+	p := intstr.FromInt(port)
+	rule := networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &p}}}
+	if len(b.cfg.RunnerPeers) > 0 {
+		rule.To = append(rule.To, b.cfg.RunnerPeers...)
+	} else {
+		bits := 32
+		if ip.Is6() {
+			bits = 128
+		}
+		rule.To = []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(ip, bits).String()}}}
+	}
+	return rule, true
+}

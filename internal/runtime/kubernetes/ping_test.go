@@ -1,0 +1,145 @@
+package kubernetes
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+)
+
+// TestPingKeepsConnection: the create's ping through the gate verifies one connection
+// (TLS, the agent's identity) and the sandbox's first agent dial gets that connection
+// instead of dialing again; later dials dial. A kept connection is for the IP it was
+// made to only.
+func TestPingKeepsConnection(t *testing.T) {
+	dir := t.TempDir()
+	client, clientPEM, _, err := selfSigned("sandboxd-runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"tls.crt": serverPEM, "tls.key": serverKeyPEM, "client.crt": clientPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := agent.NewIdentity("x")
+	raw, err := net.Listen("unix", filepath.Join(dir, "primary.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aln, err := agent.WithIdentity(raw, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer aln.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := aln.Accept()
+			if err != nil {
+				return
+			}
+			n := accepted.Add(1)
+			go func() {
+				defer c.Close()
+				_, _ = c.Write([]byte{byte('0' + n)})
+			}()
+		}
+	}()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = gate.Serve(ctx, gate.ServeOptions{
+			Listen: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
+			ClientCertFile: filepath.Join(dir, "client.crt"), Upstream: filepath.Join(dir, "primary.sock"),
+			DialTimeout: time.Second,
+		})
+	}()
+	var dials atomic.Int32
+	b := &Backend{
+		cfg: Config{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			for i := 0; ; i++ {
+				c, err := d.DialContext(ctx, "tcp", addr)
+				if err == nil || i > 50 {
+					return c, err
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{},
+	}
+	s := &sandbox{
+		id: "x", spec: runtime.Spec{ID: "x", Container: runtime.Container{Image: "i"}},
+		client: client, server: server.Certificate[0], ident: id,
+		pod:     &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}},
+		changed: make(chan struct{}), done: make(chan struct{}),
+	}
+	b.sandboxes["x"] = s
+	read := func() string {
+		t.Helper()
+		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer dcancel()
+		c, err := b.DialAgent(dctx, "x", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		out, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+
+	if err := b.pingUntil(ctx, s, "10.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("the ping dialed %d times, want 1", n)
+	}
+	if got := read(); got != "1" || dials.Load() != 1 {
+		t.Errorf("first agent dial: connection %q after %d dials; want the ping's (1) without a new dial", got, dials.Load())
+	}
+	if got := read(); got != "2" || dials.Load() != 2 {
+		t.Errorf("second agent dial: connection %q after %d dials; want a new one (2, 2 dials)", got, dials.Load())
+	}
+
+	// A connection kept for another IP (the Pod was replaced) is not handed out.
+	if err := b.pingAgent(ctx, s, "10.0.0.2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got != "4" || dials.Load() != 4 {
+		t.Errorf("agent dial after a ping of another IP: connection %q after %d dials; want a new one (4, 4 dials)", got, dials.Load())
+	}
+	b.mu.Lock()
+	left := s.spare
+	b.mu.Unlock()
+	if left != nil {
+		t.Error("a connection to another IP stayed kept")
+	}
+}
