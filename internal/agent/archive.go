@@ -121,14 +121,11 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 	if first.GetMaxBytes() < 0 || first.GetMaxFiles() < 0 {
 		return nil, invalidArg("limits must not be negative")
 	}
+	// The sub_dirs are checked as fsarchive checks them (one check, one limit), before
+	// anything is opened: bad options never reach the fill (nor the clearing after it).
 	subDirs := first.GetSubDirs()
-	if len(subDirs) > maxSubDirs {
-		return nil, invalidArg("more than %d sub_dirs", maxSubDirs)
-	}
-	for _, d := range subDirs {
-		if len(d) > 4096 || runtime.CheckSubPath(d) != nil || d == "" {
-			return nil, invalidArg("sub_dir %q is not a clean relative path inside the directory", clipName(d))
-		}
+	if err := fsarchive.CheckExisting(subDirs); err != nil {
+		return nil, invalidArg("sub_dirs: %s", clipName(err.Error()))
 	}
 	dir, err := openArchiveDir(first.GetPath())
 	if err != nil {
@@ -151,6 +148,10 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 	if errors.Is(err, fsarchive.ErrNotEmpty) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", dir.Name(), err))
 	}
+	if errors.Is(err, fsarchive.ErrBadOptions) {
+		// Checked above; never clear the directory for it.
+		return nil, invalidArg("sub_dirs: %s", clipName(err.Error()))
+	}
 	if err != nil {
 		clearDir(dir)
 		switch {
@@ -171,9 +172,6 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 	}
 	return connect.NewResponse(&agentv1.ExtractPathResponse{Stats: statsMsg(stats)}), nil
 }
-
-// maxSubDirs bounds ExtractPathRequest.sub_dirs.
-const maxSubDirs = 64
 
 // clipName keeps an error message readable when a name is huge.
 func clipName(s string) string {

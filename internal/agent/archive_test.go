@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -210,9 +211,23 @@ func TestExtractPathSubDirs(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(other, "planted")); err != nil {
 		t.Errorf("a refused directory's content was removed: %v", err)
 	}
-	for _, bad := range []string{"../x", "/abs", "a/../b", ""} {
-		if err := extract(made(), good, bad); connect.CodeOf(err) != connect.CodeInvalidArgument {
-			t.Errorf("sub_dir %q: %v, want INVALID_ARGUMENT", bad, err)
+	// Bad sub_dirs are INVALID_ARGUMENT before anything is opened: the kubelet's
+	// directories stay (never cleared for it).
+	many := make([]string, 65)
+	for i := range many {
+		many[i] = fmt.Sprintf("d%d", i)
+	}
+	for name, bad := range map[string][]string{
+		"../x": {"../x"}, "/abs": {"/abs"}, "a/../b": {"a/../b"}, "empty": {""}, ".": {"."},
+		"300-byte component": {"a/b", strings.Repeat("x", 300)},
+		"65 sub_dirs":        append([]string{"a/b"}, many...),
+	} {
+		dst := made()
+		if err := extract(dst, good, bad...); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("sub_dirs %s: %v, want INVALID_ARGUMENT", name, err)
+		}
+		if fi, err := os.Stat(filepath.Join(dst, "a", "b")); err != nil || !fi.IsDir() {
+			t.Errorf("sub_dirs %s: the made directory a/b is gone: %v", name, err)
 		}
 	}
 }
