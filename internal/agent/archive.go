@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -156,7 +157,9 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 		clearDir(dir)
 		switch {
 		case errors.Is(err, fsarchive.ErrNotDir):
-			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+			// The volume's content's fault (the runner blames the spec), told apart from
+			// "not empty" (FAILED_PRECONDITION without a reason: what older agents say).
+			return nil, apierr.New(apierr.VolumeSubPathNotDirectory, err.Error(), nil)
 		case errors.Is(err, fsarchive.ErrTooLarge):
 			return nil, connect.NewError(connect.CodeResourceExhausted, err)
 		case errors.Is(err, fsarchive.ErrInvalid):
