@@ -336,10 +336,25 @@ func TestSubPathsMadeByRuntime(t *testing.T) {
 			[]string{"w"}, []string{"side"}},
 	} {
 		spec := &runtime.Spec{Container: tc.primary, Sidecars: tc.sidecars}
-		dirs, waitFor := subPaths(spec, "g")
-		if !slices.Equal(dirs, tc.dirs) || !slices.Equal(waitFor, tc.waitFor) {
-			t.Errorf("%s: dirs %q wait for %q, want %q and %q", tc.name, dirs, waitFor, tc.dirs, tc.waitFor)
+		dirs, waitFor, err := subPaths(spec, "g")
+		if err != nil || !slices.Equal(dirs, tc.dirs) || !slices.Equal(waitFor, tc.waitFor) {
+			t.Errorf("%s: dirs %q wait for %q (%v), want %q and %q", tc.name, dirs, waitFor, err, tc.dirs, tc.waitFor)
 		}
+	}
+	// Below a read-only mount the runtime cannot make them (EROFS): refused, naming the
+	// container and the field; a read-only sub_path mount alone is the kubelet's, taken.
+	ro := func(p, sub string) runtime.VolumeMount { m := g(p, sub); m.ReadOnly = true; return m }
+	for name, c := range map[string]runtime.Container{
+		"working_dir":                {Name: "app", WorkingDir: "/data/w", VolumeMounts: []runtime.VolumeMount{ro("/data", "s")}},
+		"volume_mounts[].mount_path": {Name: "app", VolumeMounts: []runtime.VolumeMount{ro("/data", ""), sc("/data/cache")}},
+	} {
+		_, _, err := subPaths(&runtime.Spec{Container: c}, "g")
+		if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "app") || !strings.Contains(err.Error(), "read-only") {
+			t.Errorf("below a read-only mount, %s: %v, want ErrInvalidSpec naming the container and the field", name, err)
+		}
+	}
+	if dirs, _, err := subPaths(&runtime.Spec{Container: runtime.Container{WorkingDir: "/data", VolumeMounts: []runtime.VolumeMount{ro("/data", "s"), ro("/other", "t")}}}, "g"); err != nil || !slices.Equal(dirs, []string{"s", "t"}) {
+		t.Errorf("read-only sub_path mounts: %q, %v", dirs, err)
 	}
 
 	// More than fsarchive.MaxExisting of them for one volume: refused before the Pod.
@@ -354,8 +369,9 @@ func TestSubPathsMadeByRuntime(t *testing.T) {
 	} else {
 		rel()
 	}
-	spec.Container.WorkingDir = "/m0/one-more"
-	if _, rel, err := b.planRestores(spec); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "working_dir") || !strings.Contains(err.Error(), `"g"`) {
+	spec.Container.VolumeMounts = append(spec.Container.VolumeMounts, runtime.VolumeMount{Volume: "g", Path: "/one-more", ReadOnly: true, SubPath: "one-more"})
+	if _, rel, err := b.planRestores(spec); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "working_dir") || !strings.Contains(err.Error(), `"g"`) ||
+		!strings.Contains(err.Error(), "at most 64") {
 		t.Errorf("%d sub_dirs: %v, want ErrInvalidSpec naming the volume and the fields", fsarchive.MaxExisting+1, err)
 	} else {
 		rel()

@@ -452,7 +452,13 @@ type restore struct {
 // answers), and the kubelet and runtime make them in the empty copy, never in
 // sandbox-written content. Init containers mounting a restored volume are refused
 // (planRestores). A working directory an image sets (not the spec) is not seen here.
-func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string) {
+//
+// The runtime cannot make a directory through a read-only mount (it mounts, remounts
+// read-only, then makes the working directory and the nested mount points: EROFS), and
+// the copy is still empty then: a working directory or nested mount point below a
+// read-only mount of the copy is refused (ErrInvalidSpec naming the field), where a local
+// runner takes it if the volume holds the directory.
+func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err error) {
 	add := func(d string) bool {
 		if d == "" || d == "." {
 			return false
@@ -474,9 +480,9 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string) {
 			}
 		}
 		// below: p's path inside the copy when the deepest of c's mounts holding p
-		// (strictly, or p itself too when self) is of volume.
-		below := func(p string, self bool) string {
-			if !path.IsAbs(p) {
+		// (strictly, or p itself too when self) is of volume; field names p for a refusal.
+		below := func(p string, self bool, field string) string {
+			if !path.IsAbs(p) || err != nil {
 				return ""
 			}
 			p = path.Clean(p)
@@ -492,21 +498,29 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string) {
 			if owner == nil || owner.Volume != volume || p == owner.Path {
 				return ""
 			}
+			if owner.ReadOnly {
+				err = fmt.Errorf("%w: container %s: %s %s is below the read-only mount at %s of GLOBAL volume %q: on Kubernetes the container runtime must make it in the copy before the copy is filled, and cannot through a read-only mount (mount the volume read-write, or use a path outside the mount)",
+					runtime.ErrInvalidSpec, c.ContainerName(), field, p, owner.Path, volume)
+				return ""
+			}
 			return path.Join(owner.SubPath, p[len(owner.Path)+1:]) // "" and "." are the root
 		}
-		if add(below(c.WorkingDir, true)) {
+		if add(below(c.WorkingDir, true, "working_dir")) {
 			made = true
 		}
 		for _, m := range c.VolumeMounts {
-			if add(below(m.Path, false)) {
+			if add(below(m.Path, false, "the mount point (volume_mounts[].mount_path)")) {
 				made = true
 			}
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 		if made {
 			containers = append(containers, name)
 		}
 	}
-	return dirs, containers
+	return dirs, containers, nil
 }
 
 // planRestores checks spec's restored volumes before anything is made: each has its
@@ -551,7 +565,9 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 		}
 		r := restore{volume: v.Name, digest: v.RestoreDigest, container: container, path: path, limits: limits}
 		if filled(&v) {
-			r.subDirs, r.waitFor = subPaths(spec, v.Name)
+			if r.subDirs, r.waitFor, err = subPaths(spec, v.Name); err != nil {
+				return nil, release, err
+			}
 			if len(r.subDirs) > fsarchive.MaxExisting {
 				return nil, release, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
 					runtime.ErrInvalidSpec, v.Name, len(r.subDirs), fsarchive.MaxExisting)
