@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -121,14 +122,11 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 	if first.GetMaxBytes() < 0 || first.GetMaxFiles() < 0 {
 		return nil, invalidArg("limits must not be negative")
 	}
+	// The sub_dirs are checked as fsarchive checks them (one check, one limit), before
+	// anything is opened: bad options never reach the fill (nor the clearing after it).
 	subDirs := first.GetSubDirs()
-	if len(subDirs) > maxSubDirs {
-		return nil, invalidArg("more than %d sub_dirs", maxSubDirs)
-	}
-	for _, d := range subDirs {
-		if len(d) > 4096 || runtime.CheckSubPath(d) != nil || d == "" {
-			return nil, invalidArg("sub_dir %q is not a clean relative path inside the directory", clipName(d))
-		}
+	if err := fsarchive.CheckExisting(subDirs); err != nil {
+		return nil, invalidArg("sub_dirs: %s", clipName(err.Error()))
 	}
 	dir, err := openArchiveDir(first.GetPath())
 	if err != nil {
@@ -151,11 +149,17 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 	if errors.Is(err, fsarchive.ErrNotEmpty) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", dir.Name(), err))
 	}
+	if errors.Is(err, fsarchive.ErrBadOptions) {
+		// Checked above; never clear the directory for it.
+		return nil, invalidArg("sub_dirs: %s", clipName(err.Error()))
+	}
 	if err != nil {
 		clearDir(dir)
 		switch {
 		case errors.Is(err, fsarchive.ErrNotDir):
-			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+			// The volume's content's fault (the runner blames the spec), told apart from
+			// "not empty" (FAILED_PRECONDITION without a reason: what older agents say).
+			return nil, apierr.New(apierr.VolumeSubPathNotDirectory, err.Error(), nil)
 		case errors.Is(err, fsarchive.ErrTooLarge):
 			return nil, connect.NewError(connect.CodeResourceExhausted, err)
 		case errors.Is(err, fsarchive.ErrInvalid):
@@ -171,9 +175,6 @@ func (s *service) ExtractPath(ctx context.Context, st *connect.ClientStream[agen
 	}
 	return connect.NewResponse(&agentv1.ExtractPathResponse{Stats: statsMsg(stats)}), nil
 }
-
-// maxSubDirs bounds ExtractPathRequest.sub_dirs.
-const maxSubDirs = 64
 
 // clipName keeps an error message readable when a name is huge.
 func clipName(s string) string {

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 )
 
 // archivePath collects ArchivePath's stream: the archive and the final stats.
@@ -199,20 +201,36 @@ func TestExtractPathSubDirs(t *testing.T) {
 	if err := extract(made(), good); connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Errorf("made directories without sub_dirs: %v, want FAILED_PRECONDITION (not empty)", err)
 	}
-	if err := extract(made(), hostile, "a/b"); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "symlink") {
-		t.Errorf("a symlink on a sub_dir: %v, want FAILED_PRECONDITION naming the symlink", err)
+	if err := extract(made(), hostile, "a/b"); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "symlink") ||
+		apierr.Reason(err) != apierr.VolumeSubPathNotDirectory {
+		t.Errorf("a symlink on a sub_dir: %v (reason %q), want FAILED_PRECONDITION %s naming the symlink", err, apierr.Reason(err), apierr.VolumeSubPathNotDirectory)
 	}
 	other := made()
 	mustWrite(t, filepath.Join(other, "planted"), "x", 0o644)
-	if err := extract(other, good, "a/b"); connect.CodeOf(err) != connect.CodeFailedPrecondition {
-		t.Errorf("a directory holding more than the sub_dirs: %v", err)
+	if err := extract(other, good, "a/b"); connect.CodeOf(err) != connect.CodeFailedPrecondition || apierr.Reason(err) != "" ||
+		!strings.Contains(err.Error(), "planted") {
+		t.Errorf("a directory holding more than the sub_dirs: %v, want FAILED_PRECONDITION without a reason, naming what is there", err)
 	}
 	if _, err := os.Stat(filepath.Join(other, "planted")); err != nil {
 		t.Errorf("a refused directory's content was removed: %v", err)
 	}
-	for _, bad := range []string{"../x", "/abs", "a/../b", ""} {
-		if err := extract(made(), good, bad); connect.CodeOf(err) != connect.CodeInvalidArgument {
-			t.Errorf("sub_dir %q: %v, want INVALID_ARGUMENT", bad, err)
+	// Bad sub_dirs are INVALID_ARGUMENT before anything is opened: the kubelet's
+	// directories stay (never cleared for it).
+	many := make([]string, 65)
+	for i := range many {
+		many[i] = fmt.Sprintf("d%d", i)
+	}
+	for name, bad := range map[string][]string{
+		"../x": {"../x"}, "/abs": {"/abs"}, "a/../b": {"a/../b"}, "empty": {""}, ".": {"."},
+		"300-byte component": {"a/b", strings.Repeat("x", 300)},
+		"65 sub_dirs":        append([]string{"a/b"}, many...),
+	} {
+		dst := made()
+		if err := extract(dst, good, bad...); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("sub_dirs %s: %v, want INVALID_ARGUMENT", name, err)
+		}
+		if fi, err := os.Stat(filepath.Join(dst, "a", "b")); err != nil || !fi.IsDir() {
+			t.Errorf("sub_dirs %s: the made directory a/b is gone: %v", name, err)
 		}
 	}
 }

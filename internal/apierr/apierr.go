@@ -82,6 +82,10 @@ const (
 	// VolumeBusy (sandboxd's own): another live sandbox holds the read-write mount of a
 	// GLOBAL volume (single writer; metadata volume_id, sandbox_id of the holder).
 	VolumeBusy = "CWSANDBOX_VOLUME_BUSY"
+	// VolumeSubPathNotDirectory (sandboxd's own, the agent's ExtractPath with sub_dirs):
+	// the volume's content holds a file or symlink where a container mounts a sub_path
+	// (or on the way to one); the Kubernetes runner fails the sandbox (an invalid spec).
+	VolumeSubPathNotDirectory = "CWSANDBOX_VOLUME_SUB_PATH_NOT_DIRECTORY"
 	// CheckpointNotSupported (sandboxd's own, issue 21): the sandbox's runtime class
 	// cannot be checkpointed on its runner (a pause releasing resources, a fork); the
 	// message names the runtime class that can.
@@ -267,6 +271,7 @@ var table = []reasonCode{
 	{VolumeNotReady, connect.CodeFailedPrecondition, "the registered volume a sandbox mounts is not READY (VALIDATING, ERROR or DELETING)"},
 	{VolumePlacementConflict, connect.CodeFailedPrecondition, "the sandbox mounts a CLUSTER_LOCAL volume of a runner its runner_ids exclude, or volumes of two runners"},
 	{VolumeTypeNotSupported, connect.CodeFailedPrecondition, "the volume's runner cannot hold registered volumes (its backend holds none, or they are unavailable on its host)"},
+	{VolumeSubPathNotDirectory, connect.CodeFailedPrecondition, "the volume's content holds a file or symlink where a container mounts a sub_path, a working directory or a nested mount point (or on the way to one)"},
 	{VolumeRunnerIneligible, connect.CodeFailedPrecondition, "the volume's runner_id names no runner of the organization, or its namespace is not the runner's"},
 	{VolumeInUse, connect.CodeFailedPrecondition, "live sandboxes mount the volume (metadata sandbox_ids); delete them first or force"},
 	{VolumeBusy, connect.CodeFailedPrecondition, "another live sandbox holds the one read-write mount of the GLOBAL volume (metadata volume_id, sandbox_id); mount it read-only, or retry once that sandbox ended"},

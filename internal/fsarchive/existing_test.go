@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -98,6 +100,37 @@ func TestExtractWithExisting(t *testing.T) {
 		}
 	}
 
+	// Listed but not made (the kubelet did not make it, or not yet): a file or symlink of
+	// the archive at the path (or on the way) is still refused, nothing is made there.
+	for name, ents := range map[string][]ent{
+		"symlink to /":       {dirEnt("./"), linkEnt("s", "/")},
+		"symlink":            {dirEnt("./"), linkEnt("s", canary)},
+		"file":               {dirEnt("./"), fileEnt("s", "x")},
+		"symlink on the way": {dirEnt("./"), dirEnt("p/"), linkEnt("p/q", canary)},
+		"file on the way":    {dirEnt("./"), fileEnt("p", "x")},
+	} {
+		sub, top := "s", "s"
+		if strings.HasSuffix(name, "on the way") {
+			sub, top = "p/q/r", "p"
+		}
+		root, _ := mk(t)
+		err := extract(t, root, archive(t, ents...), sub)
+		if !errors.Is(err, ErrNotDir) {
+			t.Errorf("listed, not made, %s: %v, want ErrNotDir", name, err)
+		}
+		if fi, err := os.Lstat(filepath.Join(root, sub)); err == nil {
+			t.Errorf("listed, not made, %s: %s made: %v", name, sub, fi.Mode())
+		}
+		if fi, err := os.Lstat(filepath.Join(root, top)); err == nil && !fi.IsDir() {
+			t.Errorf("listed, not made, %s: %s is a %v", name, top, fi.Mode())
+		}
+	}
+	// Listed, not made, and the archive makes it a directory: filled as usual.
+	root, _ = mk(t)
+	if err := extract(t, root, archive(t, dirEnt("./"), dirEnt("n/"), fileEnt("n/f", "1")), "n"); err != nil {
+		t.Errorf("listed, not made, archive's directory: %v", err)
+	}
+
 	// A root holding anything else (a file, a directory not listed, a symlink where a
 	// listed directory should be) is refused before anything is extracted.
 	for name, prep := range map[string]func(root string) error{
@@ -125,11 +158,24 @@ func TestExtractWithExisting(t *testing.T) {
 		t.Errorf("a repeated existing directory: %v, want ErrInvalid", err)
 	}
 	// Bad existing paths are refused.
-	for _, bad := range []string{"../x", "/abs", "a/../b", ""} {
+	for _, bad := range []string{"../x", "/abs", "a/../b", "", ".", strings.Repeat("n", MaxName+1), strings.Repeat("a/", MaxPath/2) + "a"} {
 		root, _ := mk(t)
-		if err := extract(t, root, archive(t, dirEnt("./")), bad); err == nil {
-			t.Errorf("existing %q taken", bad)
+		if err := extract(t, root, archive(t, dirEnt("./")), bad); !errors.Is(err, ErrBadOptions) {
+			t.Errorf("existing %.40q: %v, want ErrBadOptions", bad, err)
 		}
+		if err := CheckExisting([]string{bad}); !errors.Is(err, ErrBadOptions) {
+			t.Errorf("CheckExisting(%.40q): %v, want ErrBadOptions", bad, err)
+		}
+	}
+	many := make([]string, MaxExisting+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("d%d", i)
+	}
+	if err := CheckExisting(many); !errors.Is(err, ErrBadOptions) {
+		t.Errorf("%d existing: %v, want ErrBadOptions", len(many), err)
+	}
+	if err := CheckExisting(many[:MaxExisting]); err != nil {
+		t.Errorf("%d existing: %v", MaxExisting, err)
 	}
 	// Without Existing, the options change nothing: an empty root is extracted into.
 	root, _ = mk(t)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path"
@@ -64,15 +65,17 @@ type extractor struct {
 	rootfd    int
 	limits    runtime.ArchiveLimits
 	ids       IDMap
-	// existing: ExtractOptions.Existing with their parents, each removed once the
-	// archive's directory has filled it (a second entry there is a repeated path).
-	existing map[string]bool
-	chown    bool
-	started  bool
-	stack    []dirState
-	stats    runtime.ArchiveStats
-	buf      []byte
-	zero     []byte
+	// fixed: ExtractOptions.Existing with their parents, never changed: no entry but a
+	// directory may be at such a path, whether or not the directory was made.
+	// existing: the same, each removed once the archive's directory has filled it (a
+	// second entry there is a repeated path).
+	fixed, existing map[string]bool
+	chown           bool
+	started         bool
+	stack           []dirState
+	stats           runtime.ArchiveStats
+	buf             []byte
+	zero            []byte
 }
 
 func extractWith(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, ids IDMap, existing map[string]bool) (runtime.ArchiveStats, error) {
@@ -109,6 +112,7 @@ func extractWith(ctx context.Context, r io.Reader, root *os.File, limits runtime
 		rootfd:    rootfd,
 		limits:    limits,
 		ids:       ids,
+		fixed:     maps.Clone(existing),
 		existing:  existing,
 		chown:     os.Geteuid() == 0,
 		buf:       make([]byte, copyBufSize),
@@ -208,19 +212,34 @@ func notDir(name, what string) error {
 	return fmt.Errorf("%w: entry %q: %s where a directory is needed (a sub_path mount's)", ErrNotDir, clip(name), what)
 }
 
+// CheckExisting checks ExtractOptions.Existing as ExtractWith does, before anything is
+// opened: at most MaxExisting paths, each clean, relative, not the root ("."), at most
+// MaxPath bytes, components at most MaxName. The error wraps ErrBadOptions.
+func CheckExisting(dirs []string) error {
+	if len(dirs) > MaxExisting {
+		return fmt.Errorf("%w: more than %d existing directories", ErrBadOptions, MaxExisting)
+	}
+	for _, d := range dirs {
+		if d == "." {
+			return fmt.Errorf("%w: existing directory %q: the root itself", ErrBadOptions, d)
+		}
+		if err := checkPath(d); err != nil {
+			return fmt.Errorf("%w: existing directory %q: %w", ErrBadOptions, clip(d), err)
+		}
+	}
+	return nil
+}
+
 // existingSet is ExtractOptions.Existing with every parent, checked.
 func existingSet(dirs []string) (map[string]bool, error) {
+	if err := CheckExisting(dirs); err != nil {
+		return nil, err
+	}
 	if len(dirs) == 0 {
 		return nil, nil
 	}
-	if len(dirs) > maxExisting {
-		return nil, fmt.Errorf("fsarchive: more than %d existing directories", maxExisting)
-	}
 	set := map[string]bool{}
 	for _, d := range dirs {
-		if err := checkPath(d); err != nil {
-			return nil, fmt.Errorf("fsarchive: existing directory %q: %w", clip(d), err)
-		}
 		for p := d; p != "." && p != ""; p = path.Dir(p) {
 			set[p] = true
 		}
@@ -462,6 +481,15 @@ func (ex *extractor) place(name string, hdr *tar.Header, xs []xattr) error {
 	if err != nil {
 		return err
 	}
+	// A sub_path directory (or one on the way) must stay a directory, whether its maker
+	// made it or not: a file or symlink there is refused before anything is made.
+	if hdr.Typeflag != tar.TypeDir && ex.fixed[name] {
+		what := "a symlink"
+		if hdr.Typeflag == tar.TypeReg {
+			what = "a regular file"
+		}
+		return notDir(hdr.Name, what)
+	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		return ex.dir(pfd, base, name, hdr, xs)
@@ -601,9 +629,6 @@ func (ex *extractor) file(pfd int, base string, hdr *tar.Header, xs []xattr) err
 	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			if ex.existing[path.Join(ex.stack[len(ex.stack)-1].name, base)] {
-				return notDir(hdr.Name, "a regular file")
-			}
 			return invalid(hdr.Name, "repeated path")
 		}
 		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)
@@ -656,9 +681,6 @@ func (ex *extractor) symlink(pfd int, base string, hdr *tar.Header, xs []xattr) 
 	}
 	if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			if ex.existing[path.Join(ex.stack[len(ex.stack)-1].name, base)] {
-				return notDir(hdr.Name, "a symlink")
-			}
 			return invalid(hdr.Name, "repeated path")
 		}
 		return fmt.Errorf("fsarchive: %q: %w", hdr.Name, err)

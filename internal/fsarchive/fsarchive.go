@@ -51,6 +51,9 @@ var (
 	ErrNotDir = errors.New("snapshot archive holds a non-directory where a directory is needed")
 	// ErrNotEmpty (ExtractWith): root holds something besides ExtractOptions.Existing.
 	ErrNotEmpty = errors.New("extraction root is not empty")
+	// ErrBadOptions (ExtractWith, CheckExisting): the options are not valid; nothing was
+	// opened or changed.
+	ErrBadOptions = errors.New("invalid extraction options")
 )
 
 // Bounds of the format, shared by Write (which fails rather than write more) and Extract
@@ -175,17 +178,19 @@ type ExtractOptions struct {
 	// sandbox-written content is there (the kubelet's sub_path directories of a
 	// Kubernetes volume, made when it creates a container, which mounts that very
 	// directory). root must hold nothing else: every entry in it must be one of them (or
-	// a parent of one) and a directory, not a symlink, else ErrNotEmpty. The archive's
+	// a parent of one) and a directory, not a symlink, else ErrNotEmpty. Whether or not such
+	// a directory was made, the archive may hold only a directory at its path. The archive's
 	// directory at such a path fills the existing one (its owner, xattrs, mode and mtime
 	// applied as to a directory Extract made); a file or symlink of the archive there is
 	// refused with ErrNotDir (the directory stays: what is mounted on it never shows the
 	// archive's symlink). Everything else is as Extract: a repeated path, one leaving the
-	// root, a symlink on the way, are refused as there. At most maxExisting paths.
+	// root, a symlink on the way, are refused as there. At most MaxExisting paths (CheckExisting).
 	Existing []string
 }
 
-// maxExisting bounds ExtractOptions.Existing.
-const maxExisting = 256
+// MaxExisting bounds ExtractOptions.Existing (and the agent's ExtractPathRequest.sub_dirs,
+// and the sub_paths of one volume a Kubernetes runner fills: one limit).
+const MaxExisting = 64
 
 // ExtractWith is Extract with options: directories root may already hold.
 func ExtractWith(ctx context.Context, r io.Reader, root *os.File, limits runtime.ArchiveLimits, opts ExtractOptions) (runtime.ArchiveStats, error) {

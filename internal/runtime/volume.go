@@ -175,10 +175,27 @@ func ValidateVolumes(vols []Volume, mounts []VolumeMount) error {
 	return nil
 }
 
-// CheckSubPath accepts "" and clean relative paths that stay inside the volume.
+// Bounds of a sub_path, shared by every backend (Linux's PATH_MAX and NAME_MAX: a longer
+// one could never be made, and a Kubernetes runner's fill checks its sub_dirs by the same
+// bounds, fsarchive.MaxPath and MaxName).
+const (
+	MaxSubPath     = 4096
+	MaxSubPathName = 255
+)
+
+// CheckSubPath accepts "" and clean relative paths that stay inside the volume, at most
+// MaxSubPath bytes, each component at most MaxSubPathName.
 func CheckSubPath(s string) error {
+	if len(s) > MaxSubPath {
+		return fmt.Errorf("sub_path is %d bytes, at most %d", len(s), MaxSubPath)
+	}
 	if s != "" && (path.IsAbs(s) || path.Clean(s) != s || s == ".." || strings.HasPrefix(s, "../") || strings.ContainsRune(s, 0)) {
 		return fmt.Errorf("sub_path %q must be a clean relative path inside the volume", s)
+	}
+	for c := range strings.SplitSeq(s, "/") {
+		if len(c) > MaxSubPathName {
+			return fmt.Errorf("sub_path has a component of %d bytes, at most %d", len(c), MaxSubPathName)
+		}
 	}
 	return nil
 }

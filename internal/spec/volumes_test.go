@@ -40,6 +40,10 @@ func TestScratchVolumeConversion(t *testing.T) {
 		{"undeclared volume", nil, []*sandboxv1.VolumeMount{mount("nope", "/x")}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].volume"},
 		{"reserved path", []*sandboxv1.SandboxVolume{{Name: "v"}}, []*sandboxv1.VolumeMount{mount("v", "/proc")}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].mount_path"},
 		{"escaping sub_path", []*sandboxv1.SandboxVolume{{Name: "v"}}, []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/v", SubPath: "../../etc"}}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].sub_path"},
+		{"sub_path over 4096 bytes", []*sandboxv1.SandboxVolume{{Name: "v"}}, []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/v", SubPath: strings.Repeat("a/", 2048) + "a"}}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].sub_path"},
+		{"sub_path component over 255 bytes", []*sandboxv1.SandboxVolume{{Name: "v"}}, []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/v", SubPath: "a/" + strings.Repeat("n", 256)}}, nil, connect.CodeInvalidArgument, c0 + ".volume_mounts[0].sub_path"},
+		{"sub_path at the bounds", []*sandboxv1.SandboxVolume{{Name: "v"}}, []*sandboxv1.VolumeMount{{Volume: "v", MountPath: "/v", SubPath: strings.Repeat(strings.Repeat("n", 255)+"/", 15) + strings.Repeat("n", 255)}},
+			[]runtime.Volume{{Name: "v"}}, 0, ""},
 		{"persistent volumes are not supported yet", []*sandboxv1.SandboxVolume{{Name: "p", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "vol-1"}}}, nil, nil, connect.CodeUnimplemented, "volume_id"},
 		{"snapshots are not supported yet", []*sandboxv1.SandboxVolume{{Name: "s", Source: &sandboxv1.SandboxVolume_Scratch{Scratch: &sandboxv1.ScratchVolume{RestoreFromSnapshotId: "snap"}}}}, nil, nil, connect.CodeUnimplemented, "snapshots"},
 	} {

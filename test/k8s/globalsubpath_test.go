@@ -247,3 +247,73 @@ func TestGlobalVolumeSubPathSymlinkAttack(t *testing.T) {
 		t.Errorf("the host's canary dir holds %d entries, want 1 (host-secret)", len(ents))
 	}
 }
+
+// TestGlobalVolumeWorkingDirBelowMount: runc makes a container's working directory and a
+// nested mount point below a GLOBAL mount in the (empty) copy when it creates the
+// container; the runner waits for that container and fills those directories in place
+// (docs/volumes.md): a writer with working_dir /data/wd/deeper (missing from the volume)
+// and a scratch volume nested at /data/dir/scratch runs in that directory, sees the
+// generation's content, and its commit holds its file. Below a read-only mount runc
+// cannot make them: a reader with working_dir below its mount is refused naming the
+// field, never left to fail in the container runtime.
+func TestGlobalVolumeWorkingDirBelowMount(t *testing.T) {
+	e := newGlobalEnv(t)
+	ctx := context.Background()
+	e.putGeneration(t, 1, func(root string) error {
+		if err := os.MkdirAll(filepath.Join(root, "dir"), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(root, "dir", "hello.txt"), []byte("in dir\n"), 0o644)
+	})
+	create := func(wd string, ro bool, script string) (string, error) {
+		res, err := e.api.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
+			Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", script}, WorkingDir: wd,
+				VolumeMounts: []*sandboxv1.VolumeMount{{Volume: "data", MountPath: "/data", ReadOnly: ro}, {Volume: "s", MountPath: "/data/dir/scratch"}}}},
+			Volumes: []*sandboxv1.SandboxVolume{{Name: "data", Source: &sandboxv1.SandboxVolume_VolumeId{VolumeId: "shared"}}, {Name: "s"}},
+		}}}))
+		if err != nil {
+			return "", err
+		}
+		id := res.Msg.GetSandboxId()
+		t.Cleanup(func() {
+			_, _ = e.api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
+		})
+		return id, nil
+	}
+	t0 := time.Now()
+	w, err := create("/data/wd/deeper", false, `pwd > out.txt && cat /data/dir/hello.txt >> out.txt && ls -A /data/dir >> out.txt`)
+	if err != nil {
+		t.Fatalf("a writer with its working_dir below the GLOBAL mount: %v", err)
+	}
+	gwWait(t, e.api, w, sandboxv1.State_STATE_COMPLETED)
+	t.Logf("writer with working_dir and a nested mount below the copy: create to COMPLETED in %s", time.Since(t0).Round(time.Millisecond))
+	m2 := e.waitGeneration(t, 2)
+	if got := e.generationFiles(t, m2, "wd/deeper/out.txt", "dir/hello.txt"); got["wd/deeper/out.txt"] != "/data/wd/deeper\nin dir\nhello.txt\nscratch\n" || got["dir/hello.txt"] != "in dir\n" {
+		t.Errorf("generation 2: %v; want the writer's out.txt in its working directory, dir kept", got)
+	}
+
+	// A reader (read-only) with its working_dir below the mount: refused, naming it.
+	id, err := create("/data/dir", true, `true`)
+	if err != nil {
+		if !strings.Contains(err.Error(), "working_dir") || !strings.Contains(err.Error(), "read-only") {
+			t.Errorf("reader with working_dir below its read-only mount: refused for another reason: %v", err)
+		}
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		res, err := e.api.GetSandbox(ctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := res.Msg.GetStatus()
+		if st.GetState() == sandboxv1.State_STATE_FAILED {
+			if !strings.Contains(st.GetStateReason(), "working_dir") || !strings.Contains(st.GetStateReason(), "read-only") {
+				t.Errorf("reader with working_dir below its read-only mount failed for another reason: %s", st.GetStateReason())
+			}
+			return
+		}
+		if st.GetState() != sandboxv1.State_STATE_CREATING && st.GetState() != sandboxv1.State_STATE_PENDING || time.Now().After(deadline) {
+			t.Fatalf("reader with working_dir below its read-only mount: %v, want FAILED naming working_dir", st)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -20,14 +22,23 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// standbyAgent is a primary agent in standby: it answers Status (and counts the calls).
+// standbyAgent is an agent in standby: it answers Status (and counts the calls), once
+// hold (if any) is closed: until then its container is "not created yet".
 type standbyAgent struct {
 	stopAgent
 	statuses atomic.Int32
+	hold     chan struct{}
 }
 
-func (a *standbyAgent) Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
+func (a *standbyAgent) Status(ctx context.Context, _ *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
 	a.statuses.Add(1)
+	if a.hold != nil {
+		select {
+		case <-a.hold:
+		case <-ctx.Done():
+			return nil, connect.NewError(connect.CodeUnavailable, ctx.Err())
+		}
+	}
 	return connect.NewResponse(&agentv1.StatusResponse{State: agentv1.MainState_MAIN_STATE_STANDBY}), nil
 }
 
@@ -75,8 +86,9 @@ func ino(t *testing.T, p string) uint64 {
 func TestGlobalVolumeSubPathFill(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	primary := &standbyAgent{stopAgent: stopAgent{called: make(chan struct{})}}
-	b, s, dir := behindGateWithFiller(t, ctx, primary)
+	primary := &standbyAgent{stopAgent: stopAgent{called: make(chan struct{})}, hold: make(chan struct{})}
+	side := &standbyAgent{stopAgent: stopAgent{called: make(chan struct{})}, hold: make(chan struct{})}
+	b, s, dir := behindGateWithFiller(t, ctx, primary, sidecarAgent{name: "side", handler: side})
 	if b.Support().NoGlobalVolumeSubPaths {
 		t.Error("Support: NoGlobalVolumeSubPaths, want sub_path mounts of GLOBAL volumes taken")
 	}
@@ -91,13 +103,16 @@ func TestGlobalVolumeSubPathFill(t *testing.T) {
 		}
 		return d
 	}
-	// The writer mounts sub_path "data" read-write at /data and "data/ro/x" read-only.
+	// The writer mounts sub_path "data" read-write at /data and "data/ro/x" read-only; the
+	// sidecar "side" sub_path "side" read-only.
 	setSpec := func(digest string) []restore {
 		t.Helper()
 		spec := writerSpec(digest)
 		spec.ID = "x"
 		spec.Container.VolumeMounts[1].SubPath = "data"
 		spec.Container.VolumeMounts = append(spec.Container.VolumeMounts, runtime.VolumeMount{Volume: "g", Path: "/ro", ReadOnly: true, SubPath: "data/ro/x"})
+		spec.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sh",
+			VolumeMounts: []runtime.VolumeMount{{Volume: "g", Path: "/side", ReadOnly: true, SubPath: "side"}}}}
 		if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +130,7 @@ func TestGlobalVolumeSubPathFill(t *testing.T) {
 	kubelet := func(name string) string {
 		t.Helper()
 		copyDir := filepath.Join(dir, name)
-		for _, sub := range []string{"data", "data/ro/x"} {
+		for _, sub := range []string{"data", "data/ro/x", "side"} {
 			if err := os.MkdirAll(filepath.Join(copyDir, sub), 0o777); err != nil {
 				t.Fatal(err)
 			}
@@ -130,8 +145,8 @@ func TestGlobalVolumeSubPathFill(t *testing.T) {
 		must(t, os.WriteFile(filepath.Join(root, "top.txt"), []byte("outside it"), 0o644))
 	}))
 	plan := setSpec(good)
-	if r := plan[0]; r.container != containerFiller || !slices.Equal(r.subDirs, []string{"data", "data/ro/x"}) || !slices.Equal(r.waitFor, []string{""}) {
-		t.Errorf("plan %+v: want the filler, sub_dirs data and data/ro/x, after the primary", r)
+	if r := plan[0]; r.container != containerFiller || !slices.Equal(r.subDirs, []string{"data", "data/ro/x", "side"}) || !slices.Equal(r.waitFor, []string{"", "side"}) {
+		t.Errorf("plan %+v: want the filler, sub_dirs data, data/ro/x and side, after the primary and the sidecar", r)
 	}
 	sc, _ := securityFor(nil, "")
 	pod := b.podFor(&s.spec, "", b.labels(&s.spec), nil, sc)
@@ -151,11 +166,36 @@ func TestGlobalVolumeSubPathFill(t *testing.T) {
 	goodCopy := copyDir
 	before := ino(t, filepath.Join(copyDir, "data"))
 	plan[0].path = copyDir
-	if err := b.runRestores(ctx, s, plan); err != nil {
-		t.Fatalf("fill with sub_path mounts: %v", err)
+	filled := make(chan error, 1)
+	go func() { filled <- b.runRestores(ctx, s, plan) }()
+	// Not filled while a container mounting a sub_path has not answered (its directory
+	// may not be made yet): first the primary, then the sidecar.
+	untouched := func(what string) {
+		t.Helper()
+		time.Sleep(300 * time.Millisecond)
+		select {
+		case err := <-filled:
+			t.Fatalf("the fill ended (%v) before %s answered", err, what)
+		default:
+		}
+		if _, err := os.Lstat(filepath.Join(copyDir, "top.txt")); err == nil {
+			t.Fatalf("the copy was filled before %s answered", what)
+		}
 	}
-	if primary.statuses.Load() == 0 {
-		t.Error("the fill did not wait for the primary (which mounts a sub_path)")
+	for deadline := time.Now().Add(10 * time.Second); primary.statuses.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the primary was never asked")
+		}
+	}
+	untouched("the primary")
+	close(primary.hold)
+	untouched("the sidecar")
+	if side.statuses.Load() == 0 {
+		t.Error("the sidecar (which mounts a sub_path) was not asked")
+	}
+	close(side.hold)
+	if err := <-filled; err != nil {
+		t.Fatalf("fill with sub_path mounts: %v", err)
 	}
 	if after := ino(t, filepath.Join(copyDir, "data")); after != before {
 		t.Errorf("data is another directory after the fill (inode %d, was %d): the mount would not show it", after, before)
@@ -206,11 +246,18 @@ func TestGlobalVolumeSubPathFill(t *testing.T) {
 	copyDir = kubelet("copy-planted")
 	must(t, os.WriteFile(filepath.Join(copyDir, "data", "planted"), nil, 0o644))
 	plan[0].path = copyDir
-	if err := b.runRestores(ctx, s, plan); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "not empty") {
-		t.Errorf("a copy not empty before the fill: %v", err)
+	// Not the spec's fault (an older agent ignoring sub_dirs says the same): an internal
+	// error naming what was found and hinting at the agent image.
+	if err := b.runRestores(ctx, s, plan); err == nil || errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "not empty") ||
+		!strings.Contains(err.Error(), "data/planted") || !strings.Contains(err.Error(), "agent image older") {
+		t.Errorf("a copy not empty before the fill: %v, want an internal error naming data/planted and the agent image", err)
 	}
 
-	// The writer's commit: the whole copy through the filler, checked as any Pod archive.
+	// The writer's commit: the whole copy through the filler, checked as any Pod archive
+	// (the Pod's workload here: the primary alone).
+	b.mu.Lock()
+	s.spec.Sidecars = nil
+	b.mu.Unlock()
 	b.observe(writerPod(true, `{"state":"MAIN_STATE_COMPLETED","exit_code":0}`), false)
 	c, err := b.CaptureVolume(ctx, "x", "g")
 	if err != nil {
@@ -250,5 +297,141 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSubPathsMadeByRuntime: the directories the kubelet and the container runtime make
+// in a GLOBAL copy when they create a container (subPaths): each mount's sub_path, a
+// working directory below a mount of the volume, and a nested mount point below one,
+// as paths inside the copy (the mount's sub_path joined); the containers making them
+// are waited for. A path whose deepest mount is another volume's is not the copy's.
+func TestSubPathsMadeByRuntime(t *testing.T) {
+	g := func(p, sub string) runtime.VolumeMount {
+		return runtime.VolumeMount{Volume: "g", Path: p, SubPath: sub}
+	}
+	sc := func(p string) runtime.VolumeMount { return runtime.VolumeMount{Volume: "s", Path: p} }
+	for _, tc := range []struct {
+		name          string
+		primary       runtime.Container
+		sidecars      []runtime.Container
+		dirs, waitFor []string
+	}{
+		{"root mount, nothing below", runtime.Container{WorkingDir: "/w", VolumeMounts: []runtime.VolumeMount{g("/data", "")}}, nil, nil, nil},
+		{"working directory below a root mount", runtime.Container{WorkingDir: "/data/work/x", VolumeMounts: []runtime.VolumeMount{g("/data", "")}}, nil,
+			[]string{"work/x"}, []string{""}},
+		{"working directory at the mount", runtime.Container{WorkingDir: "/data", VolumeMounts: []runtime.VolumeMount{g("/data", "")}}, nil, nil, nil},
+		{"working directory below a sub_path mount", runtime.Container{WorkingDir: "/data/w", VolumeMounts: []runtime.VolumeMount{g("/data", "s/t")}}, nil,
+			[]string{"s/t", "s/t/w"}, []string{""}},
+		{"working directory below a '.' mount", runtime.Container{WorkingDir: "/d/w", VolumeMounts: []runtime.VolumeMount{g("/d", ".")}}, nil,
+			[]string{"w"}, []string{""}},
+		{"nested mount of another volume", runtime.Container{WorkingDir: "/data/cache/x", VolumeMounts: []runtime.VolumeMount{g("/data", "s"), sc("/data/cache")}}, nil,
+			[]string{"s", "s/cache"}, []string{""}},
+		{"nested mount of the volume", runtime.Container{VolumeMounts: []runtime.VolumeMount{g("/data", ""), g("/data/a/b", "elsewhere")}}, nil,
+			[]string{"elsewhere", "a/b"}, []string{""}},
+		{"another volume's mount holds the volume's", runtime.Container{WorkingDir: "/x/y/z", VolumeMounts: []runtime.VolumeMount{sc("/x"), g("/x/y", "")}}, nil,
+			[]string{"z"}, []string{""}},
+		{"relative working directory ignored", runtime.Container{WorkingDir: "data/w", VolumeMounts: []runtime.VolumeMount{g("/data", "")}}, nil, nil, nil},
+		{"a sidecar's", runtime.Container{VolumeMounts: []runtime.VolumeMount{g("/data", "")}},
+			[]runtime.Container{{Name: "side", WorkingDir: "/g/w", VolumeMounts: []runtime.VolumeMount{g("/g", "")}}, {Name: "other", VolumeMounts: []runtime.VolumeMount{g("/g", "")}}},
+			[]string{"w"}, []string{"side"}},
+	} {
+		spec := &runtime.Spec{Container: tc.primary, Sidecars: tc.sidecars}
+		dirs, waitFor, err := subPaths(spec, "g")
+		if err != nil || !slices.Equal(dirs, tc.dirs) || !slices.Equal(waitFor, tc.waitFor) {
+			t.Errorf("%s: dirs %q wait for %q (%v), want %q and %q", tc.name, dirs, waitFor, err, tc.dirs, tc.waitFor)
+		}
+	}
+	// Below a read-only mount the runtime cannot make them (EROFS): refused, naming the
+	// container and the field; a read-only sub_path mount alone is the kubelet's, taken.
+	ro := func(p, sub string) runtime.VolumeMount { m := g(p, sub); m.ReadOnly = true; return m }
+	for name, c := range map[string]runtime.Container{
+		"working_dir":                {Name: "app", WorkingDir: "/data/w", VolumeMounts: []runtime.VolumeMount{ro("/data", "s")}},
+		"volume_mounts[].mount_path": {Name: "app", VolumeMounts: []runtime.VolumeMount{ro("/data", ""), sc("/data/cache")}},
+	} {
+		_, _, err := subPaths(&runtime.Spec{Container: c}, "g")
+		if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "app") || !strings.Contains(err.Error(), "read-only") {
+			t.Errorf("below a read-only mount, %s: %v, want ErrInvalidSpec naming the container and the field", name, err)
+		}
+	}
+	if dirs, _, err := subPaths(&runtime.Spec{Container: runtime.Container{WorkingDir: "/data", VolumeMounts: []runtime.VolumeMount{ro("/data", "s"), ro("/other", "t")}}}, "g"); err != nil || !slices.Equal(dirs, []string{"s", "t"}) {
+		t.Errorf("read-only sub_path mounts: %q, %v", dirs, err)
+	}
+
+	// More than fsarchive.MaxExisting of them for one volume: refused before the Pod.
+	b := snapBackend(t, 0)
+	d := prepareEmpty(t, b)
+	spec := globalSpec(d)
+	for i := range fsarchive.MaxExisting {
+		spec.Container.VolumeMounts = append(spec.Container.VolumeMounts, runtime.VolumeMount{Volume: "g", Path: fmt.Sprintf("/m%d", i), ReadOnly: true, SubPath: fmt.Sprintf("d%d", i)})
+	}
+	if plan, rel, err := b.planRestores(spec); err != nil || len(plan) != 1 || len(plan[0].subDirs) != fsarchive.MaxExisting {
+		t.Errorf("%d sub_dirs: %v, %v", fsarchive.MaxExisting, plan, err)
+	} else {
+		rel()
+	}
+	spec.Container.VolumeMounts = append(spec.Container.VolumeMounts, runtime.VolumeMount{Volume: "g", Path: "/one-more", ReadOnly: true, SubPath: "one-more"})
+	if _, rel, err := b.planRestores(spec); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "working_dir") || !strings.Contains(err.Error(), `"g"`) ||
+		!strings.Contains(err.Error(), "at most 64") {
+		t.Errorf("%d sub_dirs: %v, want ErrInvalidSpec naming the volume and the fields", fsarchive.MaxExisting+1, err)
+	} else {
+		rel()
+	}
+}
+
+// prepareEmpty caches an empty volume's archive in b and returns its digest.
+func prepareEmpty(t *testing.T, b *Backend) string {
+	t.Helper()
+	data := archiveOf(t, func(string) {})
+	d := digestOfBytes(data)
+	open := func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }
+	if err := b.PrepareSnapshot(context.Background(), d, runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 100}, open); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestGlobalVolumeSubPathWaitDeadline: the wait before the fill (the filler, then every
+// container making directories in the copy) has one StartTimeout for all of them, not one
+// each: a sidecar answering after it is a start failure even though each container
+// answered within StartTimeout of the previous one.
+func TestGlobalVolumeSubPathWaitDeadline(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	primary := &standbyAgent{stopAgent: stopAgent{called: make(chan struct{})}, hold: make(chan struct{})}
+	side := &standbyAgent{stopAgent: stopAgent{called: make(chan struct{})}, hold: make(chan struct{})}
+	b, s, dir := behindGateWithFiller(t, ctx, primary, sidecarAgent{name: "side", handler: side})
+	data := archiveOf(t, func(root string) { must(t, os.WriteFile(filepath.Join(root, "f"), nil, 0o644)) })
+	d := digestOfBytes(data)
+	open := func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }
+	if err := b.PrepareSnapshot(ctx, d, runtime.ArchiveLimits{MaxBytes: 1 << 20, MaxFiles: 100}, open); err != nil {
+		t.Fatal(err)
+	}
+	spec := writerSpec(d)
+	spec.ID = "x"
+	spec.Container.VolumeMounts[1].SubPath = "data"
+	spec.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sh",
+		VolumeMounts: []runtime.VolumeMount{{Volume: "g", Path: "/side", ReadOnly: true, SubPath: "side"}}}}
+	b.mu.Lock()
+	s.spec = *spec
+	b.mu.Unlock()
+	plan, rel, err := b.planRestores(spec)
+	defer rel()
+	if err != nil || len(plan) != 1 || !slices.Equal(plan[0].waitFor, []string{"", "side"}) {
+		t.Fatalf("plan %+v, %v", plan, err)
+	}
+	plan[0].path = filepath.Join(dir, "copy")
+	for _, sub := range []string{"data", "side"} {
+		must(t, os.MkdirAll(filepath.Join(plan[0].path, sub), 0o777))
+	}
+	b.cfg.StartTimeout = time.Second
+	time.AfterFunc(700*time.Millisecond, func() { close(primary.hold) })
+	time.AfterFunc(1300*time.Millisecond, func() { close(side.hold) })
+	start := time.Now()
+	err = b.runRestores(ctx, s, plan)
+	if err == nil || !strings.Contains(err.Error(), "did not all answer within 1s") {
+		t.Fatalf("a sidecar answering %s after the wait began: %v, want the one deadline's error", time.Since(start), err)
+	}
+	if _, serr := os.Lstat(filepath.Join(plan[0].path, "f")); serr == nil {
+		t.Error("filled anyway")
 	}
 }

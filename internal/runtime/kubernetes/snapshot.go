@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -20,6 +21,7 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fsarchive"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -431,37 +433,94 @@ type restore struct {
 	subDirs, waitFor []string
 }
 
-// subPaths are the sub_paths the workload's containers mount of volume (each once) and
-// the runtime names of those containers ("" the primary). The kubelet makes a mount's
-// sub-directory (and its parents: doSafeMakeDir, following no symlink, mode that of the
-// volume's root, 0777 for an emptyDir) and bind-mounts that directory when it creates the
-// container. A GLOBAL copy is filled by the filler once every one of these containers is
-// created (its agent answers), so the kubelet makes them in the empty copy, never in
-// sandbox-written content; the fill then fills those directories in place (the mounts
-// show them) and refuses an archive with a file or symlink there (ExtractPathRequest
-// sub_dirs, fsarchive.ExtractOptions.Existing). Init containers mounting a restored
-// volume are refused (planRestores).
-func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string) {
+// subPaths are the directories that exist in volume's (a GLOBAL copy's) empty copy once
+// the workload's containers are created, each once, and the runtime names of the
+// containers making them ("" the primary): the fill must wait for those containers and
+// fill those directories in place (ExtractPathRequest sub_dirs,
+// fsarchive.ExtractOptions.Existing), refusing an archive with a file or symlink there.
+//
+//   - A mount's sub_path: the kubelet makes that directory (and its parents:
+//     doSafeMakeDir, following no symlink, mode that of the volume's root, 0777 for an
+//     emptyDir) and bind-mounts it when it creates the container.
+//   - A container's working directory below a mount of the volume, and a mount point of
+//     another mount nested below one (the deepest mount holding the path is of the
+//     volume): the container runtime (runc) makes them, root 0755, when it creates the
+//     container, in the mounted directory of the copy. Each is the path inside the copy:
+//     the mount's sub_path joined with the path below its mount path.
+//
+// So the copy is filled once every one of these containers is created (its agent
+// answers), and the kubelet and runtime make them in the empty copy, never in
+// sandbox-written content. Init containers mounting a restored volume are refused
+// (planRestores). A working directory an image sets (not the spec) is not seen here.
+//
+// The runtime cannot make a directory through a read-only mount (it mounts, remounts
+// read-only, then makes the working directory and the nested mount points: EROFS), and
+// the copy is still empty then: a working directory or nested mount point below a
+// read-only mount of the copy is refused (ErrInvalidSpec naming the field), where a local
+// runner takes it if the volume holds the directory.
+func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err error) {
+	add := func(d string) bool {
+		if d == "" || d == "." {
+			return false
+		}
+		if !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+		return true
+	}
 	for _, c := range spec.Containers() {
 		name := c.ContainerName()
 		if c == &spec.Container {
 			name = ""
 		}
-		mounts := false
+		made := false
 		for _, m := range c.VolumeMounts {
-			if m.Volume != volume || m.SubPath == "" || m.SubPath == "." {
-				continue
-			}
-			mounts = true
-			if !slices.Contains(dirs, m.SubPath) {
-				dirs = append(dirs, m.SubPath)
+			if m.Volume == volume && add(m.SubPath) {
+				made = true
 			}
 		}
-		if mounts {
+		// below: p's path inside the copy when the deepest of c's mounts holding p
+		// (strictly, or p itself too when self) is of volume; field names p for a refusal.
+		below := func(p string, self bool, field string) string {
+			if !path.IsAbs(p) || err != nil {
+				return ""
+			}
+			p = path.Clean(p)
+			var owner *runtime.VolumeMount
+			for i := range c.VolumeMounts {
+				m := &c.VolumeMounts[i]
+				if (p == m.Path && self) || strings.HasPrefix(p, m.Path+"/") {
+					if owner == nil || len(m.Path) > len(owner.Path) {
+						owner = m
+					}
+				}
+			}
+			if owner == nil || owner.Volume != volume || p == owner.Path {
+				return ""
+			}
+			if owner.ReadOnly {
+				err = fmt.Errorf("%w: container %s: %s %s is below the read-only mount at %s of GLOBAL volume %q: on Kubernetes the container runtime must make it in the copy before the copy is filled, and cannot through a read-only mount (mount the volume read-write, or use a path outside the mount)",
+					runtime.ErrInvalidSpec, c.ContainerName(), field, p, owner.Path, volume)
+				return ""
+			}
+			return path.Join(owner.SubPath, p[len(owner.Path)+1:]) // "" and "." are the root
+		}
+		if add(below(c.WorkingDir, true, "working_dir")) {
+			made = true
+		}
+		for _, m := range c.VolumeMounts {
+			if add(below(m.Path, false, "the mount point (volume_mounts[].mount_path)")) {
+				made = true
+			}
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if made {
 			containers = append(containers, name)
 		}
 	}
-	return dirs, containers
+	return dirs, containers, nil
 }
 
 // planRestores checks spec's restored volumes before anything is made: each has its
@@ -506,7 +565,17 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 		}
 		r := restore{volume: v.Name, digest: v.RestoreDigest, container: container, path: path, limits: limits}
 		if filled(&v) {
-			r.subDirs, r.waitFor = subPaths(spec, v.Name)
+			if r.subDirs, r.waitFor, err = subPaths(spec, v.Name); err != nil {
+				return nil, release, err
+			}
+			if len(r.subDirs) > fsarchive.MaxExisting {
+				return nil, release, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
+					runtime.ErrInvalidSpec, v.Name, len(r.subDirs), fsarchive.MaxExisting)
+			}
+			if err := fsarchive.CheckExisting(r.subDirs); err != nil {
+				return nil, release, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path): %w",
+					runtime.ErrInvalidSpec, v.Name, err)
+			}
 		}
 		plan = append(plan, r)
 	}
@@ -551,15 +620,8 @@ func (b *Backend) runRestores(ctx context.Context, s *sandbox, plan []restore) e
 		}
 	}
 	for _, r := range plan {
-		if err := b.waitAgent(ctx, s, r.container); err != nil {
+		if err := b.waitFill(ctx, s, r); err != nil {
 			return fmt.Errorf("restore volume %q: %w", r.volume, err)
-		}
-		// The containers mounting a sub_path of the copy are created (the kubelet made
-		// their sub-directories in the empty copy) before it is filled (subPaths).
-		for _, name := range r.waitFor {
-			if err := b.waitAgent(ctx, s, name); err != nil {
-				return fmt.Errorf("restore volume %q: %w", r.volume, err)
-			}
 		}
 		start := time.Now()
 		stats, err := b.extract(ctx, s.id, r)
@@ -569,6 +631,23 @@ func (b *Backend) runRestores(ctx context.Context, s *sandbox, plan []restore) e
 		b.log.Debug("volume restored", "sandbox", s.id, "volume", r.volume, "files", stats.GetFiles(), "bytes", stats.GetBytes(), "took", time.Since(start))
 	}
 	return b.endFiller(ctx, s)
+}
+
+// waitFill waits, within one StartTimeout for all of them, for r's container and for the
+// containers making directories in the copy (r.waitFor: the kubelet and the runtime made
+// them in the empty copy once their agents answer, subPaths).
+func (b *Backend) waitFill(ctx context.Context, s *sandbox, r restore) error {
+	wctx, cancel := context.WithTimeout(ctx, b.cfg.StartTimeout)
+	defer cancel()
+	for _, name := range append([]string{r.container}, r.waitFor...) {
+		if err := b.waitAgent(wctx, s, name); err != nil {
+			if ctx.Err() == nil && wctx.Err() != nil {
+				return fmt.Errorf("the containers the fill waits for did not all answer within %s: %w", b.cfg.StartTimeout, err)
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.ArchiveStats, error) {
@@ -610,11 +689,18 @@ func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.A
 		return nil, fmt.Errorf("%w: %w", fsarchive.ErrTooLarge, err)
 	case connect.CodeOf(err) == connect.CodeInvalidArgument:
 		return nil, fmt.Errorf("%w: %w", fsarchive.ErrInvalid, err)
+	case apierr.Reason(err) == apierr.VolumeSubPathNotDirectory:
+		// A sub_path (working directory, nested mount point) the volume's content makes
+		// a file or symlink (fsarchive.ErrNotDir): refused as the local backend refuses
+		// it (ErrInvalidSpec), never mounted through.
+		return nil, fmt.Errorf("%w: volume %q: a sub_path of it (%s) is a symlink or not a directory in the volume: %w",
+			runtime.ErrInvalidSpec, r.volume, clipList(r.subDirs), err)
 	case len(r.subDirs) > 0 && connect.CodeOf(err) == connect.CodeFailedPrecondition:
-		// A sub_path the volume's content makes a file or symlink (fsarchive.ErrNotDir):
-		// refused as the local backend refuses it (ErrInvalidSpec), never mounted through.
-		return nil, fmt.Errorf("%w: volume %q: a sub_path of it (%s) is a symlink or not a directory in the volume, or the copy was not empty before the fill: %w",
-			runtime.ErrInvalidSpec, r.volume, strings.Join(r.subDirs, ", "), err)
+		// Not the spec's fault: the copy held more than the directories made before the
+		// fill (an agent older than the runner ignores sub_dirs and finds them; or the
+		// runtime made another directory there).
+		return nil, fmt.Errorf("volume %q: the copy was not empty before the fill (expected only %s): %w; is the agent image older than the runner (an older agent ignores sub_dirs)?",
+			r.volume, clipList(r.subDirs), err)
 	}
 	return nil, err
 }
@@ -636,4 +722,13 @@ func (b *Backend) heldInStandby(ctx context.Context, s *sandbox, ip string) bool
 	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
 	st, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
 	return err == nil && st.Msg.GetState() == agentv1.MainState_MAIN_STATE_STANDBY
+}
+
+// clipList joins names for an error message, bounded.
+func clipList(names []string) string {
+	s := strings.Join(names, ", ")
+	if len(s) > 512 {
+		s = s[:512] + "..."
+	}
+	return s
 }

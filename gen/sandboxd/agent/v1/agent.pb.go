@@ -384,12 +384,15 @@ type ExtractPathRequest struct {
 	MaxBytes int64                  `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"` // first message only: sum of regular files' sizes; 0 = no limit
 	MaxFiles int64                  `protobuf:"varint,3,opt,name=max_files,json=maxFiles,proto3" json:"max_files,omitempty"` // first message only: entries; 0 = no limit
 	Data     []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`                          // the next bytes of the archive (any message)
-	// first message only: directories (clean relative paths inside path, at most 64, each
-	// at most 4096 bytes) the kubelet may have made before the fill: the sub_path mounts of
-	// the volume (it makes a mount's sub-directory, with its parents, when it creates the
-	// container). path may hold them (directories, no symlinks) and nothing else; the
-	// archive's directory at such a path fills the existing one, and an archive holding a
-	// file or symlink there (or on the way to it) is refused with FAILED_PRECONDITION
+	// first message only: directories (clean relative paths inside path, not ".", at most
+	// 64, each at most 4096 bytes, components at most 255: fsarchive.CheckExisting; else
+	// INVALID_ARGUMENT before anything is opened) the kubelet or the container runtime may
+	// have made before the fill: the sub_path mounts of the volume, working directories and
+	// nested mount points below its mounts (made when the container is created). path may
+	// hold them (directories, no symlinks) and nothing else (else FAILED_PRECONDITION
+	// without a reason, nothing extracted); the archive's directory at such a path fills the
+	// existing one, and an archive holding a file or symlink there (or on the way to it,
+	// made or not) is refused with FAILED_PRECONDITION CWSANDBOX_VOLUME_SUB_PATH_NOT_DIRECTORY
 	// (fsarchive.ErrNotDir): the mount shows the existing directory, never what the
 	// archive put there. Agents older than it ignore it (and refuse a path not empty).
 	SubDirs       []string `protobuf:"bytes,5,rep,name=sub_dirs,json=subDirs,proto3" json:"sub_dirs,omitempty"`
