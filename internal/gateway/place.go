@@ -209,7 +209,10 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		}
 		s.addRegistryCredentials(&cr.Spec, org)
 		s.nameSandbox(&cr)
-		cr.Spec.Meta = c.Result.SetMeta(map[string]string{runtime.MetaOrg: org, runtime.MetaCaller: caller, runtime.MetaPolicyRevision: c.Result.PolicyRevision})
+		cr.Spec.Meta = c.Result.SetMeta(map[string]string{runtime.MetaOrg: org, runtime.MetaCaller: caller, runtime.MetaPolicyRevision: c.Result.PolicyRevision,
+			// The sandbox is indexed under the ID the runner answers with: a runner may
+			// give it a warm sandbox's (runtime.WarmReserver).
+			runtime.MetaAnyID: "true"})
 		// The policy's Pod settings travel with the spec (also over the runner wire); a
 		// remote runner that checks its own policy (runnerapi.Server.WithPolicy) replaces
 		// them with its policy's rather than adding to them.

@@ -296,9 +296,6 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if err := r.checkUnreserved(req.Spec.Network); err != nil {
 		return Sandbox{}, err
 	}
-	if req.Spec.ID == "" {
-		req.Spec.ID = NewID()
-	}
 	for _, c := range req.Spec.AllContainers() {
 		if c.RestartLimit == 0 {
 			c.RestartLimit = runtime.DefaultRestartLimit
@@ -309,6 +306,7 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 			c.Resources.Pids = runtime.DefaultPidsLimit
 		}
 	}
+	r.assignID(&req.Spec) // warm pools (warmid.go)
 	now := time.Now()
 	if req.Spec.Meta == nil {
 		req.Spec.Meta = map[string]string{}

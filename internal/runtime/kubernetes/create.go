@@ -63,6 +63,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if spec.Engine != nil {
 		return runtime.Info{}, fmt.Errorf("%w by the kubernetes backend yet", runtime.ErrEngineUnsupported)
 	}
+	// Warm pool (pool.go): other Creates hold refills back; a reserved warm Pod is claimed.
+	defer b.enterCreate(ctx)()
+	if info, claimed, err := b.claimWarm(ctx, spec); claimed {
+		return info, err
+	}
+	warm := warmLabel(ctx) // a refill's Create: the agent waits in standby, unclaimed
 	for _, c := range spec.AllContainers() {
 		if len(c.SecretEnv) > 0 {
 			// A Pod's env is stored by the API server: secrets from the built-in store
@@ -121,6 +127,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		}
 	}
 	lbls := b.labels(spec)
+	if warm != "" {
+		lbls[LabelWarm] = warm
+	}
 	// Translated before anything is made: a rule NetworkPolicy cannot express refuses
 	// the spec.
 	np, err := b.networkPolicyFor(spec, lbls)
@@ -217,7 +226,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
 		inPod := acfg
-		if holdInStandby(spec, plan) {
+		if holdInStandby(spec, plan) || warm != "" {
 			// Held in standby until the restored volumes are filled (snapshot.go), and a
 			// GLOBAL writer's until its filler's agent answers (also on an empty volume):
 			// the gate's hold and the commit go through that agent.
@@ -336,6 +345,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	info, err := b.waitRunning(ctx, s)
 	if err != nil {
 		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if warm != "" {
+		return info, nil // a warm Pod: its claim starts the main command (pool.go)
 	}
 	if startCfg != nil {
 		// The agent answers in standby: fill the volumes, then start the main command.
