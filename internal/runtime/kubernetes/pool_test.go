@@ -69,9 +69,11 @@ func TestWarmKey(t *testing.T) {
 	}
 	// Shaped per create: not poolable.
 	not := map[string]func(*runtime.Spec){
-		"sidecar":     func(s *runtime.Spec) { s.Sidecars = []runtime.Container{{Name: "b", Image: "busybox:1"}} },
-		"volume":      func(s *runtime.Spec) { s.Volumes = []runtime.Volume{{Name: "v"}} },
-		"secret refs": func(s *runtime.Spec) { s.SecretRefs = []runtime.SecretRef{{EnvVar: "A", Store: "s", Secret: "x", Key: "k"}} },
+		"sidecar": func(s *runtime.Spec) { s.Sidecars = []runtime.Container{{Name: "b", Image: "busybox:1"}} },
+		"volume":  func(s *runtime.Spec) { s.Volumes = []runtime.Volume{{Name: "v"}} },
+		"secret refs": func(s *runtime.Spec) {
+			s.SecretRefs = []runtime.SecretRef{{EnvVar: "A", Store: "s", Secret: "x", Key: "k"}}
+		},
 		"secret env":  func(s *runtime.Spec) { s.SecretEnv = map[string]string{"A": "b"} },
 		"probe":       func(s *runtime.Spec) { s.StartupProbe = &runtime.Probe{Exec: []string{"true"}} },
 		"share token": func(s *runtime.Spec) { s.ShareTokenHash = "h" },
