@@ -85,8 +85,9 @@ func TestWarmPool(t *testing.T) {
 	if sb := waitState(t, s.Runner, id, time.Minute, running); sb.State != runner.StateRunning {
 		t.Fatalf("state %s (%s: %s)", sb.State, sb.Reason, sb.Message)
 	}
+	tRunning := time.Since(t0)
 	first := exec(t, s.Runner, id, "true")
-	t.Logf("warm create → first command: %s (exit %d)", time.Since(t0), first.ExitCode)
+	t.Logf("warm create → RUNNING %s, → first command: %s (exit %d); the claim in the backend: %s", tRunning, time.Since(t0), first.ExitCode, s.Backend.WarmStats().LastClaim)
 	if st := s.Backend.WarmStats(); st.Claims != 1 || st.Fallback != 0 {
 		t.Errorf("warm stats %+v: want 1 claim", st)
 	}

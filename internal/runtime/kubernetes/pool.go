@@ -91,6 +91,8 @@ type WarmStats struct {
 	Refills  int // warm Pods made
 	Failed   int // refills that failed
 	Dropped  int // warm Pods destroyed unclaimed (dead, excess, expired reservation)
+	// LastClaim is how long the last claim took (spec recorded, relabelled, started).
+	LastClaim time.Duration
 }
 
 type warmCtxKey struct{}
@@ -401,7 +403,8 @@ func (p *warmPool) step() {
 	}
 	p.stats.Dropped += len(drop)
 	var start []*warmSet
-	for p.busy == 0 && p.starting < p.refills && !p.closed {
+	// A reservation is a Create on its way: no refill competes with its claim.
+	for p.busy == 0 && len(p.reserved) == 0 && p.starting < p.refills && !p.closed {
 		s := p.pickLocked(now)
 		if s == nil {
 			break
@@ -537,7 +540,6 @@ func (b *Backend) ReserveWarm(spec *runtime.Spec) (string, bool) {
 		}
 		w.reservedAt = p.now()
 		p.reserved[w.id] = w
-		p.kick()
 		return w.id, true
 	}
 	return "", false
@@ -594,10 +596,12 @@ func (b *Backend) claimWarm(ctx context.Context, spec *runtime.Spec) (info runti
 	}
 	key, ok := warmKey(spec)
 	if ok && key == w.key && !w.dead() {
+		t0 := time.Now()
 		info, err = b.claim(ctx, spec, w)
 		if err == nil {
 			p.mu.Lock()
 			p.stats.Claims++
+			p.stats.LastClaim = time.Since(t0)
 			p.mu.Unlock()
 			return info, true, nil
 		}

@@ -179,14 +179,25 @@ func TestWarmRefillBoundedAndHeldBackByCreates(t *testing.T) {
 	if st := b.WarmStats(); f.count() != 3 || st.Want != 3 || st.Ready != 3 {
 		t.Errorf("made %d, stats %+v; want 3", f.count(), st)
 	}
-	// A reservation takes one out of the pool and the pool refills it.
+	// A reservation takes one out of the pool; no refill competes with its Create; once
+	// that Create has run, the pool refills.
 	spec := warmSpec("org-a")
 	spec.Env = map[string]string{"X": "y"}
 	id, ok := b.ReserveWarm(&spec)
 	if !ok || !b.warm.owns(id) {
 		t.Fatalf("no reservation for a matching spec (ok %v)", ok)
 	}
-	waitFor(t, "refill after a reservation", func() bool { return f.count() == 4 })
+	time.Sleep(300 * time.Millisecond)
+	if n := f.count(); n != 3 {
+		t.Fatalf("%d made while a reservation waited for its Create, want 3", n)
+	}
+	spec.ID, spec.Image = id, "other:1" // (a mismatch: the cold path, which the fake cannot take further)
+	leave = b.enterCreate(t.Context())
+	if _, claimed, err := b.claimWarm(t.Context(), &spec); claimed || err != nil {
+		t.Fatal(claimed, err)
+	}
+	leave()
+	waitFor(t, "refill after the reserved Create", func() bool { return f.count() == 4 })
 	// Another organization's spec never gets this org's Pods.
 	other := warmSpec("org-c")
 	if _, ok := b.ReserveWarm(&other); ok {
