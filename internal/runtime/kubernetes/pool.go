@@ -196,7 +196,12 @@ func warmKey(spec *runtime.Spec) (string, bool) {
 		k.Resources.Pids = runtime.DefaultPidsLimit
 	}
 	k.Meta = map[string]string{runtime.MetaOrg: spec.Meta[runtime.MetaOrg]}
-	j, err := json.Marshal(&k)
+	// Whether the image is pulled with credentials (which rotate: not their value): a
+	// create without any never gets a Pod whose image needed them.
+	j, err := json.Marshal(struct {
+		Spec  *runtime.Spec `json:"spec"`
+		Creds bool          `json:"creds"`
+	}{&k, spec.PullCredentials != nil})
 	if err != nil {
 		return "", false
 	}
@@ -714,7 +719,9 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 	}
 	w.close()
 	b.startLogs(s)
-	return b.info(s), nil
+	info := b.info(s)
+	info.StartedAt = time.Now().UTC() // the main command's start, not the warm Pod's
+	return info, nil
 }
 
 // podPatchWithUID adds metadata.uid to a merge patch: the API server refuses it (409)

@@ -38,7 +38,6 @@ func TestWarmKey(t *testing.T) {
 		"restart limit": func(s *runtime.Spec) { s.RestartLimit = 3 },
 		"caller":        func(s *runtime.Spec) { s.Meta[runtime.MetaCaller] = "key-1" },
 		"created at":    func(s *runtime.Spec) { s.Meta[runtime.MetaCreatedAt] = "now" },
-		"credentials":   func(s *runtime.Spec) { s.PullCredentials = &runtime.Credentials{Username: "u", Password: "p"} },
 		"default pids":  func(s *runtime.Spec) { s.Resources.Pids = runtime.DefaultPidsLimit },
 	}
 	for name, f := range same {
@@ -59,6 +58,7 @@ func TestWarmKey(t *testing.T) {
 		"network":       func(s *runtime.Spec) { s.Network = &runtime.Network{DenyIngress: true} },
 		"pod settings":  func(s *runtime.Spec) { s.Pod = &runtime.PodSettings{NodeSelector: map[string]string{"a": "b"}} },
 		"security":      func(s *runtime.Spec) { s.Security = &runtime.Security{ReadOnlyRootFS: true} },
+		"credentials":   func(s *runtime.Spec) { s.PullCredentials = &runtime.Credentials{Username: "u", Password: "p"} },
 	}
 	for name, f := range other {
 		s := base.Clone()
@@ -66,6 +66,14 @@ func TestWarmKey(t *testing.T) {
 		if k, ok := warmKey(&s); ok && k == k0 {
 			t.Errorf("%s: same key as the base spec", name)
 		}
+	}
+	// Pull tokens rotate (minted per send): the key has whether there are credentials,
+	// not their value.
+	a, c := base.Clone(), base.Clone()
+	a.PullCredentials = &runtime.Credentials{Username: "u", Password: "p1"}
+	c.PullCredentials = &runtime.Credentials{Username: "u", Password: "p2"}
+	if ka, _ := warmKey(&a); ka != func() string { k, _ := warmKey(&c); return k }() {
+		t.Error("rotated credentials change the key")
 	}
 	// Shaped per create: not poolable.
 	not := map[string]func(*runtime.Spec){
