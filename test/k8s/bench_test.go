@@ -24,8 +24,10 @@ import (
 // BenchmarkTimeToFirstCommand: create → the first exec (`true`) has answered, one
 // sandbox at a time, on the Kubernetes backend and on the local backend (runc on this
 // host) in the same run, with warm image caches: p50 and p99 of each and their ratio.
-// Then the Kubernetes peer, kubernetes-sigs/agent-sandbox (agentSandboxPeer): claim →
-// first command without and with its warm pool, beside ours, as ratios.
+// Then ours from the Kubernetes backend's warm pool (ttfcWarm, the k8s-warm line), and
+// the Kubernetes peer, kubernetes-sigs/agent-sandbox (agentSandboxPeer): claim → first
+// command without and with its warm pool, beside ours (its warm line beside k8s-warm), as
+// ratios.
 // $SANDBOXD_BENCH_N sandboxes per backend (default 20). Run it with `make bench-k8s`
 // (brings the cluster up and down) or, on a cluster that is up:
 //
