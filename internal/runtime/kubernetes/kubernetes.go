@@ -687,6 +687,8 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		return nil, fmt.Errorf("kubernetes backend: list pods: %w", err)
 	}
 	var out []runtime.Recovered
+	var warmGone sync.WaitGroup // unclaimed warm Pods, deleted in parallel
+	defer warmGone.Wait()
 	for i := range list.Items {
 		pod := &list.Items[i]
 		id := pod.Labels[LabelSandbox]
@@ -705,7 +707,8 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		if unclaimedWarm(pod, sec) { // pool.go
 			if !b.warm.owns(id) {
 				b.log.Info("warm pod never claimed: deleting it", "sandbox", id)
-				_ = b.Destroy(ctx, id)
+				warmGone.Add(1)
+				go func() { defer warmGone.Done(); _ = b.Destroy(ctx, id) }()
 			}
 			continue
 		}
