@@ -87,7 +87,9 @@ func TestWarmPool(t *testing.T) {
 	}
 	tRunning := time.Since(t0)
 	first := exec(t, s.Runner, id, "true")
-	t.Logf("warm create → RUNNING %s, → first command: %s (exit %d); the claim in the backend: %s", tRunning, time.Since(t0), first.ExitCode, s.Backend.WarmStats().LastClaim)
+	ws := s.Backend.WarmStats()
+	t.Logf("warm create → RUNNING %s, → first command: %s (exit %d); the claim in the backend: %s, from the create to its start %s, from its end to RUNNING %s",
+		tRunning, time.Since(t0), first.ExitCode, ws.LastClaim, ws.LastClaimEnd.Sub(t0)-ws.LastClaim, tRunning-ws.LastClaimEnd.Sub(t0))
 	if st := s.Backend.WarmStats(); st.Claims != 1 || st.Fallback != 0 {
 		t.Errorf("warm stats %+v: want 1 claim", st)
 	}

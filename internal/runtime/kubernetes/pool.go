@@ -91,8 +91,10 @@ type WarmStats struct {
 	Refills  int // warm Pods made
 	Failed   int // refills that failed
 	Dropped  int // warm Pods destroyed unclaimed (dead, excess, expired reservation)
-	// LastClaim is how long the last claim took (spec recorded, relabelled, started).
-	LastClaim time.Duration
+	// LastClaim is how long the last claim took (spec recorded, relabelled, started),
+	// LastClaimEnd when it returned.
+	LastClaim    time.Duration
+	LastClaimEnd time.Time
 }
 
 type warmCtxKey struct{}
@@ -606,7 +608,7 @@ func (b *Backend) claimWarm(ctx context.Context, spec *runtime.Spec) (info runti
 		if err == nil {
 			p.mu.Lock()
 			p.stats.Claims++
-			p.stats.LastClaim = time.Since(t0)
+			p.stats.LastClaim, p.stats.LastClaimEnd = time.Since(t0), time.Now()
 			p.mu.Unlock()
 			return info, true, nil
 		}
