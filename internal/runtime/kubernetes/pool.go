@@ -55,7 +55,7 @@ import (
 // most Config.MaxWarm (default DefaultMaxWarm), shared one at a time round robin over
 // the organizations (allocateWarm). Each warm Pod holds its resource requests on a node
 // while it waits. Refills run one at a time and start only while no other Create is in
-// flight (a refill under way when one comes finishes). A warm Pod that ends or whose
+// flight nor has returned within warmSettle (a refill under way when one comes finishes). A warm Pod that ends or whose
 // agent stops answering is dropped; a reserved one no Create comes for within
 // warmReserveTTL is destroyed. A claim that finds its warm Pod gone, or a spec that does
 // not match it after all, destroys it and creates the sandbox cold under the same ID.
@@ -80,6 +80,10 @@ const (
 	warmRetryMin   = 2 * time.Second
 	warmRetryMax   = time.Minute
 	warmStartWait  = 10 * time.Second // a claim's Start
+	// warmSettle: refills wait this long after the last other Create returned, so they
+	// do not compete with what follows it (the runner's first connection to the agent,
+	// the caller's first command).
+	warmSettle = 300 * time.Millisecond
 )
 
 // WarmStats counts the pool's work since the Backend was made.
@@ -149,6 +153,7 @@ type warmPool struct {
 	next     int                 // round-robin position in order
 	reserved map[string]*warmPod // by sandbox ID
 	busy     int                 // other Creates in flight
+	lastEnd  time.Time           // when the last other Create returned
 	starting int
 	stats    WarmStats
 	started  bool
@@ -381,7 +386,7 @@ func (p *warmPool) run() {
 }
 
 // step drops what is dead, in excess or reserved too long, and starts refills while no
-// other Create is in flight.
+// other Create is in flight nor reserved, and warmSettle after the last one returned.
 func (p *warmPool) step() {
 	now := p.now()
 	var drop []*warmPod
@@ -411,7 +416,8 @@ func (p *warmPool) step() {
 	p.stats.Dropped += len(drop)
 	var start []*warmSet
 	// A reservation is a Create on its way: no refill competes with its claim.
-	for p.busy == 0 && len(p.reserved) == 0 && p.starting < p.refills && !p.closed {
+	settled := now.Sub(p.lastEnd) >= warmSettle
+	for p.busy == 0 && settled && len(p.reserved) == 0 && p.starting < p.refills && !p.closed {
 		s := p.pickLocked(now)
 		if s == nil {
 			break
@@ -581,8 +587,9 @@ func (b *Backend) enterCreate(ctx context.Context) func() {
 	return func() {
 		p.mu.Lock()
 		p.busy--
+		p.lastEnd = p.now()
 		p.mu.Unlock()
-		p.kick()
+		time.AfterFunc(warmSettle, p.kick)
 	}
 }
 
