@@ -41,6 +41,7 @@ const (
 	// the ID the runner answers with rather than Spec.ID (the gateway does: it indexes
 	// the answer's ID): a runner whose backend keeps warm sandboxes under their own IDs
 	// (WarmReserver) then names the sandbox after the warm one it claims. Written by the
-	// gateway; removed by the runner before anything is persisted.
+	// gateway, to platform runners only (it checks the answered ID: no record may have
+	// it); removed by the runner before anything is persisted.
 	MetaAnyID = "sandboxd.any_id"
 )
