@@ -306,7 +306,7 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 			c.Resources.Pids = runtime.DefaultPidsLimit
 		}
 	}
-	r.assignID(&req.Spec) // warm pools (warmid.go)
+	reservedWarm := r.assignID(&req.Spec, orig.PullCredentials) // warm pools (warmid.go)
 	now := time.Now()
 	if req.Spec.Meta == nil {
 		req.Spec.Meta = map[string]string{}
@@ -341,11 +341,17 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if r.closed {
 		r.mu.Unlock()
 		cancel()
+		if reservedWarm {
+			r.releaseWarm(req.Spec.ID)
+		}
 		return Sandbox{}, errors.New("runner: shutting down")
 	}
 	if _, ok := r.sandboxes[req.Spec.ID]; ok {
 		r.mu.Unlock()
 		cancel()
+		if reservedWarm {
+			r.releaseWarm(req.Spec.ID)
+		}
 		return Sandbox{}, fmt.Errorf("%w: %s", ErrAlreadyExists, req.Spec.ID)
 	}
 	r.sandboxes[req.Spec.ID] = e

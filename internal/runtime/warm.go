@@ -109,4 +109,7 @@ func (i *PrepullImage) Org() string {
 // Create comes for within a minute is destroyed.
 type WarmReserver interface {
 	ReserveWarm(spec *Spec) (id string, ok bool)
+	// ReleaseWarm gives a reservation back when no Create comes for it (the runner's
+	// Create returned before the backend's): the warm sandbox is ready again.
+	ReleaseWarm(id string)
 }

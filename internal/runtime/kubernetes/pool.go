@@ -558,6 +558,31 @@ func (b *Backend) ReserveWarm(spec *runtime.Spec) (string, bool) {
 	return "", false
 }
 
+// ReleaseWarm implements runtime.WarmReserver: reservation id is ready again (no Create
+// came for it), or destroyed when its set no longer wants it or it is dead.
+func (b *Backend) ReleaseWarm(id string) {
+	p := b.warm
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	w := p.reserved[id]
+	delete(p.reserved, id)
+	var s *warmSet
+	if w != nil {
+		s = p.sets[w.key]
+	}
+	keep := w != nil && s != nil && !p.closed && !w.dead() && len(s.ready) < s.want
+	if keep {
+		s.ready = append(s.ready, w)
+	}
+	p.mu.Unlock()
+	if w != nil && !keep {
+		go p.destroy(w)
+	}
+	p.kick()
+}
+
 // WarmStats is how the warm pool stands (tests, benchmarks).
 func (b *Backend) WarmStats() WarmStats {
 	p := b.warm

@@ -393,3 +393,30 @@ func TestRecoverDeletesUnclaimedWarmPods(t *testing.T) {
 		t.Error("warmClaimBegun")
 	}
 }
+
+// TestWarmReleaseReturnsReservation: a reservation given back (its Create never reached
+// the backend) is ready again at once: no refill is held back for a minute, no Pod made.
+func TestWarmReleaseReturnsReservation(t *testing.T) {
+	b, _ := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1})
+	f := &fakeWarm{}
+	f.install(b)
+	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	spec := warmSpec("org-a")
+	id, ok := b.ReserveWarm(&spec)
+	if !ok || b.WarmStats().Ready != 0 {
+		t.Fatal("no reservation")
+	}
+	b.ReleaseWarm(id)
+	if st := b.WarmStats(); st.Ready != 1 {
+		t.Fatalf("after the release: %+v, want it ready", st)
+	}
+	if again, ok := b.ReserveWarm(&spec); !ok || again != id {
+		t.Fatalf("reserve after the release: %q %v, want %q", again, ok, id)
+	}
+	if n := f.count(); n != 1 {
+		t.Errorf("%d made, want 1", n)
+	}
+}
