@@ -17,7 +17,7 @@ type reserverStub struct {
 }
 
 func (s reserverStub) ReserveWarm(*runtime.Spec) (string, bool) { return s.id, s.id != "" }
-func (s reserverStub) ReleaseWarm(string)                          {}
+func (s reserverStub) ReleaseWarm(string)                       {}
 
 func TestAssignIDTakesWarmID(t *testing.T) {
 	r := &Runner{backend: reserverStub{id: "warm1"}}
