@@ -119,10 +119,23 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("the claimed sandbox's network policy: %v", err)
 	} else if np.Spec.PodSelector.MatchLabels[kubernetes.LabelSandbox] != id || len(np.Spec.Egress) == 0 {
 		t.Errorf("network policy %+v", np.Spec)
+	} else if _, ok := np.Labels[kubernetes.LabelWarm]; ok || np.Labels[kubernetes.LabelUser] != pod.Labels[kubernetes.LabelUser] {
+		t.Errorf("claimed network policy labels %v: want no warm label, the caller's", np.Labels)
 	}
 	sec, err := s.Client.CoreV1().Secrets(c.namespace).Get(ctx, "sbx-"+id, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := sec.Labels[kubernetes.LabelWarm]; ok {
+		t.Errorf("claimed secret labels %v: want no warm label", sec.Labels)
+	}
+	// No object of the claimed sandbox keeps the warm label (a cleanup by it would take it).
+	sbxSel := metav1.ListOptions{LabelSelector: kubernetes.LabelSandbox + "=" + id + "," + kubernetes.LabelWarm}
+	if l, err := s.Client.CoreV1().Secrets(c.namespace).List(ctx, sbxSel); err != nil || len(l.Items) > 0 {
+		t.Errorf("secrets of the claimed sandbox labelled warm: %d (%v)", len(l.Items), err)
+	}
+	if l, err := s.Client.NetworkingV1().NetworkPolicies(c.namespace).List(ctx, sbxSel); err != nil || len(l.Items) > 0 {
+		t.Errorf("network policies of the claimed sandbox labelled warm: %d (%v)", len(l.Items), err)
 	}
 	var rec runtime.Spec
 	if err := json.Unmarshal(sec.Data["spec.json"], &rec); err != nil || rec.Env["GREETING"] != "hi there" || rec.Meta[runtime.MetaCaller] != "key-w" {

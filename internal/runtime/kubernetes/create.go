@@ -126,13 +126,17 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			return runtime.Info{}, err
 		}
 	}
-	lbls := b.labels(spec)
+	// LabelWarm goes on the Pod and its Secret only (what Recover reads): the
+	// NetworkPolicy and the pull Secret keep the sandbox's labels once it is claimed,
+	// so a cleanup by that label never strips a live sandbox's policy.
+	base := b.labels(spec)
+	lbls := maps.Clone(base)
 	if warm != "" {
 		lbls[LabelWarm] = warm
 	}
 	// Translated before anything is made: a rule NetworkPolicy cannot express refuses
 	// the spec.
-	np, err := b.networkPolicyFor(spec, lbls)
+	np, err := b.networkPolicyFor(spec, base)
 	if err != nil {
 		return runtime.Info{}, err
 	}
@@ -276,7 +280,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		return runtime.Info{}, err
 	}
 	if ps != nil {
-		ps.Namespace, ps.Labels = b.cfg.Namespace, lbls
+		ps.Namespace, ps.Labels = b.cfg.Namespace, maps.Clone(base)
 		if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
 			return runtime.Info{}, fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
 		}

@@ -61,8 +61,9 @@ import (
 // not match it after all, destroys it and creates the sandbox cold under the same ID.
 // Recover destroys warm Pods never claimed (labelled LabelWarm, Secret too).
 
-// LabelWarm marks a warm Pod, its Secret and NetworkPolicy until the Pod is claimed; the
-// value is a prefix of the pool key.
+// LabelWarm marks a warm Pod and its Secret until the Pod is claimed (never its
+// NetworkPolicy nor pull Secret: those keep the sandbox's labels); the value is a prefix
+// of the pool key.
 const LabelWarm = "sandboxd.io/warm"
 
 // annotationWarmClaimed marks a Pod claimed from the warm pool: Recover asks its agent
@@ -740,6 +741,27 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 		}
 		return nil
 	})
+	if user != nil {
+		// The NetworkPolicy and pull Secret (never labelled LabelWarm) get the caller.
+		userPatch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{LabelUser: user}}})
+		if err != nil {
+			return runtime.Info{}, err
+		}
+		g.Go(func() error {
+			_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Patch(gctx, networkPolicyName(spec.ID), types.MergePatchType, userPatch, metav1.PatchOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("label the network policy: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(gctx, pullSecretName(spec.ID), types.MergePatchType, userPatch, metav1.PatchOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("label the pull secret: %w", err)
+			}
+			return nil
+		})
+	}
 	if err := g.Wait(); err != nil {
 		return runtime.Info{}, err
 	}

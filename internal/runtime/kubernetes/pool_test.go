@@ -420,3 +420,44 @@ func TestWarmReleaseReturnsReservation(t *testing.T) {
 		t.Errorf("%d made, want 1", n)
 	}
 }
+
+// TestWarmLabelOnPodAndSecretOnly: a refill's Create labels the Pod and its Secret
+// LabelWarm (what Recover reads), never the NetworkPolicy nor the pull Secret: those
+// stay a claimed sandbox's, and a cleanup by that label must not strip them.
+func TestWarmLabelOnPodAndSecretOnly(t *testing.T) {
+	b, cs := newFakeBackend(t, Config{MaxPrepull: -1})
+	spec := warmSpec("org-a")
+	spec.ID = "warm0001"
+	spec.Network = &runtime.Network{Egress: runtime.DefaultEgress()}
+	spec.PullCredentials = &runtime.Credentials{Username: "u", Password: "p"}
+	spec.Image = "reg.test/org-a/app:1"
+	ctx, cancel := context.WithCancel(context.WithValue(t.Context(), warmCtxKey{}, "k1"))
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = b.Create(ctx, &spec) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the warm pod", func() bool {
+		_, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+		return err == nil
+	})
+	pod, _ := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+	sec, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), secretName(spec.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[LabelWarm] == "" || sec.Labels[LabelWarm] == "" {
+		t.Errorf("pod %v / secret %v: want %s on both", pod.Labels, sec.Labels, LabelWarm)
+	}
+	np, err := cs.NetworkingV1().NetworkPolicies("sbx").Get(t.Context(), networkPolicyName(spec.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), pullSecretName(spec.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, l := range map[string]map[string]string{"network policy": np.Labels, "pull secret": ps.Labels} {
+		if _, ok := l[LabelWarm]; ok || l[LabelSandbox] != spec.ID {
+			t.Errorf("%s labels %v: want the sandbox's, without %s", what, l, LabelWarm)
+		}
+	}
+}
