@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -55,10 +56,15 @@ import (
 // most Config.MaxWarm (default DefaultMaxWarm), shared one at a time round robin over
 // the organizations (allocateWarm). Each warm Pod holds its resource requests on a node
 // while it waits. Refills run one at a time and start only while no other Create is in
-// flight nor has returned within warmSettle (a refill under way when one comes finishes). A warm Pod that ends or whose
-// agent stops answering is dropped; a reserved one no Create comes for within
-// warmReserveTTL is destroyed. A claim that finds its warm Pod gone, or a spec that does
-// not match it after all, destroys it and creates the sandbox cold under the same ID.
+// flight nor has returned within warmSettle (a refill under way when one comes finishes). A warm Pod that ends is
+// dropped (an agent that stops answering is found at the claim: its Status, within
+// warmStatusWait, comes before the Start); a reserved one no Create comes for within
+// warmReserveTTL is destroyed, one given back (ReleaseWarm) is ready again. A claim that
+// finds its warm Pod gone or not in standby, or a spec that does not match it after all,
+// destroys it and creates the sandbox cold under the same ID; a Start that fails is
+// judged by the agent's state (started: claimed; standby: cold; no answer: the Create
+// fails, never a second run of the main command), and a Create whose caller is gone
+// fails with its context's error.
 // Recover destroys warm Pods never claimed (labelled LabelWarm, Secret too).
 
 // LabelWarm marks a warm Pod and its Secret until the Pod is claimed (never its
@@ -81,6 +87,7 @@ const (
 	warmRetryMin   = 2 * time.Second
 	warmRetryMax   = time.Minute
 	warmStartWait  = 10 * time.Second // a claim's Start
+	warmStatusWait = time.Second      // a claim's check that the kept connection answers
 	// warmSettle: refills wait this long after the last other Create returned, so they
 	// do not compete with what follows it (the runner's first connection to the agent,
 	// the caller's first command).
@@ -108,9 +115,11 @@ type warmCtxKey struct{}
 func isWarmCreate(ctx context.Context) bool { return ctx.Value(warmCtxKey{}) != nil }
 
 type warmPod struct {
-	id, key    string
-	s          *sandbox
-	hc         *http.Client // holds the verified connection to the standby agent
+	id, key string
+	s       *sandbox
+	hc      *http.Client // holds the verified connection to the standby agent
+	// dial makes a new connection to the agent (nil: the backend's dialAgent).
+	dial       func(ctx context.Context) (net.Conn, error)
 	reservedAt time.Time
 }
 
@@ -346,7 +355,7 @@ func (p *warmPool) close() {
 	}
 }
 
-// owns: id is a warm Pod of this pool (ready, being made or reserved).
+// owns: id is a warm Pod of this pool (ready or reserved; not one being made).
 func (p *warmPool) owns(id string) bool {
 	if p == nil {
 		return false
@@ -645,6 +654,17 @@ func (b *Backend) claimWarm(ctx context.Context, spec *runtime.Spec) (info runti
 			p.mu.Unlock()
 			return info, true, nil
 		}
+		if errors.Is(err, errWarmStartUnknown) || ctx.Err() != nil {
+			// No cold create: the main command may run already, or the caller is gone.
+			p.mu.Lock()
+			p.stats.Fallback++
+			p.mu.Unlock()
+			w.close()
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return runtime.Info{}, true, fmt.Errorf("sandbox %s: claim a warm pod: %w", spec.ID, err)
+		}
 		b.log.Warn("claim a warm pod: creating the sandbox cold", "sandbox", spec.ID, "err", err)
 	}
 	p.mu.Lock()
@@ -762,6 +782,20 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 			return nil
 		})
 	}
+	g.Go(func() error {
+		// The kept connection still answers (a half-dead one would hold the Start for
+		// warmStartWait): else the claim goes cold before anything started.
+		sctx, cancel := context.WithTimeout(gctx, warmStatusWait)
+		defer cancel()
+		st, err := w.client().Status(sctx, connect.NewRequest(&agentv1.StatusRequest{}))
+		if err != nil {
+			return fmt.Errorf("the warm pod's agent does not answer: %w", err)
+		}
+		if st.Msg.GetState() != agentv1.MainState_MAIN_STATE_STANDBY {
+			return fmt.Errorf("the warm pod's agent is %v, not in standby", st.Msg.GetState())
+		}
+		return nil
+	})
 	if err := g.Wait(); err != nil {
 		return runtime.Info{}, err
 	}
@@ -771,13 +805,49 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 	sctx, cancel := context.WithTimeout(ctx, warmStartWait)
 	defer cancel()
 	if _, err := w.client().Start(sctx, connect.NewRequest(&agentv1.StartRequest{Config: startCfg})); err != nil {
-		return runtime.Info{}, fmt.Errorf("start the main command: %w", err)
+		// The Start may have reached the agent: a cold create after it would run the
+		// main command twice. Its state decides.
+		switch st := b.warmMainState(ctx, w); st {
+		case agentv1.MainState_MAIN_STATE_STANDBY:
+			return runtime.Info{}, fmt.Errorf("start the main command: %w", err)
+		case agentv1.MainState_MAIN_STATE_UNSPECIFIED:
+			return runtime.Info{}, fmt.Errorf("%w: %w", errWarmStartUnknown, err)
+		default:
+			b.log.Warn("claim a warm pod: Start failed but the main command started", "sandbox", spec.ID, "state", st, "err", err)
+		}
 	}
 	w.close()
 	b.startLogs(s)
 	info := b.info(s)
 	info.StartedAt = time.Now().UTC() // the main command's start, not the warm Pod's
 	return info, nil
+}
+
+// errWarmStartUnknown: a claim's Start failed and whether the main command started is
+// not known: the Create fails (a cold create could run it twice).
+var errWarmStartUnknown = errors.New("the warm pod's main command may have started")
+
+// warmMainState is the agent's main state after a failed Start: over the kept
+// connection, else a new one; UNSPECIFIED when neither answers.
+func (b *Backend) warmMainState(ctx context.Context, w *warmPod) agentv1.MainState {
+	ctx = context.WithoutCancel(ctx)
+	clients := []agentv1connect.AgentServiceClient{w.client()}
+	if w.dial == nil {
+		w.dial = func(ctx context.Context) (net.Conn, error) { return b.dialAgent(ctx, w.id, "", false) }
+	}
+	fresh := agent.NewHTTPClient(w.dial)
+	defer fresh.CloseIdleConnections()
+	clients = append(clients, agentv1connect.NewAgentServiceClient(fresh, "http://sandbox-agent", connect.WithGRPC(),
+		connect.WithReadMaxBytes(agent.MaxMessageBytes), connect.WithSendMaxBytes(agent.MaxMessageBytes)))
+	for _, c := range clients {
+		sctx, cancel := context.WithTimeout(ctx, 2*warmStatusWait)
+		st, err := c.Status(sctx, connect.NewRequest(&agentv1.StatusRequest{}))
+		cancel()
+		if err == nil && st.Msg.GetState() != agentv1.MainState_MAIN_STATE_UNSPECIFIED {
+			return st.Msg.GetState()
+		}
+	}
+	return agentv1.MainState_MAIN_STATE_UNSPECIFIED
 }
 
 // podPatchWithUID adds metadata.uid to a merge patch: the API server refuses it (409)
