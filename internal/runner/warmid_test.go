@@ -119,3 +119,31 @@ func TestCreateReservesWithCredentials(t *testing.T) {
 		t.Errorf("released %v, want [warm1]", be.released)
 	}
 }
+
+// holdingFake is a Fake backend keeping warm sandboxes that hold their requests.
+type holdingFake struct {
+	*runtimetest.Fake
+	held []runtime.Spec
+}
+
+func (b *holdingFake) WarmHeld() []runtime.Spec { return b.held }
+
+// TestCapacityCountsWarmHeld: warm sandboxes that hold their requests on the runner's
+// nodes (Kubernetes warm Pods) count as used capacity, so placement does not overcommit.
+func TestCapacityCountsWarmHeld(t *testing.T) {
+	w := runtime.Spec{Container: runtime.Container{Image: "busybox:1", Resources: runtime.Resources{MilliCPU: 500, MemoryBytes: 256 << 20}}}
+	be := &holdingFake{Fake: runtimetest.NewFake(), held: []runtime.Spec{w, w}}
+	t.Cleanup(be.Close)
+	r, err := New(context.Background(), Config{Backend: be, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	c, err := NewLocal("r1", r).Capacity(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.UsedMilliCPU != 1000 || c.UsedMemoryBytes != 512<<20 {
+		t.Errorf("used %dm CPU, %d bytes: want the two warm sandboxes' 1000m, 512 MiB", c.UsedMilliCPU, c.UsedMemoryBytes)
+	}
+}

@@ -113,3 +113,11 @@ type WarmReserver interface {
 	// Create returned before the backend's): the warm sandbox is ready again.
 	ReleaseWarm(id string)
 }
+
+// WarmHolder is an optional interface of a WarmPooler backend whose warm sandboxes hold
+// their resource requests where the sandboxes run (the Kubernetes backend: a warm Pod is
+// scheduled on a node): WarmHeld returns the spec of each warm sandbox kept (ready,
+// being made or reserved), so the runner counts them as used capacity.
+type WarmHolder interface {
+	WarmHeld() []Spec
+}

@@ -593,6 +593,29 @@ func (b *Backend) ReleaseWarm(id string) {
 	p.kick()
 }
 
+// WarmHeld implements runtime.WarmHolder: the spec of every warm Pod kept (ready, being
+// made or reserved), whose requests it holds on a node.
+func (b *Backend) WarmHeld() []runtime.Spec {
+	p := b.warm
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []runtime.Spec
+	for _, s := range p.sets {
+		for range len(s.ready) + s.starting {
+			out = append(out, s.spec)
+		}
+	}
+	for _, w := range p.reserved {
+		if s := p.sets[w.key]; s != nil {
+			out = append(out, s.spec)
+		}
+	}
+	return out
+}
+
 // WarmStats is how the warm pool stands (tests, benchmarks).
 func (b *Backend) WarmStats() WarmStats {
 	p := b.warm

@@ -409,6 +409,9 @@ func TestWarmReleaseReturnsReservation(t *testing.T) {
 	if !ok || b.WarmStats().Ready != 0 {
 		t.Fatal("no reservation")
 	}
+	if h := b.WarmHeld(); len(h) != 1 || h[0].Resources.MilliCPU != 500 {
+		t.Errorf("held while reserved: %+v, want the one warm pod's spec", h)
+	}
 	b.ReleaseWarm(id)
 	if st := b.WarmStats(); st.Ready != 1 {
 		t.Fatalf("after the release: %+v, want it ready", st)
