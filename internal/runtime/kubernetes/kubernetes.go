@@ -708,7 +708,12 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			if !b.warm.owns(id) {
 				b.log.Info("warm pod never claimed: deleting it", "sandbox", id)
 				warmGone.Add(1)
-				go func() { defer warmGone.Done(); _ = b.Destroy(ctx, id) }()
+				go func() {
+					defer warmGone.Done()
+					if err := b.Destroy(ctx, id); err != nil {
+						b.log.Warn("delete a warm pod never claimed", "sandbox", id, "err", err)
+					}
+				}()
 			}
 			continue
 		}

@@ -92,6 +92,10 @@ const (
 	// do not compete with what follows it (the runner's first connection to the agent,
 	// the caller's first command).
 	warmSettle = 300 * time.Millisecond
+	// warmHoldMax bounds how long overlapping Creates hold refills back.
+	warmHoldMax = 2 * time.Second
+	// warmMaxAge: a ready warm Pod is replaced after this long.
+	warmMaxAge = 10 * time.Minute
 )
 
 // WarmStats counts the pool's work since the Backend was made.
@@ -121,6 +125,7 @@ type warmPod struct {
 	// dial makes a new connection to the agent (nil: the backend's dialAgent).
 	dial       func(ctx context.Context) (net.Conn, error)
 	reservedAt time.Time
+	madeAt     time.Time // when it joined the ready set
 }
 
 func (w *warmPod) close() {
@@ -164,10 +169,12 @@ type warmPool struct {
 	reserved map[string]*warmPod // by sandbox ID
 	busy     int                 // other Creates in flight
 	lastEnd  time.Time           // when the last other Create returned
-	starting int
-	stats    WarmStats
-	started  bool
-	closed   bool
+	// heldSince: since when refills have been held back by Creates (now when not).
+	heldSince time.Time
+	starting  int
+	stats     WarmStats
+	started   bool
+	closed    bool
 
 	wake chan struct{}
 	done chan struct{}
@@ -193,6 +200,13 @@ func newWarmPool(b *Backend) *warmPool {
 func warmKey(spec *runtime.Spec) (string, bool) {
 	if spec.Multi() || spec.Engine != nil || len(spec.Volumes) > 0 || spec.ShareTokenHash != "" {
 		return "", false
+	}
+	for _, svc := range spec.Services {
+		if svc.Endpoint == runtime.EndpointHTTPS && svc.TokenAuth {
+			// Its creates carry a share-token hash made for their ID (runner.NeedsShareTokens):
+			// a target's spec has none yet, and a warm Pod of it would never be claimed.
+			return "", false
+		}
 	}
 	c := &spec.Container
 	if len(c.SecretEnv) > 0 || len(c.SecretRefs) > 0 || c.StartupProbe != nil || len(c.DependsOn) > 0 || len(c.VolumeMounts) > 0 {
@@ -409,7 +423,9 @@ func (p *warmPool) step() {
 	}
 	for _, s := range p.sets {
 		s.ready = slices.DeleteFunc(s.ready, func(w *warmPod) bool {
-			if w.dead() {
+			// A warm Pod older than warmMaxAge is replaced: its image (a mutable tag
+			// may have moved) and its node are the ones of when it was made.
+			if w.dead() || (!w.madeAt.IsZero() && now.Sub(w.madeAt) > warmMaxAge) {
 				drop = append(drop, w)
 				return true
 			}
@@ -427,10 +443,20 @@ func (p *warmPool) step() {
 	var start []*warmSet
 	// A reservation is a Create on its way: no refill competes with its claim.
 	settled := now.Sub(p.lastEnd) >= warmSettle
-	for p.busy == 0 && settled && len(p.reserved) == 0 && p.starting < p.refills && !p.closed {
+	// Held back by Creates that overlap: at most warmHoldMax, then one refill anyway
+	// (and held back again from then), so a steady load never starves the pool.
+	heldBack := p.busy > 0 || !settled || len(p.reserved) > 0
+	if !heldBack || p.heldSince.IsZero() {
+		p.heldSince = now
+	}
+	forced := heldBack && now.Sub(p.heldSince) >= warmHoldMax
+	for (!heldBack || forced) && p.starting < p.refills && !p.closed {
 		s := p.pickLocked(now)
 		if s == nil {
 			break
+		}
+		if forced {
+			p.heldSince = now
 		}
 		s.starting++
 		p.starting++
@@ -493,6 +519,7 @@ func (p *warmPool) refill(s *warmSet) {
 		s.failures, s.retryAt = 0, time.Time{}
 		p.stats.Refills++
 		if keep {
+			w.madeAt = p.now()
 			s.ready = append(s.ready, w)
 		} else {
 			p.stats.Dropped++

@@ -85,6 +85,11 @@ func TestWarmKey(t *testing.T) {
 		"secret env":  func(s *runtime.Spec) { s.SecretEnv = map[string]string{"A": "b"} },
 		"probe":       func(s *runtime.Spec) { s.StartupProbe = &runtime.Probe{Exec: []string{"true"}} },
 		"share token": func(s *runtime.Spec) { s.ShareTokenHash = "h" },
+		// A target's spec has no hash yet (the gateway makes one per create): its
+		// SHARE_TOKEN endpoint makes it unpoolable as its creates are.
+		"share-token endpoint": func(s *runtime.Spec) {
+			s.Services = []runtime.Service{{Name: "web", Port: 8080, Endpoint: runtime.EndpointHTTPS, TokenAuth: true}}
+		},
 		"same user": func(s *runtime.Spec) {
 			s.Network = &runtime.Network{Ingress: []runtime.IngressRule{{Tenant: runtime.TenantSameUser}}}
 		},
@@ -463,4 +468,44 @@ func TestWarmLabelOnPodAndSecretOnly(t *testing.T) {
 			t.Errorf("%s labels %v: want the sandbox's, without %s", what, l, LabelWarm)
 		}
 	}
+}
+
+// TestWarmRefillNotStarvedByCreates: Creates that keep overlapping hold refills back at
+// most warmHoldMax each time: the pool still fills.
+func TestWarmRefillNotStarvedByCreates(t *testing.T) {
+	b, _ := newFakeBackend(t, Config{MaxWarm: 2, MaxPrepull: -1})
+	f := &fakeWarm{}
+	f.install(b)
+	leave := b.enterCreate(t.Context()) // never leaves while the pool fills
+	defer leave()
+	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := f.count(); n != 0 {
+		t.Fatalf("%d refills right away while a Create was in flight", n)
+	}
+	waitFor(t, "the pool filled under a steady load", func() bool { return b.WarmStats().Ready == 2 })
+}
+
+// TestWarmPodsRecycled: a ready warm Pod older than warmMaxAge is destroyed and
+// replaced (a mutable tag's image moves on; warm Pods never wait forever).
+func TestWarmPodsRecycled(t *testing.T) {
+	b, _ := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1})
+	f := &fakeWarm{}
+	f.install(b)
+	var mu sync.Mutex
+	now := time.Now()
+	b.warm.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	first := func() string { f.mu.Lock(); defer f.mu.Unlock(); return f.made[0] }()
+	mu.Lock()
+	now = now.Add(warmMaxAge + time.Second)
+	mu.Unlock()
+	b.warm.kick()
+	waitFor(t, "the old warm pod destroyed", func() bool { _, err := b.get(first); return err != nil })
+	waitFor(t, "a new warm pod", func() bool { return f.count() == 2 && b.WarmStats().Ready == 1 })
 }
