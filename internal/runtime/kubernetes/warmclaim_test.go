@@ -52,7 +52,7 @@ func (a *standbyAgent) Start(context.Context, *connect.Request[agentv1.StartRequ
 }
 
 // claimWithAgent reserves a warm Pod served by a (an in-process agent) and claims it.
-func claimWithAgent(t *testing.T, a *standbyAgent, cancelled ...bool) (claimed bool, err error, st WarmStats) {
+func claimWithAgent(t *testing.T, a *standbyAgent, cancelled ...bool) (claimed bool, st WarmStats, err error) {
 	t.Helper()
 	b, cs := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1})
 	f := &fakeWarm{}
@@ -101,7 +101,7 @@ func claimWithAgent(t *testing.T, a *standbyAgent, cancelled ...bool) (claimed b
 		cancel()
 	}
 	_, claimed, err = b.claimWarm(ctx, &spec)
-	return claimed, err, b.WarmStats()
+	return claimed, b.WarmStats(), err
 }
 
 // TestWarmClaimStartFailure: a Start that fails is judged by the agent's state, so the
@@ -110,28 +110,28 @@ func claimWithAgent(t *testing.T, a *standbyAgent, cancelled ...bool) (claimed b
 func TestWarmClaimStartFailure(t *testing.T) {
 	t.Run("started", func(t *testing.T) {
 		a := &standbyAgent{state: agentv1.MainState_MAIN_STATE_STANDBY, startAnyway: true}
-		claimed, err, st := claimWithAgent(t, a)
+		claimed, st, err := claimWithAgent(t, a)
 		if !claimed || err != nil || st.Claims != 1 {
 			t.Fatalf("claimed %v err %v stats %+v: want claimed", claimed, err, st)
 		}
 	})
 	t.Run("standby", func(t *testing.T) {
 		a := &standbyAgent{state: agentv1.MainState_MAIN_STATE_STANDBY}
-		claimed, err, st := claimWithAgent(t, a)
+		claimed, st, err := claimWithAgent(t, a)
 		if claimed || err != nil || st.Fallback != 1 {
 			t.Fatalf("claimed %v err %v stats %+v: want the cold path", claimed, err, st)
 		}
 	})
 	t.Run("unknown", func(t *testing.T) {
 		a := &standbyAgent{state: agentv1.MainState_MAIN_STATE_STANDBY, startAnyway: true, statusDown: true}
-		claimed, err, _ := claimWithAgent(t, a)
+		claimed, _, err := claimWithAgent(t, a)
 		if !claimed || !errors.Is(err, errWarmStartUnknown) {
 			t.Fatalf("claimed %v err %v: want the Create failed, no cold create", claimed, err)
 		}
 	})
 	t.Run("not in standby", func(t *testing.T) {
 		a := &standbyAgent{state: agentv1.MainState_MAIN_STATE_RUNNING}
-		claimed, err, _ := claimWithAgent(t, a)
+		claimed, _, err := claimWithAgent(t, a)
 		a.mu.Lock()
 		starts := a.starts
 		a.mu.Unlock()
@@ -141,7 +141,7 @@ func TestWarmClaimStartFailure(t *testing.T) {
 	})
 	t.Run("cancelled", func(t *testing.T) {
 		a := &standbyAgent{state: agentv1.MainState_MAIN_STATE_STANDBY}
-		claimed, err, _ := claimWithAgent(t, a, true)
+		claimed, _, err := claimWithAgent(t, a, true)
 		if !claimed || !errors.Is(err, context.Canceled) {
 			t.Fatalf("claimed %v err %v: want the caller's cancellation, no cold create", claimed, err)
 		}
