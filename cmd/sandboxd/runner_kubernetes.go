@@ -34,12 +34,14 @@ type kubernetesFlags struct {
 	platformRegistry                              string
 	insecure                                      []string // from --insecure-registry
 	prepullImages, prepullInFlight                int
+	warmPods                                      int
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.platformRegistry, "platform-registry", "", "kubernetes backend: host[:port] of the platform's registry (the gateway's --registry-host): image configs are read from it although it may be on this runner's network (plain HTTP when --insecure-registry names it); the nodes pull its images with the sandbox's pull Secret, so they must reach it too")
 	fs.IntVar(&k.prepullImages, "prepull-images", 64, "kubernetes backend: at most this many images of the templates the runner may place are pre-pulled onto every node their sandboxes may run on (0: no pre-pull; needs `list` on nodes)")
 	fs.IntVar(&k.prepullInFlight, "prepull-in-flight", 4, "kubernetes backend: at most this many pre-pull Pods at once")
+	fs.IntVar(&k.warmPods, "warm-pods", 8, "kubernetes backend: at most this many warm Pods for the templates' warm pools in total (each holds its resource requests on a node while it waits; 0: none)")
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes backend: kubeconfig file (default: the in-cluster configuration)")
 	fs.StringVar(&k.namespace, "namespace", "sandboxd", "kubernetes backend: namespace of the sandbox Pods")
 	fs.StringVar(&k.agentImage, "agent-image", "", "kubernetes backend: image holding /sandbox-agent and /sandbox-gate (scripts/build-runner-image.sh builds one)")
@@ -144,6 +146,9 @@ func (k kubernetesFlags) validate() error {
 	if k.prepullImages < 0 || k.prepullImages > 1024 {
 		return fmt.Errorf("--prepull-images %d: want 0..1024", k.prepullImages)
 	}
+	if k.warmPods < 0 || k.warmPods > 256 {
+		return fmt.Errorf("--warm-pods %d: want 0..256", k.warmPods)
+	}
 	if k.prepullInFlight < 0 || k.prepullInFlight > 64 {
 		return fmt.Errorf("--prepull-in-flight %d: want 1..64 (0: the default, 4)", k.prepullInFlight)
 	}
@@ -170,7 +175,7 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		RunnerPeers: peers, DNSPeers: dns, DiskBytes: k.diskBytes, OpenReserved: k.openReserved,
 		Blobs: k.blobs.store, BlobConfig: k.blobs.cfg, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
-		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight,
+		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight, MaxWarm: prepullBound(k.warmPods),
 		HelloListen: k.helloListen, HelloAddr: os.ExpandEnv(k.helloAddr),
 	})
 }

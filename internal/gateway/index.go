@@ -125,12 +125,25 @@ func (x *index) adopt(s store.Sandbox) (*record, bool) {
 	return r, true
 }
 
+// known reports whether the index has a record of id (of any organization) and whether
+// that record's sandbox runs on runner runnerID.
+func (x *index) known(id, runnerID string) (known, onRunner bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	r, ok := x.byID[id]
+	return ok, ok && r.runnerID == runnerID
+}
+
 func (x *index) put(ctx context.Context, r *record, requestID string) error {
 	if err := x.persistNew(ctx, r, requestID); err != nil {
 		return err
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if cur, ok := x.byID[r.id]; ok && cur != r && cur.org != r.org {
+		// Never another organization's record (a runner answering under its ID).
+		return &store.AlreadyExistsError{Entity: "sandbox", Key: store.KeyID}
+	}
 	x.byID[r.id] = r
 	if requestID != "" {
 		x.byRequest[r.org+"\x00"+requestID] = r.id

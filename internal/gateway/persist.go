@@ -148,7 +148,11 @@ func (x *index) persistNew(ctx context.Context, r *record, requestID string) err
 	if _, err := x.st.Create(ctx, s); err != nil {
 		var dup *store.AlreadyExistsError
 		if errors.As(err, &dup) && dup.Key == store.KeyID {
-			return nil // recorded already (a retried write)
+			// Recorded already (a retried write) only when the stored row is this one's:
+			// another organization's, runner's or request's row keeps the ID.
+			if cur, gerr := x.st.Get(ctx, s.Org, s.ID); gerr == nil && cur.RunnerID == s.RunnerID && cur.RequestID == s.RequestID {
+				return nil
+			}
 		}
 		return fmt.Errorf("record sandbox %s: %w", r.id, err)
 	}

@@ -209,12 +209,25 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		}
 		s.addRegistryCredentials(&cr.Spec, org)
 		s.nameSandbox(&cr)
-		cr.Spec.Meta = c.Result.SetMeta(map[string]string{runtime.MetaOrg: org, runtime.MetaCaller: caller, runtime.MetaPolicyRevision: c.Result.PolicyRevision})
+		meta := map[string]string{runtime.MetaOrg: org, runtime.MetaCaller: caller, runtime.MetaPolicyRevision: c.Result.PolicyRevision}
+		anyID := s.platformRunner(r)
+		if anyID {
+			// A platform runner may answer under another ID: a warm sandbox's
+			// (runtime.WarmReserver); checked by answeredID. A tenant's runner is not
+			// asked: an ID is the one name every organization's sandboxes share.
+			meta[runtime.MetaAnyID] = "true"
+		}
+		cr.Spec.Meta = c.Result.SetMeta(meta)
 		// The policy's Pod settings travel with the spec (also over the runner wire); a
 		// remote runner that checks its own policy (runnerapi.Server.WithPolicy) replaces
 		// them with its policy's rather than adding to them.
 		cr.Spec.Pod = c.Result.Pod
 		sb, err := s.runnerCreate(ctx, r, ticket, cr) // judged there when it fails
+		if err == nil {
+			if err = s.answeredID(ctx, r, cr.Spec.ID, anyID, &sb); err != nil {
+				s.health.Report(ticket, health.Ignored, "")
+			}
+		}
 		if err == nil {
 			s.views.confirmed(c.Index, c.Need) // counted until the runner's usage shows it
 			s.createAccepted(r, ticket, sb)
@@ -248,6 +261,44 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 		full = append(full, quarantined[i]+": "+v.Description)
 	}
 	return nil, policy.Result{}, runner.Sandbox{}, quotaHold{}, placement.CapacityExhausted(full)
+}
+
+// platformRunner reports whether r is known to be a platform runner (serves every
+// organization): only such a runner may name a sandbox it creates (runtime.MetaAnyID).
+func (s *Server) platformRunner(r runner.Handle) bool {
+	owner, known := s.runnerOwner(r)
+	return known && owner == ""
+}
+
+// errForeignID: a runner answered a create under an ID it may not take.
+var errForeignID = errors.New("runner answered the create under another sandbox ID")
+
+// answeredID checks the ID runner r answered a create of sandbox want with (sb.ID): the
+// sandbox is indexed under it, so a runner must not name a sandbox it was not asked to,
+// nor one the gateway knows (another organization's: its record would be overwritten,
+// and the reconciler would later delete the live one). Another ID than want is taken only
+// when the runner was asked to choose (anyID: a platform runner), the ID is valid and no
+// record of any organization has it in the index (the store's insert refuses one
+// another replica recorded: persistNew). Otherwise the answered sandbox is deleted on r
+// (unless r runs a sandbox the index knows under that ID) and the attempt fails.
+func (s *Server) answeredID(ctx context.Context, r runner.Handle, want string, anyID bool, sb *runner.Sandbox) error {
+	if sb.ID == "" {
+		sb.ID = want
+	}
+	if sb.ID == want {
+		return nil
+	}
+	known, onR := s.index.known(sb.ID, r.ID())
+	if anyID && runtime.ValidID(sb.ID, 63) && !known {
+		return nil
+	}
+	s.log.Warn("runner answered a create under an ID it may not take; deleting it", "runner", r.ID(), "asked", want, "answered", sb.ID, "known", known)
+	if !onR {
+		if _, err := r.Delete(context.WithoutCancel(ctx), sb.ID, 0); err != nil {
+			s.log.Warn("delete a sandbox answered under a foreign ID", "runner", r.ID(), "sandbox", sb.ID, "err", err)
+		}
+	}
+	return apierr.New(apierr.PlacementRejected, fmt.Sprintf("runner %s: %v (asked %s, answered %s)", r.ID(), errForeignID, want, sb.ID), map[string]string{"runner": r.ID()})
 }
 
 // rejectedByRunner reports whether a runner's Create error means "not here" rather than

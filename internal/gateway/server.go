@@ -687,10 +687,15 @@ func (s *Server) create(ctx context.Context, a createArgs) (*sandboxv1.Sandbox, 
 	rec.policyRevision, _ = strconv.ParseInt(res.PolicyRevision, 10, 64)
 	if err := s.index.put(ctx, rec, a.requestID); err != nil {
 		// Not recorded, so not reachable through the API: do not leave it running, nor
-		// holding its quota.
-		_, _ = r.Delete(context.WithoutCancel(ctx), sb.ID, 0)
-		s.releaseQuota(ctx, p.Org, held.id)
+		// holding its quota; unless another record has its ID (a runner answered under
+		// it): that one's sandbox may be what runs under it.
 		var dup *store.AlreadyExistsError
+		if !errors.As(err, &dup) || dup.Key != store.KeyID {
+			_, _ = r.Delete(context.WithoutCancel(ctx), sb.ID, 0)
+		} else {
+			s.log.Warn("a created sandbox's ID is another record's; not recorded", "sandbox", sb.ID, "org", p.Org, "runner", r.ID())
+		}
+		s.releaseQuota(ctx, p.Org, held.id)
 		if errors.As(err, &dup) && dup.Key == store.KeyRequestID {
 			// Another gateway replica created this request's sandbox meanwhile: that one counts.
 			if first, ok := s.index.byRequestID(ctx, p.Org, a.requestID); ok {

@@ -453,6 +453,16 @@ func (l *Local) Capacity(context.Context) (Capacity, error) {
 		c.UsedMilliCPU += need.MilliCPU
 		c.UsedMemoryBytes += need.MemoryBytes
 	}
+	// Warm sandboxes that hold their requests where sandboxes run (Kubernetes warm Pods)
+	// are used capacity too: placement must not count their room twice.
+	if wh, ok := l.R.backend.(runtime.WarmHolder); ok {
+		for _, ws := range wh.WarmHeld() {
+			spec := withDefaults(ws, l.Defaults)
+			need := requested(spec.TotalResources())
+			c.UsedMilliCPU += need.MilliCPU
+			c.UsedMemoryBytes += need.MemoryBytes
+		}
+	}
 	return c, nil
 }
 

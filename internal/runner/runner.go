@@ -299,9 +299,6 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if err := r.checkUnreserved(req.Spec.Network); err != nil {
 		return Sandbox{}, err
 	}
-	if req.Spec.ID == "" {
-		req.Spec.ID = NewID()
-	}
 	for _, c := range req.Spec.AllContainers() {
 		if c.RestartLimit == 0 {
 			c.RestartLimit = runtime.DefaultRestartLimit
@@ -312,6 +309,7 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 			c.Resources.Pids = runtime.DefaultPidsLimit
 		}
 	}
+	reservedWarm := r.assignID(&req.Spec, orig.PullCredentials) // warm pools (warmid.go)
 	now := time.Now()
 	if req.Spec.Meta == nil {
 		req.Spec.Meta = map[string]string{}
@@ -346,11 +344,17 @@ func (r *Runner) create(ctx context.Context, req CreateRequest, keep map[string]
 	if r.closed {
 		r.mu.Unlock()
 		cancel()
+		if reservedWarm {
+			r.releaseWarm(req.Spec.ID)
+		}
 		return Sandbox{}, errors.New("runner: shutting down")
 	}
 	if _, ok := r.sandboxes[req.Spec.ID]; ok {
 		r.mu.Unlock()
 		cancel()
+		if reservedWarm {
+			r.releaseWarm(req.Spec.ID)
+		}
 		return Sandbox{}, fmt.Errorf("%w: %s", ErrAlreadyExists, req.Spec.ID)
 	}
 	r.sandboxes[req.Spec.ID] = e

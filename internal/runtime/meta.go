@@ -37,4 +37,11 @@ const (
 	MetaIdlePause     = "sandboxd.pause.idle"
 	// MetaForkedFrom is the sandbox a fork was made from. Written by the runner.
 	MetaForkedFrom = "sandboxd.forked_from"
+	// MetaAnyID is "true" when the caller of a runner's Create takes the sandbox under
+	// the ID the runner answers with rather than Spec.ID (the gateway does: it indexes
+	// the answer's ID): a runner whose backend keeps warm sandboxes under their own IDs
+	// (WarmReserver) then names the sandbox after the warm one it claims. Written by the
+	// gateway, to platform runners only (it checks the answered ID: no record may have
+	// it); removed by the runner before anything is persisted.
+	MetaAnyID = "sandboxd.any_id"
 )

@@ -23,6 +23,7 @@ var metaKeys = map[string]string{
 	MetaAutoResume:            "sandboxd.pause.auto_resume",
 	MetaIdlePause:             "sandboxd.pause.idle",
 	MetaForkedFrom:            "sandboxd.forked_from",
+	MetaAnyID:                 "sandboxd.any_id",
 }
 
 func TestMetaKeysStable(t *testing.T) {
@@ -31,8 +32,8 @@ func TestMetaKeysStable(t *testing.T) {
 			t.Errorf("a Meta key changed to %q; persisted sandboxes carry %q", got, want)
 		}
 	}
-	if len(metaKeys) != 10 {
-		t.Errorf("%d Meta keys, want 10 distinct ones", len(metaKeys))
+	if len(metaKeys) != 11 {
+		t.Errorf("%d Meta keys, want 11 distinct ones", len(metaKeys))
 	}
 }
 

@@ -97,3 +97,27 @@ func (i *PrepullImage) Org() string {
 	org, _, _ := strings.Cut(i.Target, "/")
 	return org
 }
+
+// WarmReserver is an optional interface of a WarmPooler backend whose warm sandboxes are
+// made ahead under their own sandbox IDs (the Kubernetes backend: a warm Pod is a whole
+// sandbox, named, certified and with its hostname set for that ID). The runner asks it
+// for an ID before it mints one: ReserveWarm takes a ready warm sandbox whose target
+// matches spec (a resolved spec without ID, as Create's) out of the pool and returns its
+// ID; the Create of spec under that ID then claims it (and falls back to a cold start
+// when the warm sandbox is gone by then or spec does not match it after all). ok false:
+// no ready warm sandbox for spec; the runner mints an ID as usual. A reservation no
+// Create comes for within a minute is destroyed.
+type WarmReserver interface {
+	ReserveWarm(spec *Spec) (id string, ok bool)
+	// ReleaseWarm gives a reservation back when no Create comes for it (the runner's
+	// Create returned before the backend's): the warm sandbox is ready again.
+	ReleaseWarm(id string)
+}
+
+// WarmHolder is an optional interface of a WarmPooler backend whose warm sandboxes hold
+// their resource requests where the sandboxes run (the Kubernetes backend: a warm Pod is
+// scheduled on a node): WarmHeld returns the spec of each warm sandbox kept (ready,
+// being made or reserved), so the runner counts them as used capacity.
+type WarmHolder interface {
+	WarmHeld() []Spec
+}

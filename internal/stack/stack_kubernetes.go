@@ -52,6 +52,8 @@ type KubernetesConfig struct {
 	MaxPrepull, PrepullInFlight int
 	// HelloListen and HelloAddr: see kubernetes.Config.
 	HelloListen, HelloAddr string
+	// MaxWarm: see kubernetes.Config.
+	MaxWarm int
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -91,7 +93,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		ImagePullPolicy: cfg.ImagePullPolicy, RuntimeClasses: cfg.RuntimeClasses, Logger: cfg.Logger,
 		RunnerPeers: cfg.RunnerPeers, DNSPeers: cfg.DNSPeers, DiskBytes: cfg.DiskBytes, OpenReserved: cfg.OpenReserved,
 		PlatformRegistry: cfg.PlatformRegistry, PlatformRegistryHTTP: cfg.PlatformRegistryHTTP,
-		MaxPrepull: cfg.MaxPrepull, PrepullInFlight: cfg.PrepullInFlight,
+		MaxPrepull: cfg.MaxPrepull, PrepullInFlight: cfg.PrepullInFlight, MaxWarm: cfg.MaxWarm,
 		HelloListen: cfg.HelloListen, HelloAddr: cfg.HelloAddr,
 	}
 	if cfg.Backend != nil {

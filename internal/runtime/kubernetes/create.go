@@ -64,6 +64,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if spec.Engine != nil {
 		return runtime.Info{}, fmt.Errorf("%w by the kubernetes backend yet", runtime.ErrEngineUnsupported)
 	}
+	// Warm pool (pool.go): other Creates hold refills back; a reserved warm Pod is claimed.
+	defer b.enterCreate(ctx)()
+	if info, claimed, err := b.claimWarm(ctx, spec); claimed {
+		return info, err
+	}
+	warm := warmLabel(ctx) // a refill's Create: the agent waits in standby, unclaimed
 	for _, c := range spec.AllContainers() {
 		if len(c.SecretEnv) > 0 {
 			// A Pod's env is stored by the API server: secrets from the built-in store
@@ -121,10 +127,17 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			return runtime.Info{}, err
 		}
 	}
-	lbls := b.labels(spec)
+	// LabelWarm goes on the Pod and its Secret only (what Recover reads): the
+	// NetworkPolicy and the pull Secret keep the sandbox's labels once it is claimed,
+	// so a cleanup by that label never strips a live sandbox's policy.
+	base := b.labels(spec)
+	lbls := maps.Clone(base)
+	if warm != "" {
+		lbls[LabelWarm] = warm
+	}
 	// Translated before anything is made: a rule NetworkPolicy cannot express refuses
 	// the spec.
-	np, err := b.networkPolicyFor(spec, lbls)
+	np, err := b.networkPolicyFor(spec, base)
 	if err != nil {
 		return runtime.Info{}, err
 	}
@@ -227,7 +240,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
 		inPod := acfg
-		if holdInStandby(spec, plan) {
+		if holdInStandby(spec, plan) || warm != "" {
 			// Held in standby until the restored volumes are filled (snapshot.go), and a
 			// GLOBAL writer's until its filler's agent answers (also on an empty volume):
 			// the gate's hold and the commit go through that agent.
@@ -280,7 +293,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		})
 	}
 	if ps != nil {
-		ps.Namespace, ps.Labels = b.cfg.Namespace, lbls
+		ps.Namespace, ps.Labels = b.cfg.Namespace, maps.Clone(base)
 		ownPull = ps.Name
 		writes.Go(func() error {
 			if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
@@ -371,6 +384,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	info, err := b.waitRunning(ctx, s)
 	if err != nil {
 		return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if warm != "" {
+		return info, nil // a warm Pod: its claim starts the main command (pool.go)
 	}
 	if startCfg != nil {
 		// The agent answers in standby: fill the volumes, then start the main command.

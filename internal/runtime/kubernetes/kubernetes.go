@@ -146,6 +146,9 @@ type Config struct {
 	// MaxPrepull bounds the template images pre-pulled onto the nodes (prepull.go); 0
 	// means DefaultMaxPrepull, negative disables pre-pull.
 	MaxPrepull int
+	// MaxWarm bounds the warm Pods kept for all warm targets together (pool.go); 0
+	// means DefaultMaxWarm, negative keeps none (warm targets are then pre-pulled only).
+	MaxWarm int
 	// PrepullInFlight bounds the pre-pull Pods that exist at once; 0 means
 	// DefaultPrepullInFlight.
 	PrepullInFlight int
@@ -192,6 +195,8 @@ type Backend struct {
 	orgMu sync.Mutex
 	// prepull keeps template images on the nodes (prepull.go); nil: disabled.
 	prepull *prepuller
+	// warm keeps warm Pods for the warm targets (pool.go); nil: disabled.
+	warm *warmPool
 
 	// eventsWarned: reading Pods' events failed and was logged (observe.go).
 	eventsWarned atomic.Bool
@@ -357,6 +362,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.MaxPrepull >= 0 {
 		b.prepull = newPrepuller(b)
 	}
+	if cfg.MaxWarm >= 0 {
+		b.warm = newWarmPool(b)
+	}
 	return b, nil
 }
 
@@ -365,6 +373,9 @@ func (b *Backend) Close() {
 	b.cancel()
 	if b.prepull != nil {
 		b.prepull.close()
+	}
+	if b.warm != nil {
+		b.warm.close() // its warm Pods stay: the next Recover removes them
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -765,6 +776,8 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		return nil, fmt.Errorf("kubernetes backend: list pods: %w", err)
 	}
 	var out []runtime.Recovered
+	var warmGone sync.WaitGroup // unclaimed warm Pods, deleted in parallel
+	defer warmGone.Wait()
 	for i := range list.Items {
 		pod := &list.Items[i]
 		id := pod.Labels[LabelSandbox]
@@ -779,6 +792,19 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		}
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes backend: secret of %s: %w", id, err)
+		}
+		if unclaimedWarm(pod, sec) { // pool.go
+			if !b.warm.owns(id) {
+				b.log.Info("warm pod never claimed: deleting it", "sandbox", id)
+				warmGone.Add(1)
+				go func() {
+					defer warmGone.Done()
+					if err := b.Destroy(ctx, id); err != nil {
+						b.log.Warn("delete a warm pod never claimed", "sandbox", id, "err", err)
+					}
+				}()
+			}
+			continue
 		}
 		s, err := sandboxFromSecret(id, sec)
 		if err != nil {
@@ -846,7 +872,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			// vanished rather than holding the volume's lease with nothing started.
 			rec.Alive, rec.Exit = true, nil
 		}
-		if rec.Alive && pod.Status.PodIP != "" && (restoresVolumes(&s.spec) || commits(&s.spec)) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
+		if rec.Alive && pod.Status.PodIP != "" && (restoresVolumes(&s.spec) || commits(&s.spec) || warmClaimBegun(pod)) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
 			// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler) cut
 			// short by the restart: its main command was never started (the agent still
 			// holds it): vanished, as above; a writer's copy is never committed.

@@ -167,9 +167,10 @@ func samePodPlacement(a, b *runtime.PodSettings) bool {
 		})
 }
 
-// SetWarmPools implements runtime.WarmPooler: the Kubernetes backend keeps no warm
-// pool, it pre-pulls the targets' images onto the nodes (see above).
+// SetWarmPools implements runtime.WarmPooler: the targets' images are pre-pulled onto
+// the nodes (see above), and the poolable targets get warm Pods (pool.go).
 func (b *Backend) SetWarmPools(_ context.Context, targets []runtime.WarmTarget) error {
+	b.setWarmTargets(targets)
 	if b.prepull == nil {
 		return nil
 	}
