@@ -144,7 +144,11 @@ func (b *Backend) helloTarget() (netip.Addr, int, bool) {
 }
 
 // helloEgress is the egress rule a sandbox's NetworkPolicy needs for its hello: UDP to
-// the runner's hello port only (the runner's peers, else its hello address).
+// the runner's hello port, at the hello address's host only (its /32 or /128) and at
+// the runner's Pod selector peers of RunnerPeers (on CNIs that match Pod traffic by
+// selector, not ipBlock). RunnerPeers' ipBlocks are NOT copied: a CIDR there is where
+// the runner may come from, and as a destination it would open the hello port of every
+// address in it (another sandbox listening on it, say) also under deny-all egress.
 func (b *Backend) helloEgress() (networkingv1.NetworkPolicyEgressRule, bool) {
 	ip, port, ok := b.helloTarget()
 	if b.cfg.HelloAddr == "" || !ok {
@@ -153,14 +157,16 @@ func (b *Backend) helloEgress() (networkingv1.NetworkPolicyEgressRule, bool) {
 	udp := corev1.ProtocolUDP
 	p := intstr.FromInt(port)
 	rule := networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &p}}}
-	if len(b.cfg.RunnerPeers) > 0 {
-		rule.To = append(rule.To, b.cfg.RunnerPeers...)
-	} else {
-		bits := 32
-		if ip.Is6() {
-			bits = 128
+	for _, peer := range b.cfg.RunnerPeers {
+		if peer.IPBlock != nil || (peer.PodSelector == nil && peer.NamespaceSelector == nil) {
+			continue
 		}
-		rule.To = []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(ip, bits).String()}}}
+		rule.To = append(rule.To, *peer.DeepCopy())
 	}
+	bits := 32
+	if ip.Is6() {
+		bits = 128
+	}
+	rule.To = append(rule.To, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(ip, bits).String()}})
 	return rule, true
 }

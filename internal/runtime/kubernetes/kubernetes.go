@@ -161,8 +161,8 @@ type Config struct {
 	// runner's address as the Pods reach it), both set: the runner takes each sandbox's
 	// gate hello (hello.go) and dials its agent as soon as it listens, instead of after
 	// the kubelet reported the Pod's IP (its next relist, up to ~1 s). Every sandbox
-	// NetworkPolicy then allows UDP to that port of the runner (RunnerPeers, else
-	// HelloAddr's address). Empty: off.
+	// NetworkPolicy then allows UDP to that port at HelloAddr's host and at RunnerPeers'
+	// selector peers (not its ipBlocks: hello.go helloEgress). Empty: off.
 	HelloListen, HelloAddr string
 	// StepHook, when set, is told when a sandbox's Pod first reaches each step of its
 	// create as the backend sees it (Step* names): for measuring (the time-to-first-command
