@@ -658,9 +658,12 @@ func ptr[T any](v T) *T { return &v }
 func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, error) {
 	timer := time.NewTimer(b.cfg.StartTimeout)
 	defer timer.Stop()
-	pctx, stopPing := context.WithCancel(ctx)
-	defer stopPing()
-	var pinged chan error // set once pinging has started
+	var (
+		pinged   chan error // set while a ping runs
+		pingIP   string     // the IP it pings
+		stopPing = func() {}
+	)
+	defer func() { stopPing() }()
 	for {
 		b.mu.Lock()
 		pod, ch, helloIP := s.pod, s.changed, s.helloIP
@@ -681,19 +684,23 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			}
 			return b.info(s), nil
 		}
-		ip := helloIP // the gate's hello comes before the kubelet's report
-		if ip == "" && pod != nil {
+		// The gate's hello comes before the kubelet's report; once the kubelet reports an
+		// IP, that one wins: a ping of a hello's IP that differs is replaced, so a hello
+		// whose address does not answer cannot hold the create until StartTimeout.
+		ip := helloIP
+		if pod != nil && pod.Status.PodIP != "" {
 			ip = pod.Status.PodIP
 		}
-		if pinged == nil && ip != "" {
+		if ip != "" && (pinged == nil || ip != pingIP) {
+			stopPing()
 			b.mu.Lock()
 			if s.steps != nil && s.steps.pinging.IsZero() {
 				s.steps.pinging = time.Now()
 				b.hookLocked(s, StepPinging, s.steps.pinging)
 			}
 			b.mu.Unlock()
-			pinged = make(chan error, 1)
-			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(ip)
+			pinged, stopPing = b.startPing(ctx, s, ip)
+			pingIP = ip
 		}
 		select {
 		case <-ch:
@@ -716,18 +723,33 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 	}
 }
 
+// startPing runs pingUntil(ip) until it ends or the returned function is called; its
+// result comes on the channel.
+func (b *Backend) startPing(ctx context.Context, s *sandbox, ip string) (chan error, func()) {
+	pctx, cancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	go func() { ch <- b.pingUntil(pctx, s, ip) }()
+	return ch, cancel
+}
+
 func (b *Backend) info(s *sandbox) runtime.Info {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return infoOf(s)
 }
 
-// pingRetry is how long pingUntil waits after an attempt failed: the ping starts once
-// the Pod has an IP, when its agent is almost always up already, so this is the fallback.
-const pingRetry = 10 * time.Millisecond
+// pingRetry is how long pingUntil waits after the first failed attempt, doubling up to
+// pingRetryMax: the ping starts once the Pod has an IP, when its agent is almost always
+// up already, so retries are the fallback (and a gate that keeps refusing is not dialed
+// every 10 ms).
+const (
+	pingRetry    = 10 * time.Millisecond
+	pingRetryMax = 200 * time.Millisecond
+)
 
 // pingUntil asks the agent until it answers or ctx ends.
 func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
+	wait := pingRetry
 	for {
 		err := b.pingAgent(ctx, s, ip)
 		if err == nil || ctx.Err() != nil {
@@ -735,10 +757,11 @@ func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
 		}
 		b.log.Debug("agent not ready", "sandbox", s.id, "err", err)
 		select {
-		case <-time.After(pingRetry):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		wait = min(2*wait, pingRetryMax)
 	}
 }
 
