@@ -167,9 +167,13 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.sandboxes[spec.ID] = s
 	b.mu.Unlock()
+	// What this Create made: a failed Create undoes only that. A duplicate ID (the
+	// sandbox's Secret exists: another sandbox's, maybe of another runner) leaves the
+	// existing sandbox's objects alone.
+	var made createMade
 	defer func() {
 		if err != nil {
-			if derr := b.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
+			if derr := b.undoCreate(context.WithoutCancel(ctx), spec.ID, &made); derr != nil {
 				b.log.Warn("undo failed create", "sandbox", spec.ID, "err", derr)
 			}
 			b.mu.Lock()
@@ -262,11 +266,14 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	var (
 		writes  errgroup.Group
 		secErr  error
+		secDone = make(chan struct{})
 		orgName string
 		ownPull string
 	)
 	writes.Go(func() error {
+		defer close(secDone)
 		secErr = b.createSandboxSecret(ctx, spec.ID, sec)
+		made.secret = secErr == nil
 		return secErr
 	})
 	if orgPull != nil {
@@ -286,14 +293,29 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
 			}
+			made.pull = true
 			return nil
 		})
 	}
 	if np != nil {
 		writes.Go(func() error {
-			if err := b.createNetworkPolicy(ctx, np); err != nil {
+			// A plain create: an existing policy of that name is replaced only once this
+			// Create holds the ID (its sandbox Secret was made): a leftover of a create
+			// that died before its Pod, never a live sandbox's policy.
+			_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Create(ctx, np, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				<-secDone
+				if secErr != nil {
+					return secErr
+				}
+				err = b.createNetworkPolicy(ctx, np)
+			} else if apierrors.IsInvalid(err) {
+				err = fmt.Errorf("%w: network policy: %w", runtime.ErrInvalidSpec, err)
+			}
+			if err != nil {
 				return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 			}
+			made.policy = true
 			return nil
 		})
 	}
@@ -327,6 +349,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	s.steps = &createSteps{}
 	b.mu.Unlock()
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	// Any outcome but "exists" may have made it (a timeout after the write).
+	made.pod = err == nil || !apierrors.IsAlreadyExists(err)
 	if err != nil {
 		switch {
 		case apierrors.IsAlreadyExists(err):
@@ -397,6 +421,37 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 }
 
 // createSandboxSecret creates the sandbox's own Secret (agent config, keys, spec).
+// createMade records which objects a Create made.
+type createMade struct{ secret, pull, policy, pod bool }
+
+// undoCreate undoes a failed Create: Destroy once it may have made the Pod (under its
+// UID once known), else the deletion of exactly the objects it made.
+func (b *Backend) undoCreate(ctx context.Context, id string, m *createMade) error {
+	if m.pod {
+		return b.Destroy(ctx, id)
+	}
+	var errs []error
+	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
+	for _, o := range []struct {
+		made bool
+		del  func() error
+	}{
+		{m.secret, func() error { return secrets.Delete(ctx, secretName(id), metav1.DeleteOptions{}) }},
+		{m.pull, func() error { return secrets.Delete(ctx, pullSecretName(id), metav1.DeleteOptions{}) }},
+		{m.policy, func() error {
+			return b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Delete(ctx, networkPolicyName(id), metav1.DeleteOptions{})
+		}},
+	} {
+		if !o.made {
+			continue
+		}
+		if err := o.del(); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (b *Backend) createSandboxSecret(ctx context.Context, id string, sec *corev1.Secret) error {
 	_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Create(ctx, sec, metav1.CreateOptions{})
 	switch {
