@@ -750,6 +750,10 @@ func (b *Backend) waitPodIP(ctx context.Context, s *sandbox, d time.Duration) st
 	}
 }
 
+// recoverIPWait bounds Recover's waits for the kubelet to report Pod IPs, all Pods
+// together.
+const recoverIPWait = 3 * time.Second
+
 // Recover implements runtime.Backend: the runner's Pods, with their spec and keys from
 // their Secrets. Pods whose Secret is missing (a Create cut short) are deleted.
 func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
@@ -758,6 +762,8 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		return nil, fmt.Errorf("kubernetes backend: list pods: %w", err)
 	}
 	var out []runtime.Recovered
+	// One deadline for every wait for a Pod's IP below, however many Pods wait.
+	ipDeadline := time.Now().Add(recoverIPWait)
 	for i := range list.Items {
 		pod := &list.Items[i]
 		id := pod.Labels[LabelSandbox]
@@ -812,11 +818,13 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		}
 		b.mu.Unlock()
 		ip := pod.Status.PodIP
-		if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) {
+		if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) &&
+			time.Since(pod.CreationTimestamp.Time) < b.cfg.StartTimeout && time.Until(ipDeadline) > 0 {
 			// A create that took its gate's hello returns before the kubelet reports the
 			// Pod's IP (its next relist, ~1 s): a runner restarted within that window
-			// waits for the report.
-			ip = b.waitPodIP(ctx, s, 3*time.Second)
+			// waits for the report, for a Pod young enough to be such a create only, and
+			// all of them within one shared recoverIPWait.
+			ip = b.waitPodIP(ctx, s, time.Until(ipDeadline))
 		}
 		if notRunning && ip != "" && pod.DeletionTimestamp == nil {
 			// The kubelet reports a container running only at its next relist, seconds
