@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"crypto/rand"
 	"errors"
+	"hash/maphash"
 	"net"
 	"net/netip"
 	"strconv"
@@ -34,12 +35,13 @@ const StepHello = "hello"
 // helloWindow bounds how far a hello's time may be from the runner's clock.
 const helloWindow = 60 * time.Second
 
-// Per-source rate of hellos: helloBurst at once, then one per helloEvery; at most
-// maxHelloSources sources are tracked (beyond, the table starts over).
+// Per-source rate of hellos: helloBurst at once, then one per helloEvery, in a fixed
+// table of helloBuckets buckets a source is hashed to (a key made per process): many
+// (spoofed) sources cannot reset anyone's bucket, only share one.
 const (
-	helloBurst      = 8
-	helloEvery      = 50 * time.Millisecond
-	maxHelloSources = 4096
+	helloBurst   = 8
+	helloEvery   = 50 * time.Millisecond
+	helloBuckets = 4096
 )
 
 // newHelloKey is a fresh per-sandbox hello key.
@@ -49,27 +51,34 @@ func newHelloKey() ([]byte, error) {
 	return k, err
 }
 
-// helloLimiter is a token bucket per source address.
+// helloLimiter is a token bucket per source address (hashed into a fixed table).
 type helloLimiter struct {
 	mu      sync.Mutex
-	buckets map[netip.Addr]*helloBucket
+	seeded  bool
+	seed    maphash.Seed
+	buckets [helloBuckets]helloBucket
 }
 
 type helloBucket struct {
 	tokens float64
-	at     time.Time
+	at     time.Time // zero: unused (full)
+}
+
+// bucket is src's bucket; l.mu held.
+func (l *helloLimiter) bucket(src netip.Addr) *helloBucket {
+	if !l.seeded {
+		l.seed, l.seeded = maphash.MakeSeed(), true
+	}
+	a := src.As16()
+	return &l.buckets[maphash.Bytes(l.seed, a[:])%helloBuckets]
 }
 
 func (l *helloLimiter) allow(src netip.Addr, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.buckets == nil || len(l.buckets) >= maxHelloSources {
-		l.buckets = map[netip.Addr]*helloBucket{}
-	}
-	bk := l.buckets[src]
-	if bk == nil {
-		bk = &helloBucket{tokens: helloBurst, at: now}
-		l.buckets[src] = bk
+	bk := l.bucket(src)
+	if bk.at.IsZero() {
+		bk.tokens, bk.at = helloBurst, now
 	}
 	bk.tokens = min(helloBurst, bk.tokens+float64(now.Sub(bk.at))/float64(helloEvery))
 	bk.at = now
@@ -114,11 +123,21 @@ func (b *Backend) takeHello(p []byte, src netip.Addr, now time.Time) bool {
 	if d := now.Sub(h.At); d > helloWindow || d < -helloWindow {
 		return false
 	}
+	// Only a Create waiting for its agent takes one, once. The MAC is checked outside
+	// the backend's lock (a flood must not hold it), then the state again under it.
+	b.mu.Lock()
+	s := b.sandboxes[h.ID]
+	var key []byte
+	if s != nil && s.steps != nil && s.helloIP == "" {
+		key = s.helloKey
+	}
+	b.mu.Unlock()
+	if key == nil || !h.Verify(key) {
+		return false
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.sandboxes[h.ID]
-	// Only a Create waiting for its agent takes one, once.
-	if s == nil || s.helloKey == nil || s.steps == nil || s.helloIP != "" || !h.Verify(s.helloKey) {
+	if b.sandboxes[h.ID] != s || s.steps == nil || s.helloIP != "" {
 		return false
 	}
 	s.helloIP = h.IP.String()
