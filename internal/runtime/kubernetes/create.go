@@ -855,6 +855,13 @@ type spareConn struct {
 func (b *Backend) keepSpare(s *sandbox, ip string, c net.Conn) {
 	sp := &spareConn{conn: c, ip: ip}
 	b.mu.Lock()
+	select {
+	case <-s.done: // ended (or destroyed) meanwhile: nobody will take it
+		b.mu.Unlock()
+		_ = c.Close()
+		return
+	default:
+	}
 	old := s.spare
 	s.spare = sp
 	b.mu.Unlock()
@@ -872,6 +879,15 @@ func (b *Backend) keepSpare(s *sandbox, ip string, c net.Conn) {
 			_ = c.Close()
 		}
 	})
+}
+
+// dropSpareLocked closes s's kept connection, if any (its sandbox ended or goes); b.mu
+// held.
+func dropSpareLocked(s *sandbox) {
+	if sp := s.spare; sp != nil {
+		s.spare = nil
+		go sp.conn.Close() // a TLS close writes: not under the lock
+	}
 }
 
 // takeSpare returns s's kept verified connection to its primary agent at ip (nil: none;

@@ -408,6 +408,7 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && s.spec.Multi() && primaryEnded(s.pod) {
 			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit, writer)
 			close(s.done)
+			dropSpareLocked(s)
 		}
 		if writer && !s.deleted && !s.stopping && gateEnded(s.pod) && !workloadEnded(s.pod, &s.spec) && !podEnded(s.pod) {
 			// A writer's gate ended while its workload runs (it was killed, or crashed):
@@ -659,6 +660,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if s == nil {
 		s = &sandbox{id: id}
 	}
+	b.mu.Lock()
+	dropSpareLocked(s) // the ping's kept connection goes with the sandbox
+	b.mu.Unlock()
 	b.waitCaptures(ctx, s)
 	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops
 	// its containers before the object goes (grace 0 would leave that for later).

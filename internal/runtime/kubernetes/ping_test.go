@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -221,6 +222,48 @@ func TestWaitRunningHello(t *testing.T) {
 				t.Error("no verified connection kept for 10.0.0.2")
 			} else {
 				sp.Close()
+			}
+		})
+	}
+}
+
+// TestSpareClosedOnEnd: the ping's kept connection is closed at once when its sandbox is
+// destroyed or ends (not only after spareTTL), and one kept after the end is closed.
+func TestSpareClosedOnEnd(t *testing.T) {
+	closed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		return errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe)
+	}
+	b, _ := newFakeBackend(t, Config{})
+	for _, how := range []string{"destroy", "end", "kept after the end"} {
+		t.Run(how, func(t *testing.T) {
+			s := &sandbox{id: "sp1", pod: &corev1.Pod{}, changed: make(chan struct{}), done: make(chan struct{})}
+			b.mu.Lock()
+			b.sandboxes["sp1"] = s
+			b.mu.Unlock()
+			defer func() { b.mu.Lock(); delete(b.sandboxes, "sp1"); b.mu.Unlock() }()
+			mine, peer := net.Pipe()
+			defer peer.Close()
+			if how != "kept after the end" {
+				b.keepSpare(s, "10.0.0.1", mine)
+			}
+			switch how {
+			case "destroy":
+				if err := b.Destroy(t.Context(), "sp1"); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				b.mu.Lock()
+				s.pod = &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed}}
+				b.evaluateLocked(s)
+				b.mu.Unlock()
+				if how == "kept after the end" {
+					b.keepSpare(s, "10.0.0.1", mine)
+				}
+			}
+			if !closed(peer) {
+				t.Error("the kept connection is still open")
 			}
 		})
 	}
