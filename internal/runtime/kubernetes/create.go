@@ -420,7 +420,6 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	return info, nil
 }
 
-// createSandboxSecret creates the sandbox's own Secret (agent config, keys, spec).
 // createMade records which objects a Create made.
 type createMade struct{ secret, pull, policy, pod bool }
 
@@ -452,6 +451,7 @@ func (b *Backend) undoCreate(ctx context.Context, id string, m *createMade) erro
 	return errors.Join(errs...)
 }
 
+// createSandboxSecret creates the sandbox's own Secret (agent config, keys, spec).
 func (b *Backend) createSandboxSecret(ctx context.Context, id string, sec *corev1.Secret) error {
 	_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Create(ctx, sec, metav1.CreateOptions{})
 	switch {
