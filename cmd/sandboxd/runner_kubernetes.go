@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -50,7 +51,7 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.peerPods, "runner-peer-pods", "", "kubernetes backend: the runner's Pod labels, k=v,… (in $POD_NAMESPACE, else --namespace): sandboxes' NetworkPolicies let those Pods in")
 	fs.StringVar(&k.dnsCIDRs, "dns-cidrs", "", "kubernetes backend: comma-separated CIDRs of the cluster DNS that sandboxes may always query (default: the kube-system namespace)")
 	fs.StringVar(&k.helloListen, "hello-listen", "", "kubernetes backend: UDP host:port where the runner takes its sandboxes' gate hellos, so it dials a new sandbox's agent without waiting for the kubelet's status (~1 s); with --hello-addr (docs/hardening.md)")
-	fs.StringVar(&k.helloAddr, "hello-addr", "", "kubernetes backend: IP:port the sandboxes' gates send hellos to (this runner as the Pods reach it; $POD_IP expands); sandbox NetworkPolicies allow UDP to it")
+	fs.StringVar(&k.helloAddr, "hello-addr", "", "kubernetes backend: IP:port the sandboxes' gates send hellos to (this runner as the Pods reach it; $POD_IP expands in the host part, an IPv6 one too: '$POD_IP:7444'); sandbox NetworkPolicies allow UDP to it")
 	fs.BoolVar(&k.leaderElect, "leader-elect", false, "kubernetes backend: hold a coordination.k8s.io Lease before acting, so two replicas never act at once")
 	fs.StringVar(&k.leaseName, "leader-elect-lease", "sandboxd-runner", "kubernetes backend: name of the Lease")
 	fs.StringVar(&k.leaseNamespace, "leader-elect-namespace", "", "kubernetes backend: namespace of the Lease (default $POD_NAMESPACE, else --namespace)")
@@ -169,6 +170,12 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	if err != nil {
 		return nil, err
 	}
+	helloAddr := ""
+	if k.helloAddr != "" {
+		if helloAddr, err = expandHelloAddr(k.helloAddr, os.Getenv); err != nil {
+			return nil, err
+		}
+	}
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
@@ -176,8 +183,27 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		Blobs: k.blobs.store, BlobConfig: k.blobs.cfg, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
 		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight, MaxWarm: prepullBound(k.warmPods),
-		HelloListen: k.helloListen, HelloAddr: os.ExpandEnv(k.helloAddr),
+		HelloListen: k.helloListen, HelloAddr: helloAddr,
 	})
+}
+
+// expandHelloAddr expands environment variables in --hello-addr's host part only, then
+// joins it with the port: "$POD_IP:7444" (or "[$POD_IP]:7444") with an IPv6 POD_IP
+// gives "[fd00::5]:7444", not the unparseable "fd00::5:7444". The host must be an IP.
+func expandHelloAddr(raw string, getenv func(string) string) (string, error) {
+	host, port, err := net.SplitHostPort(raw)
+	if err != nil {
+		return "", fmt.Errorf("--hello-addr %q: want IP:port ([IPv6]:port for a literal IPv6 address): %w", raw, err)
+	}
+	h := os.Expand(host, getenv)
+	ip, err := netip.ParseAddr(h)
+	if err != nil || ip.Zone() != "" {
+		return "", fmt.Errorf("--hello-addr %q: host %q is not an IP address", raw, h)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		return "", fmt.Errorf("--hello-addr %q: port %q: want 1..65535", raw, port)
+	}
+	return net.JoinHostPort(ip.Unmap().String(), port), nil
 }
 
 // prepullBound turns --prepull-images into kubernetes.Config.MaxPrepull (0 there is the

@@ -2,7 +2,9 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
@@ -56,4 +58,64 @@ func TestLateImageDigest(t *testing.T) {
 		g, err := r.Get(sb.ID)
 		return err == nil && g.ImageDigest == "sha256:late"
 	})
+}
+
+// lateRecoverBackend also recovers its sandboxes without the digest (a runner restarted
+// between a Create that took the hello and the kubelet's report).
+type lateRecoverBackend struct{ *lateBackend }
+
+func (b *lateRecoverBackend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
+	recs, err := b.Fake.Recover(ctx)
+	for i := range recs {
+		recs[i].Info.ImageDigest = ""
+	}
+	return recs, err
+}
+
+// TestLateImageDigestRecovered: a recovered live sandbox without its image digest gets
+// it once the backend knows it.
+func TestLateImageDigestRecovered(t *testing.T) {
+	be := &lateRecoverBackend{&lateBackend{Fake: runtimetest.NewFake(), release: make(chan struct{})}}
+	t.Cleanup(be.Close)
+	be.Put(runtime.Recovered{Spec: runtime.Spec{ID: "rec-1", Container: runtime.Container{Image: "busybox", Command: "sleep"}}, Alive: true})
+	r, err := New(context.Background(), Config{Backend: be, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	if g, err := r.Get("rec-1"); err != nil || g.State != StateRunning || g.ImageDigest != "" {
+		t.Fatalf("recovered: %+v %v", g, err)
+	}
+	close(be.release)
+	eventually(t, "the late digest", func() bool {
+		g, err := r.Get("rec-1")
+		return err == nil && g.ImageDigest == "sha256:late"
+	})
+}
+
+// TestHoldForLateInfo: a fork or export waits for the late digest as long as the
+// background wait runs (not a fixed 1.5 s), and no longer than its ctx.
+func TestHoldForLateInfo(t *testing.T) {
+	r := &Runner{}
+	e := newEntry(Sandbox{ID: "s"})
+	done := make(chan struct{})
+	e.lateInfo = done
+	go func() {
+		time.Sleep(2 * time.Second)
+		r.mu.Lock()
+		e.sb.ImageDigest = "sha256:late"
+		r.mu.Unlock()
+		close(done)
+	}()
+	sb, err := r.holdForLateInfo(context.Background(), e)
+	if err != nil || sb.ImageDigest != "sha256:late" {
+		t.Errorf("hold: %q, %v; want the late digest", sb.ImageDigest, err)
+	}
+	e2 := newEntry(Sandbox{ID: "s2"})
+	e2.lateInfo = make(chan struct{})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := r.holdForLateInfo(ctx, e2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("hold past its ctx: %v", err)
+	}
 }

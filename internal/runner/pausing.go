@@ -319,7 +319,11 @@ func (r *Runner) Fork(ctx context.Context, id string, targets []ForkTarget) ([]F
 	}
 	if src.ImageDigest == "" {
 		// A backend that reports the digest after RUNNING (runtime.LateInfoWaiter).
-		src.ImageDigest = r.holdForLateInfo(e).ImageDigest
+		late, err := r.holdForLateInfo(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		src.ImageDigest = late.ImageDigest
 	}
 	sup, _, why := r.pauseSupport(class)
 	fk, ok := r.backend.(runtime.Forker)

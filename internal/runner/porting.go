@@ -143,7 +143,11 @@ func (r *Runner) ExportCheckpoint(ctx context.Context, id string) (CheckpointRef
 	}
 	if src.ImageDigest == "" {
 		// A backend that reports the digest after RUNNING (runtime.LateInfoWaiter).
-		src.ImageDigest = r.holdForLateInfo(e).ImageDigest
+		late, err := r.holdForLateInfo(ctx, e)
+		if err != nil {
+			return CheckpointRef{}, Sandbox{}, err
+		}
+		src.ImageDigest = late.ImageDigest
 	}
 	porter, platform, err := r.porter(class)
 	if err != nil {

@@ -540,12 +540,9 @@ func (r *Runner) Agent(ctx context.Context, id, container string) (agentv1connec
 }
 
 // lateInfoWait bounds how long the runner waits for a backend's late Info in the
-// background; lateInfoHold how long a fork or export waits for it (the Kubernetes
-// backend's comes with the kubelet's next relist, ≤ ~1 s).
-const (
-	lateInfoWait = 30 * time.Second
-	lateInfoHold = 1500 * time.Millisecond
-)
+// background (the Kubernetes backend's comes with the kubelet's next relist, ≤ ~1 s); a
+// fork or export waits for that wait to end, or for its own ctx.
+const lateInfoWait = 30 * time.Second
 
 // awaitLateInfo takes, in the background, what a backend's Create returned without (its
 // image digest): from runtime.LateInfoWaiter, bounded by lateInfoWait.
@@ -577,21 +574,23 @@ func (r *Runner) awaitLateInfo(e *entry, info runtime.Info) {
 	}()
 }
 
-// holdForLateInfo waits (at most lateInfoHold) for e's late Info, if one is awaited, and
-// returns e's snapshot then: a fork or export records the image digest.
-func (r *Runner) holdForLateInfo(e *entry) Sandbox {
+// holdForLateInfo waits for e's late Info, if one is awaited (until the background wait
+// has it or gave up, at most lateInfoWait, or ctx ends), and returns e's snapshot then:
+// a fork or export records the image digest rather than going on without it.
+func (r *Runner) holdForLateInfo(ctx context.Context, e *entry) (Sandbox, error) {
 	r.mu.Lock()
 	ch := e.lateInfo
 	r.mu.Unlock()
 	if ch != nil {
 		select {
 		case <-ch:
-		case <-time.After(lateInfoHold):
+		case <-ctx.Done():
+			return Sandbox{}, ctx.Err()
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return e.snapshot()
+	return e.snapshot(), nil
 }
 
 // container resolves a container name of e's sandbox ("" = the primary): its name, and
@@ -1617,6 +1616,9 @@ func (r *Runner) recover(ctx context.Context) error {
 		}
 		r.mu.Unlock()
 		if live {
+			// A Create cut short after its agent answered, before the backend knew the
+			// image digest (runtime.LateInfoWaiter): taken as for a new sandbox.
+			r.awaitLateInfo(e, rec.Info)
 			r.log.Info("re-adopted sandbox", "sandbox", rec.Spec.ID)
 			go func() {
 				defer r.wg.Done()

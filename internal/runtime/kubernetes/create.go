@@ -180,9 +180,13 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.sandboxes[spec.ID] = s
 	b.mu.Unlock()
+	// What this Create made: a failed Create undoes only that. A duplicate ID (the
+	// sandbox's Secret exists: another sandbox's, maybe of another runner) leaves the
+	// existing sandbox's objects alone.
+	var made createMade
 	defer func() {
 		if err != nil {
-			if derr := b.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
+			if derr := b.undoCreate(context.WithoutCancel(ctx), spec.ID, &made); derr != nil {
 				b.log.Warn("undo failed create", "sandbox", spec.ID, "err", derr)
 			}
 			b.mu.Lock()
@@ -275,11 +279,14 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	var (
 		writes  errgroup.Group
 		secErr  error
+		secDone = make(chan struct{})
 		orgName string
 		ownPull string
 	)
 	writes.Go(func() error {
+		defer close(secDone)
 		secErr = b.createSandboxSecret(ctx, spec.ID, sec)
+		made.secret = secErr == nil
 		return secErr
 	})
 	if orgPull != nil {
@@ -299,14 +306,29 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			if _, err := secrets.Create(ctx, ps, metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create sandbox %s: pull secret: %w", spec.ID, err)
 			}
+			made.pull = true
 			return nil
 		})
 	}
 	if np != nil {
 		writes.Go(func() error {
-			if err := b.createNetworkPolicy(ctx, np); err != nil {
+			// A plain create: an existing policy of that name is replaced only once this
+			// Create holds the ID (its sandbox Secret was made): a leftover of a create
+			// that died before its Pod, never a live sandbox's policy.
+			_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Create(ctx, np, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				<-secDone
+				if secErr != nil {
+					return secErr
+				}
+				err = b.createNetworkPolicy(ctx, np)
+			} else if apierrors.IsInvalid(err) {
+				err = fmt.Errorf("%w: network policy: %w", runtime.ErrInvalidSpec, err)
+			}
+			if err != nil {
 				return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 			}
+			made.policy = true
 			return nil
 		})
 	}
@@ -340,6 +362,8 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	s.steps = &createSteps{}
 	b.mu.Unlock()
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	// Any outcome but "exists" may have made it (a timeout after the write).
+	made.pod = err == nil || !apierrors.IsAlreadyExists(err)
 	if err != nil {
 		switch {
 		case apierrors.IsAlreadyExists(err):
@@ -410,6 +434,37 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.startLogs(s)
 	return info, nil
+}
+
+// createMade records which objects a Create made.
+type createMade struct{ secret, pull, policy, pod bool }
+
+// undoCreate undoes a failed Create: Destroy once it may have made the Pod (under its
+// UID once known), else the deletion of exactly the objects it made.
+func (b *Backend) undoCreate(ctx context.Context, id string, m *createMade) error {
+	if m.pod {
+		return b.Destroy(ctx, id)
+	}
+	var errs []error
+	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
+	for _, o := range []struct {
+		made bool
+		del  func() error
+	}{
+		{m.secret, func() error { return secrets.Delete(ctx, secretName(id), metav1.DeleteOptions{}) }},
+		{m.pull, func() error { return secrets.Delete(ctx, pullSecretName(id), metav1.DeleteOptions{}) }},
+		{m.policy, func() error {
+			return b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Delete(ctx, networkPolicyName(id), metav1.DeleteOptions{})
+		}},
+	} {
+		if !o.made {
+			continue
+		}
+		if err := o.del(); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // createSandboxSecret creates the sandbox's own Secret (agent config, keys, spec).
@@ -674,9 +729,12 @@ func ptr[T any](v T) *T { return &v }
 func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, error) {
 	timer := time.NewTimer(b.cfg.StartTimeout)
 	defer timer.Stop()
-	pctx, stopPing := context.WithCancel(ctx)
-	defer stopPing()
-	var pinged chan error // set once pinging has started
+	var (
+		pinged   chan error // set while a ping runs
+		pingIP   string     // the IP it pings
+		stopPing = func() {}
+	)
+	defer func() { stopPing() }()
 	for {
 		b.mu.Lock()
 		pod, ch, helloIP := s.pod, s.changed, s.helloIP
@@ -697,19 +755,23 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 			}
 			return b.info(s), nil
 		}
-		ip := helloIP // the gate's hello comes before the kubelet's report
-		if ip == "" && pod != nil {
+		// The gate's hello comes before the kubelet's report; once the kubelet reports an
+		// IP, that one wins: a ping of a hello's IP that differs is replaced, so a hello
+		// whose address does not answer cannot hold the create until StartTimeout.
+		ip := helloIP
+		if pod != nil && pod.Status.PodIP != "" {
 			ip = pod.Status.PodIP
 		}
-		if pinged == nil && ip != "" {
+		if ip != "" && (pinged == nil || ip != pingIP) {
+			stopPing()
 			b.mu.Lock()
 			if s.steps != nil && s.steps.pinging.IsZero() {
 				s.steps.pinging = time.Now()
 				b.hookLocked(s, StepPinging, s.steps.pinging)
 			}
 			b.mu.Unlock()
-			pinged = make(chan error, 1)
-			go func(ip string) { pinged <- b.pingUntil(pctx, s, ip) }(ip)
+			pinged, stopPing = b.startPing(ctx, s, ip)
+			pingIP = ip
 		}
 		select {
 		case <-ch:
@@ -732,18 +794,33 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 	}
 }
 
+// startPing runs pingUntil(ip) until it ends or the returned function is called; its
+// result comes on the channel.
+func (b *Backend) startPing(ctx context.Context, s *sandbox, ip string) (chan error, func()) {
+	pctx, cancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	go func() { ch <- b.pingUntil(pctx, s, ip) }()
+	return ch, cancel
+}
+
 func (b *Backend) info(s *sandbox) runtime.Info {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return infoOf(s)
 }
 
-// pingRetry is how long pingUntil waits after an attempt failed: the ping starts once
-// the Pod has an IP, when its agent is almost always up already, so this is the fallback.
-const pingRetry = 10 * time.Millisecond
+// pingRetry is how long pingUntil waits after the first failed attempt, doubling up to
+// pingRetryMax: the ping starts once the Pod has an IP, when its agent is almost always
+// up already, so retries are the fallback (and a gate that keeps refusing is not dialed
+// every 10 ms).
+const (
+	pingRetry    = 10 * time.Millisecond
+	pingRetryMax = 200 * time.Millisecond
+)
 
 // pingUntil asks the agent until it answers or ctx ends.
 func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
+	wait := pingRetry
 	for {
 		err := b.pingAgent(ctx, s, ip)
 		if err == nil || ctx.Err() != nil {
@@ -751,10 +828,11 @@ func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
 		}
 		b.log.Debug("agent not ready", "sandbox", s.id, "err", err)
 		select {
-		case <-time.After(pingRetry):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		wait = min(2*wait, pingRetryMax)
 	}
 }
 
@@ -793,6 +871,13 @@ type spareConn struct {
 func (b *Backend) keepSpare(s *sandbox, ip string, c net.Conn) {
 	sp := &spareConn{conn: c, ip: ip}
 	b.mu.Lock()
+	select {
+	case <-s.done: // ended (or destroyed) meanwhile: nobody will take it
+		b.mu.Unlock()
+		_ = c.Close()
+		return
+	default:
+	}
 	old := s.spare
 	s.spare = sp
 	b.mu.Unlock()
@@ -810,6 +895,15 @@ func (b *Backend) keepSpare(s *sandbox, ip string, c net.Conn) {
 			_ = c.Close()
 		}
 	})
+}
+
+// dropSpareLocked closes s's kept connection, if any (its sandbox ended or goes); b.mu
+// held.
+func dropSpareLocked(s *sandbox) {
+	if sp := s.spare; sp != nil {
+		s.spare = nil
+		go sp.conn.Close() // a TLS close writes: not under the lock
+	}
 }
 
 // takeSpare returns s's kept verified connection to its primary agent at ip (nil: none;

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"crypto/rand"
 	"errors"
+	"hash/maphash"
 	"net"
 	"net/netip"
 	"strconv"
@@ -38,12 +39,13 @@ const StepHello = "hello"
 // helloWindow bounds how far a hello's time may be from the runner's clock.
 const helloWindow = 60 * time.Second
 
-// Per-source rate of hellos: helloBurst at once, then one per helloEvery; at most
-// maxHelloSources sources are tracked (beyond, the table starts over).
+// Per-source rate of hellos: helloBurst at once, then one per helloEvery, in a fixed
+// table of helloBuckets buckets a source is hashed to (a key made per process): many
+// (spoofed) sources cannot reset anyone's bucket, only share one.
 const (
-	helloBurst      = 8
-	helloEvery      = 50 * time.Millisecond
-	maxHelloSources = 4096
+	helloBurst   = 8
+	helloEvery   = 50 * time.Millisecond
+	helloBuckets = 4096
 )
 
 // newHelloKey is a fresh per-sandbox hello key.
@@ -53,27 +55,34 @@ func newHelloKey() ([]byte, error) {
 	return k, err
 }
 
-// helloLimiter is a token bucket per source address.
+// helloLimiter is a token bucket per source address (hashed into a fixed table).
 type helloLimiter struct {
 	mu      sync.Mutex
-	buckets map[netip.Addr]*helloBucket
+	seeded  bool
+	seed    maphash.Seed
+	buckets [helloBuckets]helloBucket
 }
 
 type helloBucket struct {
 	tokens float64
-	at     time.Time
+	at     time.Time // zero: unused (full)
+}
+
+// bucket is src's bucket; l.mu held.
+func (l *helloLimiter) bucket(src netip.Addr) *helloBucket {
+	if !l.seeded {
+		l.seed, l.seeded = maphash.MakeSeed(), true
+	}
+	a := src.As16()
+	return &l.buckets[maphash.Bytes(l.seed, a[:])%helloBuckets]
 }
 
 func (l *helloLimiter) allow(src netip.Addr, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.buckets == nil || len(l.buckets) >= maxHelloSources {
-		l.buckets = map[netip.Addr]*helloBucket{}
-	}
-	bk := l.buckets[src]
-	if bk == nil {
-		bk = &helloBucket{tokens: helloBurst, at: now}
-		l.buckets[src] = bk
+	bk := l.bucket(src)
+	if bk.at.IsZero() {
+		bk.tokens, bk.at = helloBurst, now
 	}
 	bk.tokens = min(helloBurst, bk.tokens+float64(now.Sub(bk.at))/float64(helloEvery))
 	bk.at = now
@@ -120,11 +129,21 @@ func (b *Backend) takeHello(p []byte, src netip.Addr, now time.Time) bool {
 	if d := now.Sub(h.At); d > helloWindow || d < -helloWindow {
 		return false
 	}
+	// Only a Create waiting for its agent takes one, once. The MAC is checked outside
+	// the backend's lock (a flood must not hold it), then the state again under it.
+	b.mu.Lock()
+	s := b.sandboxes[h.ID]
+	var key []byte
+	if s != nil && s.steps != nil && s.helloIP == "" {
+		key = s.helloKey
+	}
+	b.mu.Unlock()
+	if key == nil || !h.Verify(key) {
+		return false
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.sandboxes[h.ID]
-	// Only a Create waiting for its agent takes one, once.
-	if s == nil || s.helloKey == nil || s.steps == nil || s.helloIP != "" || !h.Verify(s.helloKey) {
+	if b.sandboxes[h.ID] != s || s.steps == nil || s.helloIP != "" {
 		return false
 	}
 	s.helloIP = h.IP.String()
@@ -151,7 +170,11 @@ func (b *Backend) helloTarget() (netip.Addr, int, bool) {
 }
 
 // helloEgress is the egress rule a sandbox's NetworkPolicy needs for its hello: UDP to
-// the runner's hello port only (the runner's peers, else its hello address).
+// the runner's hello port, at the hello address's host only (its /32 or /128) and at
+// the runner's Pod selector peers of RunnerPeers (on CNIs that match Pod traffic by
+// selector, not ipBlock). RunnerPeers' ipBlocks are NOT copied: a CIDR there is where
+// the runner may come from, and as a destination it would open the hello port of every
+// address in it (another sandbox listening on it, say) also under deny-all egress.
 func (b *Backend) helloEgress() (networkingv1.NetworkPolicyEgressRule, bool) {
 	ip, port, ok := b.helloTarget()
 	if b.cfg.HelloAddr == "" || !ok {
@@ -160,14 +183,16 @@ func (b *Backend) helloEgress() (networkingv1.NetworkPolicyEgressRule, bool) {
 	udp := corev1.ProtocolUDP
 	p := intstr.FromInt(port)
 	rule := networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &p}}}
-	if len(b.cfg.RunnerPeers) > 0 {
-		rule.To = append(rule.To, b.cfg.RunnerPeers...)
-	} else {
-		bits := 32
-		if ip.Is6() {
-			bits = 128
+	for _, peer := range b.cfg.RunnerPeers {
+		if peer.IPBlock != nil || (peer.PodSelector == nil && peer.NamespaceSelector == nil) {
+			continue
 		}
-		rule.To = []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(ip, bits).String()}}}
+		rule.To = append(rule.To, *peer.DeepCopy())
 	}
+	bits := 32
+	if ip.Is6() {
+		bits = 128
+	}
+	rule.To = append(rule.To, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(ip, bits).String()}})
 	return rule, true
 }

@@ -137,7 +137,7 @@ func TestTakeHello(t *testing.T) {
 }
 
 // TestHelloFlood: one source gets helloBurst hellos through at once, then one per
-// helloEvery; another source is not held back by it; the table of sources is bounded.
+// helloEvery; another source is not held back by it; many other sources do not reset its bucket.
 func TestHelloFlood(t *testing.T) {
 	b, keys := helloBackend(t)
 	now := time.Now()
@@ -147,12 +147,18 @@ func TestHelloFlood(t *testing.T) {
 		b.takeHello(junk, flooder, now)
 	}
 	b.helloRate.mu.Lock()
-	left := b.helloRate.buckets[flooder].tokens
+	left := b.helloRate.bucket(flooder).tokens
 	b.helloRate.mu.Unlock()
 	if left >= 1 {
 		t.Fatalf("after a flood the source still has %.1f tokens", left)
 	}
 	ip := netip.MustParseAddr("10.0.0.5")
+	b.helloRate.mu.Lock()
+	shared := b.helloRate.bucket(ip) == b.helloRate.bucket(flooder)
+	b.helloRate.mu.Unlock()
+	if shared { // 1 in helloBuckets: another source
+		ip = netip.MustParseAddr("10.0.0.6")
+	}
 	if !b.takeHello(mustHello(t, keys["a"], "a", ip, now), ip, now) {
 		t.Error("another source's good hello was held back by the flood")
 	}
@@ -163,14 +169,13 @@ func TestHelloFlood(t *testing.T) {
 	if !b.takeHello(mustHello(t, keys["b"], "b", flooder, now), flooder, now.Add(helloEvery)) {
 		t.Error("a flooder's hello after the refill did not get through")
 	}
-	for i := 0; i < 3*maxHelloSources; i++ {
-		b.helloRate.allow(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), now)
+	// Many (spoofed) sources do not reset the flooder's bucket.
+	later := now.Add(helloEvery)
+	for i := 0; i < 3*helloBuckets; i++ {
+		b.helloRate.allow(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), later)
 	}
-	b.helloRate.mu.Lock()
-	n := len(b.helloRate.buckets)
-	b.helloRate.mu.Unlock()
-	if n > maxHelloSources {
-		t.Errorf("%d sources tracked, bound %d", n, maxHelloSources)
+	if b.helloRate.allow(flooder, later) {
+		t.Error("after a flood of other sources, the flooder's bucket was full again")
 	}
 }
 

@@ -164,8 +164,8 @@ type Config struct {
 	// runner's address as the Pods reach it), both set: the runner takes each sandbox's
 	// gate hello (hello.go) and dials its agent as soon as it listens, instead of after
 	// the kubelet reported the Pod's IP (its next relist, up to ~1 s). Every sandbox
-	// NetworkPolicy then allows UDP to that port of the runner (RunnerPeers, else
-	// HelloAddr's address). Empty: off.
+	// NetworkPolicy then allows UDP to that port at HelloAddr's host and at RunnerPeers'
+	// selector peers (not its ipBlocks: hello.go helloEgress). Empty: off.
 	HelloListen, HelloAddr string
 	// StepHook, when set, is told when a sandbox's Pod first reaches each step of its
 	// create as the backend sees it (Step* names): for measuring (the time-to-first-command
@@ -426,6 +426,7 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && s.spec.Multi() && primaryEnded(s.pod) {
 			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit, writer)
 			close(s.done)
+			dropSpareLocked(s)
 		}
 		if writer && !s.deleted && !s.stopping && gateEnded(s.pod) && !workloadEnded(s.pod, &s.spec) && !podEnded(s.pod) {
 			// A writer's gate ended while its workload runs (it was killed, or crashed):
@@ -677,6 +678,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if s == nil {
 		s = &sandbox{id: id}
 	}
+	b.mu.Lock()
+	dropSpareLocked(s) // the ping's kept connection goes with the sandbox
+	b.mu.Unlock()
 	b.waitCaptures(ctx, s)
 	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops
 	// its containers before the object goes (grace 0 would leave that for later).
@@ -768,6 +772,10 @@ func (b *Backend) waitPodIP(ctx context.Context, s *sandbox, d time.Duration) st
 	}
 }
 
+// recoverIPWait bounds Recover's waits for the kubelet to report Pod IPs, all Pods
+// together.
+const recoverIPWait = 3 * time.Second
+
 // Recover implements runtime.Backend: the runner's Pods, with their spec and keys from
 // their Secrets. Pods whose Secret is missing (a Create cut short) are deleted.
 func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
@@ -778,6 +786,8 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	var out []runtime.Recovered
 	var warmGone sync.WaitGroup // unclaimed warm Pods, deleted in parallel
 	defer warmGone.Wait()
+	// One deadline for every wait for a Pod's IP below, however many Pods wait.
+	ipDeadline := time.Now().Add(recoverIPWait)
 	for i := range list.Items {
 		pod := &list.Items[i]
 		id := pod.Labels[LabelSandbox]
@@ -845,11 +855,13 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		}
 		b.mu.Unlock()
 		ip := pod.Status.PodIP
-		if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) {
+		if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) &&
+			time.Since(pod.CreationTimestamp.Time) < b.cfg.StartTimeout && time.Until(ipDeadline) > 0 {
 			// A create that took its gate's hello returns before the kubelet reports the
 			// Pod's IP (its next relist, ~1 s): a runner restarted within that window
-			// waits for the report.
-			ip = b.waitPodIP(ctx, s, 3*time.Second)
+			// waits for the report, for a Pod young enough to be such a create only, and
+			// all of them within one shared recoverIPWait.
+			ip = b.waitPodIP(ctx, s, time.Until(ipDeadline))
 		}
 		if notRunning && ip != "" && pod.DeletionTimestamp == nil {
 			// The kubelet reports a container running only at its next relist, seconds

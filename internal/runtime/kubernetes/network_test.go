@@ -253,3 +253,70 @@ func checkIPBlocks(t *testing.T, np *networkingv1.NetworkPolicy) {
 		}
 	}
 }
+
+// TestHelloEgress: with the gate's hello on, every single-container sandbox's policy (deny
+// egress too) allows UDP to the runner's hello port at the hello address's host only and
+// at RunnerPeers' selector peers, never at RunnerPeers' CIDRs (as a destination they would
+// open the hello port of every address in them, other sandboxes included); multi-container
+// sandboxes (no gate hello) get no hello rule.
+func TestHelloEgress(t *testing.T) {
+	const dns = "ns:kubernetes.io/metadata.name=kube-system UDP/53,TCP/53"
+	runnerPod := networkingv1.NetworkPolicyPeer{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "sandboxd"}},
+		PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app": "runner"}},
+	}
+	cidrPeers := []networkingv1.NetworkPolicyPeer{
+		{IPBlock: &networkingv1.IPBlock{CIDR: "10.244.0.0/16"}},
+		{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10:244::/56"}},
+	}
+	for _, tc := range []struct {
+		name      string
+		peers     []networkingv1.NetworkPolicyPeer
+		helloAddr string
+		net       *runtime.Network
+		multi     bool
+		out       []string
+	}{
+		{name: "deny egress, CIDR peers: the hello host only", peers: cidrPeers, helloAddr: "10.244.0.5:7444",
+			net: &runtime.Network{DenyEgress: true, Egress: []runtime.EgressRule{{Any: true}}},
+			out: []string{dns, "ip:10.244.0.5/32 UDP/7444"}},
+		{name: "selector peers kept, CIDR dropped", peers: append([]networkingv1.NetworkPolicyPeer{runnerPod}, cidrPeers...), helloAddr: "10.244.0.5:7444",
+			net: &runtime.Network{DenyEgress: true},
+			out: []string{dns, "ns:kubernetes.io/metadata.name=sandboxd&pods:app=runner|ip:10.244.0.5/32 UDP/7444"}},
+		{name: "no peers: the hello host", helloAddr: "10.244.0.5:7444", net: &runtime.Network{},
+			out: []string{dns, "ip:10.244.0.5/32 UDP/7444"}},
+		{name: "IPv6 hello address: its /128", peers: cidrPeers, helloAddr: "[fd00:10:244::5]:7444", net: &runtime.Network{DenyEgress: true},
+			out: []string{dns, "ip:fd00:10:244::5/128 UDP/7444"}},
+		{name: "multi-container: no hello rule", peers: cidrPeers, helloAddr: "10.244.0.5:7444", net: &runtime.Network{DenyEgress: true}, multi: true,
+			out: []string{dns}},
+		{name: "hello off: no rule", peers: cidrPeers, net: &runtime.Network{DenyEgress: true},
+			out: []string{dns}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", RunnerPeers: tc.peers, HelloAddr: tc.helloAddr}}
+			spec := &runtime.Spec{ID: "s1", Network: tc.net}
+			if tc.multi {
+				spec.Sidecars = []runtime.Container{{Name: "side"}}
+			}
+			np, err := b.networkPolicyFor(spec, b.labels(spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkIPBlocks(t, np)
+			_, out := describePolicy(np)
+			if !slices.Equal(out, tc.out) {
+				t.Errorf("egress:\n got %q\nwant %q", out, tc.out)
+			}
+			// The config's peers are not aliased into the policy.
+			for _, r := range np.Spec.Egress {
+				for _, p := range r.To {
+					for _, q := range b.cfg.RunnerPeers {
+						if p.PodSelector != nil && p.PodSelector == q.PodSelector {
+							t.Errorf("policy shares the config's selector")
+						}
+					}
+				}
+			}
+		})
+	}
+}

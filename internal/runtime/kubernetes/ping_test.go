@@ -2,11 +2,13 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,11 +20,11 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
-// TestPingKeepsConnection: the create's ping through the gate verifies one connection
-// (TLS, the agent's identity) and the sandbox's first agent dial gets that connection
-// instead of dialing again; later dials dial. A kept connection is for the IP it was
-// made to only.
-func TestPingKeepsConnection(t *testing.T) {
+// startTestGate runs a gate (TLS, the runner's client certificate pinned) in front of an
+// agent listener with an identity; each accepted agent connection is written its number.
+// It returns the gate's address and a sandbox "x" with the matching certificates.
+func startTestGate(t *testing.T, ctx context.Context) (string, *sandbox) {
+	t.Helper()
 	dir := t.TempDir()
 	client, clientPEM, _, err := selfSigned("sandboxd-runner")
 	if err != nil {
@@ -46,7 +48,7 @@ func TestPingKeepsConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer aln.Close()
+	t.Cleanup(func() { aln.Close() })
 	var accepted atomic.Int32
 	go func() {
 		for {
@@ -67,8 +69,6 @@ func TestPingKeepsConnection(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	go func() {
 		_ = gate.Serve(ctx, gate.ServeOptions{
 			Listen: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
@@ -76,6 +76,23 @@ func TestPingKeepsConnection(t *testing.T) {
 			DialTimeout: time.Second,
 		})
 	}()
+	s := &sandbox{
+		id: "x", spec: runtime.Spec{ID: "x", Container: runtime.Container{Image: "i"}},
+		client: client, server: server.Certificate[0], ident: id,
+		changed: make(chan struct{}), done: make(chan struct{}),
+	}
+	return addr, s
+}
+
+// TestPingKeepsConnection: the create's ping through the gate verifies one connection
+// (TLS, the agent's identity) and the sandbox's first agent dial gets that connection
+// instead of dialing again; later dials dial. A kept connection is for the IP it was
+// made to only.
+func TestPingKeepsConnection(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, s := startTestGate(t, ctx)
+	s.pod = &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
 	var dials atomic.Int32
 	b := &Backend{
 		cfg: Config{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -91,12 +108,6 @@ func TestPingKeepsConnection(t *testing.T) {
 		}},
 		log:       slog.New(slog.DiscardHandler),
 		sandboxes: map[string]*sandbox{},
-	}
-	s := &sandbox{
-		id: "x", spec: runtime.Spec{ID: "x", Container: runtime.Container{Image: "i"}},
-		client: client, server: server.Certificate[0], ident: id,
-		pod:     &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}},
-		changed: make(chan struct{}), done: make(chan struct{}),
 	}
 	b.sandboxes["x"] = s
 	read := func() string {
@@ -141,5 +152,119 @@ func TestPingKeepsConnection(t *testing.T) {
 	b.mu.Unlock()
 	if left != nil {
 		t.Error("a connection to another IP stayed kept")
+	}
+}
+
+// TestWaitRunningHello: waitRunning pings the IP a hello named before the kubelet reports
+// one; and when the kubelet then reports a different IP, the ping moves there (a hello
+// IP that does not answer does not hold the create until StartTimeout).
+func TestWaitRunningHello(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		hello, kubelet string // kubelet: the PodIP reported after the hello ("": none)
+	}{
+		{name: "hello before the kubelet", hello: "10.0.0.2"},
+		{name: "kubelet reports a different IP", hello: "10.0.0.66", kubelet: "10.0.0.2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			addr, s := startTestGate(t, ctx)
+			var mu sync.Mutex
+			var dialed []string
+			b := &Backend{
+				cfg: Config{StartTimeout: 5 * time.Second, Dial: func(ctx context.Context, _, a string) (net.Conn, error) {
+					host, _, _ := net.SplitHostPort(a)
+					mu.Lock()
+					dialed = append(dialed, host)
+					mu.Unlock()
+					if host != "10.0.0.2" { // an address that does not answer
+						<-ctx.Done()
+						return nil, ctx.Err()
+					}
+					var d net.Dialer
+					for i := 0; ; i++ {
+						c, err := d.DialContext(ctx, "tcp", addr)
+						if err == nil || i > 50 {
+							return c, err
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+				}},
+				log:       slog.New(slog.DiscardHandler),
+				sandboxes: map[string]*sandbox{"x": s},
+			}
+			s.pod = &corev1.Pod{}
+			s.helloIP = tc.hello // as takeHello leaves it
+			if tc.kubelet != "" {
+				go func() {
+					time.Sleep(200 * time.Millisecond)
+					b.mu.Lock()
+					s.pod = &corev1.Pod{Status: corev1.PodStatus{PodIP: tc.kubelet}}
+					close(s.changed)
+					s.changed = make(chan struct{})
+					b.mu.Unlock()
+				}()
+			}
+			start := time.Now()
+			if _, err := b.waitRunning(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > 4*time.Second {
+				t.Errorf("waitRunning took %s", d)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(dialed) == 0 || dialed[0] != tc.hello || dialed[len(dialed)-1] != "10.0.0.2" {
+				t.Errorf("dialed %v: want the hello's IP %s first, 10.0.0.2 last", dialed, tc.hello)
+			}
+			if sp := b.takeSpare(s, "10.0.0.2"); sp == nil {
+				t.Error("no verified connection kept for 10.0.0.2")
+			} else {
+				sp.Close()
+			}
+		})
+	}
+}
+
+// TestSpareClosedOnEnd: the ping's kept connection is closed at once when its sandbox is
+// destroyed or ends (not only after spareTTL), and one kept after the end is closed.
+func TestSpareClosedOnEnd(t *testing.T) {
+	closed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		return errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe)
+	}
+	b, _ := newFakeBackend(t, Config{})
+	for _, how := range []string{"destroy", "end", "kept after the end"} {
+		t.Run(how, func(t *testing.T) {
+			s := &sandbox{id: "sp1", pod: &corev1.Pod{}, changed: make(chan struct{}), done: make(chan struct{})}
+			b.mu.Lock()
+			b.sandboxes["sp1"] = s
+			b.mu.Unlock()
+			defer func() { b.mu.Lock(); delete(b.sandboxes, "sp1"); b.mu.Unlock() }()
+			mine, peer := net.Pipe()
+			defer peer.Close()
+			if how != "kept after the end" {
+				b.keepSpare(s, "10.0.0.1", mine)
+			}
+			switch how {
+			case "destroy":
+				if err := b.Destroy(t.Context(), "sp1"); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				b.mu.Lock()
+				s.pod = &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed}}
+				b.evaluateLocked(s)
+				b.mu.Unlock()
+				if how == "kept after the end" {
+					b.keepSpare(s, "10.0.0.1", mine)
+				}
+			}
+			if !closed(peer) {
+				t.Error("the kept connection is still open")
+			}
+		})
 	}
 }

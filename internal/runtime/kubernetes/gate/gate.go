@@ -314,7 +314,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if o.HelloAddr != "" && o.HelloID != "" && o.HelloKeyFile != "" {
 		hctx, hcancel := context.WithCancel(ctx)
 		defer hcancel()
-		go SendHellos(hctx, o.HelloAddr, o.HelloID, o.HelloKeyFile, o.Upstream, o.DialTimeout, log)
+		go SendHellos(hctx, o.HelloAddr, o.HelloID, o.HelloKeyFile, o.Upstream, log)
 	}
 	go func() {
 		agentEnded(ctx, o.StatusFile, o.Upstream)

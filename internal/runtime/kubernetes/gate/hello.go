@@ -106,28 +106,37 @@ func (h Hello) Verify(key []byte) bool {
 // (UDP may drop one; the runner takes the first).
 var helloAt = []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond}
 
-// SendHellos waits (polling every 5 ms, up to timeout) until the agent's socket exists,
-// then sends the hello of id to addr (UDP) at helloAt. The Pod IP it names is the local
-// address of its socket. Errors are logged: a lost hello leaves the runner on the
-// kubelet's report.
-func SendHellos(ctx context.Context, addr, id, keyFile, socket string, timeout time.Duration, log *slog.Logger) {
+// helloPoll is how often SendHellos looks for the agent's socket, helloPollSlow after
+// helloPollFast (a main image still pulling: minutes, maybe).
+const (
+	helloPoll     = 5 * time.Millisecond
+	helloPollFast = 10 * time.Second
+	helloPollSlow = 50 * time.Millisecond
+)
+
+// SendHellos waits until the agent's socket exists (however long: the main container's
+// image may take minutes to pull; ctx, the gate's life, bounds it), then sends the hello
+// of id to addr (UDP) at helloAt. The Pod IP it names is the local address of its
+// socket. Errors are logged: a lost hello leaves the runner on the kubelet's report.
+func SendHellos(ctx context.Context, addr, id, keyFile, socket string, log *slog.Logger) {
 	key, err := os.ReadFile(keyFile)
 	if err != nil || len(key) != HelloKeyLen {
 		log.Warn("hello: no key", "err", err)
 		return
 	}
-	end := time.Now().Add(timeout)
+	slow := time.Now().Add(helloPollFast)
 	for {
 		if st, err := os.Lstat(socket); err == nil && st.Mode()&os.ModeSocket != 0 {
 			break
 		}
-		if time.Now().After(end) {
-			return
+		wait := helloPoll
+		if time.Now().After(slow) {
+			wait = helloPollSlow
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(wait):
 		}
 	}
 	var d net.Dialer
