@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -26,28 +25,9 @@ import (
 func startTestGate(t *testing.T, ctx context.Context) (string, *sandbox) {
 	t.Helper()
 	dir := t.TempDir()
-	client, clientPEM, _, err := selfSigned("sandboxd-runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, serverPEM, serverKeyPEM, err := selfSigned("sandbox-x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"tls.crt": serverPEM, "tls.key": serverKeyPEM, "client.crt": clientPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	client, server := gateCerts(t, dir)
 	id := agent.NewIdentity("x")
-	raw, err := net.Listen("unix", filepath.Join(dir, "primary.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	aln, err := agent.WithIdentity(raw, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	aln := agentListener(t, filepath.Join(dir, "primary.sock"), id)
 	t.Cleanup(func() { aln.Close() })
 	var accepted atomic.Int32
 	go func() {
