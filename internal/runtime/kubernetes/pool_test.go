@@ -241,10 +241,7 @@ func TestWarmClaimFallsBackWhenDead(t *testing.T) {
 	b, cs := newFakeBackend(t, Config{MaxWarm: 2, MaxPrepull: -1})
 	f := &fakeWarm{}
 	f.install(b)
-	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	oneWarmReady(t, b)
 	spec := warmSpec("org-a")
 	id, ok := b.ReserveWarm(&spec)
 	if !ok {
@@ -292,10 +289,7 @@ func TestWarmClaimFallsBackOnMismatch(t *testing.T) {
 	b, _ := newFakeBackend(t, Config{MaxWarm: 2, MaxPrepull: -1})
 	f := &fakeWarm{}
 	f.install(b)
-	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	oneWarmReady(t, b)
 	spec := warmSpec("org-a")
 	id, ok := b.ReserveWarm(&spec)
 	if !ok {
@@ -318,10 +312,7 @@ func TestWarmReservationExpires(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	b.warm.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	oneWarmReady(t, b)
 	spec := warmSpec("org-a")
 	id, ok := b.ReserveWarm(&spec)
 	if !ok {
@@ -405,10 +396,7 @@ func TestWarmReleaseReturnsReservation(t *testing.T) {
 	b, _ := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1})
 	f := &fakeWarm{}
 	f.install(b)
-	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	oneWarmReady(t, b)
 	spec := warmSpec("org-a")
 	id, ok := b.ReserveWarm(&spec)
 	if !ok || b.WarmStats().Ready != 0 {
@@ -497,10 +485,7 @@ func TestWarmPodsRecycled(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	b.warm.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	oneWarmReady(t, b)
 	first := func() string { f.mu.Lock(); defer f.mu.Unlock(); return f.made[0] }()
 	mu.Lock()
 	now = now.Add(warmMaxAge + time.Second)
@@ -508,4 +493,13 @@ func TestWarmPodsRecycled(t *testing.T) {
 	b.warm.kick()
 	waitFor(t, "the old warm pod destroyed", func() bool { _, err := b.get(first); return err != nil })
 	waitFor(t, "a new warm pod", func() bool { return f.count() == 2 && b.WarmStats().Ready == 1 })
+}
+
+// oneWarmReady sets one warm target of org-a of size 1 on b and waits for its Pod.
+func oneWarmReady(t *testing.T, b *Backend) {
+	t.Helper()
+	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
 }

@@ -17,7 +17,6 @@ import (
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
-	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // warmAgent is a warm Pod's agent: in standby until a Start; its Start fails (after
@@ -67,10 +66,7 @@ func claimWithAgent(t *testing.T, a *warmAgent, cancelled ...bool) (claimed bool
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
 	}
-	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	oneWarmReady(t, b)
 	spec := warmSpec("org-a")
 	id, ok := b.ReserveWarm(&spec)
 	if !ok {
