@@ -7,12 +7,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
@@ -54,7 +59,28 @@ func (a *warmAgent) Start(context.Context, *connect.Request[agentv1.StartRequest
 // claimWithAgent reserves a warm Pod served by a (an in-process agent) and claims it.
 func claimWithAgent(t *testing.T, a *warmAgent, cancelled ...bool) (claimed bool, st WarmStats, err error) {
 	t.Helper()
+	r := claimAgent(t, a, nil, cancelled...)
+	return r.claimed, r.st, r.err
+}
+
+// claimResult is what claimAgent did.
+type claimResult struct {
+	b       *Backend
+	cs      *fake.Clientset
+	id      string
+	info    runtime.Info
+	claimed bool
+	st      WarmStats
+	err     error
+}
+
+// claimAgent is claimWithAgent; setup (when set) changes the backend first (reactors).
+func claimAgent(t *testing.T, a *warmAgent, setup func(*Backend, *fake.Clientset), cancelled ...bool) claimResult {
+	t.Helper()
 	b, cs := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1})
+	if setup != nil {
+		setup(b, cs)
+	}
 	f := &fakeWarm{}
 	f.install(b)
 	_, h := agentv1connect.NewAgentServiceHandler(a)
@@ -100,8 +126,8 @@ func claimWithAgent(t *testing.T, a *warmAgent, cancelled ...bool) (claimed bool
 	if len(cancelled) > 0 && cancelled[0] {
 		cancel()
 	}
-	_, claimed, err = b.claimWarm(ctx, &spec)
-	return claimed, b.WarmStats(), err
+	info, claimed, err := b.claimWarm(ctx, &spec)
+	return claimResult{b: b, cs: cs, id: id, info: info, claimed: claimed, st: b.WarmStats(), err: err}
 }
 
 // TestWarmClaimStartFailure: a Start that fails is judged by the agent's state, so the
@@ -146,4 +172,100 @@ func TestWarmClaimStartFailure(t *testing.T) {
 			t.Fatalf("claimed %v err %v: want the caller's cancellation, no cold create", claimed, err)
 		}
 	})
+}
+
+// TestWarmClaimFailureDestroysPod: a claim that fails without a cold create (the Start's
+// outcome unknown, the caller gone, the unusable warm Pod not removed) leaves no Pod
+// behind: it is destroyed (its Pod deleted, the sandbox forgotten), never started again.
+func TestWarmClaimFailureDestroysPod(t *testing.T) {
+	gone := func(t *testing.T, r claimResult) {
+		t.Helper()
+		waitFor(t, "the warm pod destroyed", func() bool {
+			_, err := r.cs.CoreV1().Pods("sbx").Get(t.Context(), podName(r.id), metav1.GetOptions{})
+			r.b.mu.Lock()
+			defer r.b.mu.Unlock()
+			return apierrors.IsNotFound(err) && r.b.sandboxes[r.id] == nil
+		})
+	}
+	t.Run("unknown", func(t *testing.T) {
+		a := &warmAgent{state: agentv1.MainState_MAIN_STATE_STANDBY, startAnyway: true, statusDown: true}
+		r := claimAgent(t, a, nil)
+		if !r.claimed || !errors.Is(r.err, errWarmStartUnknown) {
+			t.Fatalf("claimed %v err %v: want the Create failed", r.claimed, r.err)
+		}
+		gone(t, r)
+		if n := a.startCount(); n != 1 {
+			t.Errorf("%d Starts, want 1", n)
+		}
+	})
+	t.Run("cancelled", func(t *testing.T) {
+		a := &warmAgent{state: agentv1.MainState_MAIN_STATE_STANDBY}
+		r := claimAgent(t, a, nil, true)
+		if !r.claimed || !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("claimed %v err %v: want the caller's cancellation", r.claimed, r.err)
+		}
+		gone(t, r)
+	})
+	t.Run("removal failed", func(t *testing.T) {
+		// Not in standby: the cold path removes the warm Pod first; that delete fails
+		// once.
+		a := &warmAgent{state: agentv1.MainState_MAIN_STATE_RUNNING}
+		var failed atomic.Bool
+		r := claimAgent(t, a, func(_ *Backend, cs *fake.Clientset) {
+			cs.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+				if failed.CompareAndSwap(false, true) {
+					return true, nil, apierrors.NewInternalError(errors.New("etcd down"))
+				}
+				return false, nil, nil
+			})
+		})
+		if !r.claimed || r.err == nil {
+			t.Fatalf("claimed %v err %v: want the Create failed", r.claimed, r.err)
+		}
+		gone(t, r)
+		if n := a.startCount(); n != 0 {
+			t.Errorf("%d Starts, want none", n)
+		}
+	})
+}
+
+// TestWarmClaimStartedAt: a claim records its time on the Pod (the annotation's value);
+// the sandbox's StartedAt is that time, also as read back from the Pod after a runner
+// restart (infoOf), not its warm container's start.
+func TestWarmClaimStartedAt(t *testing.T) {
+	a := &warmAgent{state: agentv1.MainState_MAIN_STATE_STANDBY, startAnyway: true}
+	before := time.Now().UTC()
+	r := claimAgent(t, a, nil)
+	if !r.claimed || r.err != nil {
+		t.Fatalf("claimed %v err %v", r.claimed, r.err)
+	}
+	pod, err := r.cs.CoreV1().Pods("sbx").Get(t.Context(), podName(r.id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, ok := warmClaimedAt(pod)
+	if !ok || at.Before(before) || at.After(time.Now()) {
+		t.Fatalf("annotation %q: want the claim's time", pod.Annotations[annotationWarmClaimed])
+	}
+	if !r.info.StartedAt.Equal(at) {
+		t.Errorf("Create's StartedAt %s, want the claim's %s", r.info.StartedAt, at)
+	}
+	// As Recover sees it: the warm container started 10 minutes before.
+	early := metav1.NewTime(time.Now().Add(-10 * time.Minute))
+	pod.Status = corev1.PodStatus{StartTime: &early, ContainerStatuses: []corev1.ContainerStatus{
+		{Name: containerMain, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: early}}}}}
+	if got := infoOf(&sandbox{id: r.id, pod: pod}).StartedAt; !got.Equal(at) {
+		t.Errorf("recovered StartedAt %s, want the claim's %s", got, at)
+	}
+	// A claim recorded before the time was (value "true"): the container's start.
+	pod.Annotations[annotationWarmClaimed] = "true"
+	if got := infoOf(&sandbox{id: r.id, pod: pod}).StartedAt; !got.Equal(early.UTC()) {
+		t.Errorf("old annotation: StartedAt %s, want the container's %s", got, early.UTC())
+	}
+}
+
+func (a *warmAgent) startCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.starts
 }
