@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
 // warmAgent is a warm Pod's agent: in standby until a Start; its Start fails (after
@@ -32,6 +34,7 @@ type warmAgent struct {
 	mu          sync.Mutex
 	state       agentv1.MainState
 	startAnyway bool
+	startOK     bool // Start succeeds
 	statusDown  bool // Status fails after the Start
 	started     bool
 	starts      int
@@ -50,6 +53,10 @@ func (a *warmAgent) Start(context.Context, *connect.Request[agentv1.StartRequest
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.starts++
+	if a.startOK {
+		a.started, a.state = true, agentv1.MainState_MAIN_STATE_RUNNING
+		return connect.NewResponse(&agentv1.StartResponse{}), nil
+	}
 	if a.startAnyway {
 		a.started, a.state = true, agentv1.MainState_MAIN_STATE_RUNNING
 	}
@@ -268,4 +275,82 @@ func (a *warmAgent) startCount() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.starts
+}
+
+// TestWarmClaimHandsOverConnection: the sandbox's first DialAgent after a claim (the
+// runner's first command) takes a verified connection the claim made, through a real
+// gate: no new dial, TLS or identity handshake on the way to the first command.
+func TestWarmClaimHandsOverConnection(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	dir := t.TempDir()
+	client, server := gateCerts(t, dir)
+	ident := agent.NewIdentity("x")
+	a := &warmAgent{state: agentv1.MainState_MAIN_STATE_STANDBY, startOK: true}
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(a))
+	srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	ln := agentListener(t, filepath.Join(dir, "primary.sock"), ident)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	gdial := startGate(t, ctx, dir, gate.ServeOptions{})
+	var dials atomic.Int32
+	b, cs := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return gdial(ctx, network, addr)
+	}})
+	b.warm.makeFn = func(spec *runtime.Spec, key string) (*warmPod, error) {
+		s := &sandbox{id: spec.ID, spec: *spec, client: client, server: server.Certificate[0], ident: ident,
+			pod:     &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}},
+			changed: make(chan struct{}), done: make(chan struct{})}
+		b.mu.Lock()
+		b.sandboxes[spec.ID] = s
+		b.mu.Unlock()
+		w := &warmPod{id: spec.ID, key: key, s: s}
+		w.hc = agent.NewHTTPClient(func(ctx context.Context) (net.Conn, error) { return b.dialAgent(ctx, w.id, "", false) })
+		return w, nil
+	}
+	if err := b.SetWarmPools(ctx, []runtime.WarmTarget{{Key: "org-a/t1", Spec: warmSpec("org-a"), Size: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	spec := warmSpec("org-a")
+	id, ok := b.ReserveWarm(&spec)
+	if !ok {
+		t.Fatal("no reservation")
+	}
+	for _, err := range []error{
+		func() error {
+			_, err := cs.CoreV1().Pods("sbx").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx"}}, metav1.CreateOptions{})
+			return err
+		}(),
+		func() error {
+			_, err := cs.CoreV1().Secrets("sbx").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: secretName(id), Namespace: "sbx"}}, metav1.CreateOptions{})
+			return err
+		}(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec.ID = id
+	if _, claimed, err := b.claimWarm(ctx, &spec); !claimed || err != nil {
+		t.Fatalf("claimed %v err %v", claimed, err)
+	}
+	before := dials.Load()
+	c, err := b.DialAgent(ctx, id, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := dials.Load() - before; n != 0 {
+		t.Errorf("the first DialAgent after the claim made %d new dials, want 0 (the claim's connection)", n)
+	}
+	// The connection is the agent's: a Status over it answers (the main command runs).
+	hc := agent.NewHTTPClient(func(context.Context) (net.Conn, error) { return c, nil })
+	defer hc.CloseIdleConnections()
+	st, err := agentv1connect.NewAgentServiceClient(hc, "http://sandbox-agent", connect.WithGRPC()).Status(ctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	if err != nil || st.Msg.GetState() != agentv1.MainState_MAIN_STATE_RUNNING {
+		t.Fatalf("Status over the handed-over connection: %v %v", st, err)
+	}
 }
