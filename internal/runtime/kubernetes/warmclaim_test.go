@@ -88,6 +88,14 @@ func claimAgent(t *testing.T, a *warmAgent, setup func(*Backend, *fake.Clientset
 	if setup != nil {
 		setup(b, cs)
 	}
+	return claimOn(t, b, cs, a, len(cancelled) > 0 && cancelled[0])
+}
+
+// claimOn is claimAgent on b (its fake cluster cs): the claimed Pod has a UID (the
+// claim's Pod patch carries it) and the claim a caller (the caller's label goes onto
+// the NetworkPolicy and pull Secret too).
+func claimOn(t *testing.T, b *Backend, cs *fake.Clientset, a *warmAgent, cancelled bool) claimResult {
+	t.Helper()
 	f := &fakeWarm{}
 	f.install(b)
 	_, h := agentv1connect.NewAgentServiceHandler(a)
@@ -113,9 +121,12 @@ func claimAgent(t *testing.T, a *warmAgent, setup func(*Backend, *fake.Clientset
 	w := b.warm.reserved[id]
 	w.hc, w.dial = agent.NewHTTPClient(dial), dial
 	b.warm.mu.Unlock()
+	b.mu.Lock()
+	w.s.uid = "u-warm"
+	b.mu.Unlock()
 	for _, o := range []func() error{
 		func() error {
-			_, err := cs.CoreV1().Pods("sbx").Create(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx"}}, metav1.CreateOptions{})
+			_, err := cs.CoreV1().Pods("sbx").Create(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx", UID: "u-warm"}}, metav1.CreateOptions{})
 			return err
 		},
 		func() error {
@@ -128,9 +139,10 @@ func claimAgent(t *testing.T, a *warmAgent, setup func(*Backend, *fake.Clientset
 		}
 	}
 	spec.ID = id
+	spec.Meta[runtime.MetaCaller] = "alice"
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if len(cancelled) > 0 && cancelled[0] {
+	if cancelled {
 		cancel()
 	}
 	info, claimed, err := b.claimWarm(ctx, &spec)
