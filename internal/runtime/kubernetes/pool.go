@@ -64,7 +64,8 @@ import (
 // destroys it and creates the sandbox cold under the same ID; a Start that fails is
 // judged by the agent's state (started: claimed; standby: cold; no answer: the Create
 // fails, never a second run of the main command), and a Create whose caller is gone
-// fails with its context's error.
+// fails with its context's error (either way, and when the unusable warm Pod could not be
+// removed before the cold create, the warm Pod is destroyed in the background).
 // Recover destroys warm Pods never claimed (labelled LabelWarm, Secret too).
 
 // LabelWarm marks a warm Pod and its Secret until the Pod is claimed (never its
@@ -74,7 +75,8 @@ const LabelWarm = "sandboxd.io/warm"
 
 // annotationWarmClaimed marks a Pod claimed from the warm pool: Recover asks its agent
 // whether the main command was started (a claim cut short by a restart leaves it in
-// standby: vanished, as a cold Create cut short).
+// standby: vanished, as a cold Create cut short). Its value is the claim's time
+// (RFC 3339): the sandbox's StartedAt (infoOf); "true" from runners before that.
 const annotationWarmClaimed = "sandboxd.io/warm-claimed"
 
 // DefaultMaxWarm is Config.MaxWarm's default: warm Pods kept for all targets together.
