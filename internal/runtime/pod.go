@@ -17,8 +17,10 @@ type PodSettings struct {
 
 // ReservedPodAnnotationPrefix is the prefix of the annotation keys the Kubernetes backend
 // keeps for its own state on a sandbox's Pod (sandboxd.io/workload-started marks a
-// GLOBAL volume writer's workload started: its copy is committed only then). Pod
-// annotations from a policy may not use it: one would forge that state.
+// GLOBAL volume writer's workload started: its copy is committed only then;
+// sandboxd.io/warm-claimed marks a Pod claimed from the warm pool, its value the claim's
+// time). Pod annotations from a policy may not use it: one would forge that state (the
+// backend also drops such keys from a policy stored before the check).
 const ReservedPodAnnotationPrefix = "sandboxd.io/"
 
 // Toleration is a Kubernetes toleration.

@@ -716,7 +716,11 @@ func applyPodSettings(pod *corev1.Pod, ps *runtime.PodSettings) {
 	}
 	if len(ps.Annotations) > 0 {
 		pod.Annotations = maps.Clone(ps.Annotations)
-		delete(pod.Annotations, annotationWorkloadStarted) // the backend's own (policy validation refuses it; a policy stored before may hold it)
+		// The backend's own keys (policy validation refuses them; a policy stored before
+		// may hold one): none forges a workload started or a warm claim.
+		maps.DeleteFunc(pod.Annotations, func(k, _ string) bool {
+			return strings.HasPrefix(k, runtime.ReservedPodAnnotationPrefix)
+		})
 	}
 }
 

@@ -862,6 +862,13 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			// waits for the report, for a Pod young enough to be such a create only, and
 			// all of them within one shared recoverIPWait.
 			ip = b.waitPodIP(ctx, s, time.Until(ipDeadline))
+			// The wait saw the Pod change: the checks below judge what it shows now (a
+			// claim's or restore's annotations, the containers' states), not the list.
+			b.mu.Lock()
+			if s.pod != nil && s.pod.UID == pod.UID {
+				pod = s.pod
+			}
+			b.mu.Unlock()
 		}
 		if notRunning && ip != "" && pod.DeletionTimestamp == nil {
 			// The kubelet reports a container running only at its next relist, seconds
@@ -884,7 +891,10 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			// vanished rather than holding the volume's lease with nothing started.
 			rec.Alive, rec.Exit = true, nil
 		}
-		if rec.Alive && pod.Status.PodIP != "" && (restoresVolumes(&s.spec) || commits(&s.spec) || warmClaimBegun(pod)) && b.heldInStandby(ctx, s, pod.Status.PodIP) {
+		if ip == "" {
+			ip = pod.Status.PodIP
+		}
+		if rec.Alive && ip != "" && (restoresVolumes(&s.spec) || commits(&s.spec) || warmClaimBegun(pod)) && b.heldInStandby(ctx, s, ip) {
 			// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler) cut
 			// short by the restart: its main command was never started (the agent still
 			// holds it): vanished, as above; a writer's copy is never committed.
@@ -956,6 +966,11 @@ func infoOf(s *sandbox) runtime.Info {
 	}
 	if info.StartedAt.IsZero() && s.pod.Status.StartTime != nil {
 		info.StartedAt = s.pod.Status.StartTime.UTC()
+	}
+	if t, ok := warmClaimedAt(s.pod); ok {
+		// A Pod claimed from the warm pool: its containers started when it was made,
+		// its main command at the claim.
+		info.StartedAt = t
 	}
 	return info
 }

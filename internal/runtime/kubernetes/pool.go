@@ -64,7 +64,8 @@ import (
 // destroys it and creates the sandbox cold under the same ID; a Start that fails is
 // judged by the agent's state (started: claimed; standby: cold; no answer: the Create
 // fails, never a second run of the main command), and a Create whose caller is gone
-// fails with its context's error.
+// fails with its context's error (either way, and when the unusable warm Pod could not be
+// removed before the cold create, the warm Pod is destroyed in the background).
 // Recover destroys warm Pods never claimed (labelled LabelWarm, Secret too).
 
 // LabelWarm marks a warm Pod and its Secret until the Pod is claimed (never its
@@ -74,7 +75,8 @@ const LabelWarm = "sandboxd.io/warm"
 
 // annotationWarmClaimed marks a Pod claimed from the warm pool: Recover asks its agent
 // whether the main command was started (a claim cut short by a restart leaves it in
-// standby: vanished, as a cold Create cut short).
+// standby: vanished, as a cold Create cut short). Its value is the claim's time
+// (RFC 3339): the sandbox's StartedAt (infoOf); "true" from runners before that.
 const annotationWarmClaimed = "sandboxd.io/warm-claimed"
 
 // DefaultMaxWarm is Config.MaxWarm's default: warm Pods kept for all targets together.
@@ -706,10 +708,12 @@ func (b *Backend) claimWarm(ctx context.Context, spec *runtime.Spec) (info runti
 		}
 		if errors.Is(err, errWarmStartUnknown) || ctx.Err() != nil {
 			// No cold create: the main command may run already, or the caller is gone.
+			// The Create fails: its Pod goes (in the background, bounded), never started
+			// again.
 			p.mu.Lock()
 			p.stats.Fallback++
 			p.mu.Unlock()
-			w.close()
+			go p.destroy(w)
 			if ctx.Err() != nil {
 				err = ctx.Err()
 			}
@@ -722,7 +726,12 @@ func (b *Backend) claimWarm(ctx context.Context, spec *runtime.Spec) (info runti
 	p.mu.Unlock()
 	w.close()
 	// The cold path makes the same names again: the warm Pod goes first.
-	if err := b.Destroy(context.WithoutCancel(ctx), spec.ID); err != nil {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := b.Destroy(dctx, spec.ID); err != nil {
+		// The Create fails: the Pod is tried again in the background (nothing started
+		// in it: it was in standby, or the spec did not match).
+		go p.destroy(w)
 		return runtime.Info{}, true, fmt.Errorf("sandbox %s: remove the unusable warm pod: %w", spec.ID, err)
 	}
 	return runtime.Info{}, false, nil
@@ -778,16 +787,24 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 	if err != nil {
 		return runtime.Info{}, err
 	}
+	// The claim's time: the sandbox's start (infoOf), also after a runner restart.
+	claimedAt := time.Now().UTC()
 	podPatch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"labels":      meta["labels"],
-		"annotations": map[string]string{annotationWarmClaimed: "true"},
+		"annotations": map[string]string{annotationWarmClaimed: claimedAt.Format(time.RFC3339Nano)},
 	}})
 	if err != nil {
 		return runtime.Info{}, err
 	}
 	b.mu.Lock()
 	uid := s.uid
+	ip := s.helloIP
+	if s.pod != nil && s.pod.Status.PodIP != "" {
+		ip = s.pod.Status.PodIP
+	}
 	b.mu.Unlock()
+	spare := b.dialSpare(ctx, s, ip)
+	defer spare.drop()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(gctx, secretName(spec.ID), types.MergePatchType, secPatch, metav1.PatchOptions{})
@@ -867,10 +884,85 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 		}
 	}
 	w.close()
+	spare.keep()
 	b.startLogs(s)
 	info := b.info(s)
-	info.StartedAt = time.Now().UTC() // the main command's start, not the warm Pod's
+	info.StartedAt = claimedAt // the main command's, not the warm Pod's
 	return info, nil
+}
+
+// warmSpareWait bounds how long a claim waits, after its Start, for the connection
+// dialSpare makes (begun with the claim: done by then unless the gate is slow).
+const warmSpareWait = time.Second
+
+// claimSpare is a verified connection to a claimed sandbox's primary agent, made while
+// the claim runs (the warm Pod's kept connection carries the pool's HTTP/2 session: it
+// cannot be handed over as a raw connection).
+type claimSpare struct {
+	b    *Backend
+	s    *sandbox
+	ip   string
+	done chan net.Conn // nil: no dial
+}
+
+// dialSpare begins a verified connection to s's primary agent at ip, for the sandbox's
+// first DialAgent after the claim (keep): that one then makes no TLS and identity
+// handshake on the way to the first command. Only for an agent with an identity (a
+// connection that passed its check is the proof, as pingAgent's).
+func (b *Backend) dialSpare(ctx context.Context, s *sandbox, ip string) *claimSpare {
+	sp := &claimSpare{b: b, s: s, ip: ip}
+	if ip == "" || s.ident == nil {
+		return sp
+	}
+	done := make(chan net.Conn, 1)
+	sp.done = done
+	go func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		c, err := b.dialGate(dctx, s, ip, "")
+		if err != nil {
+			c = nil
+		}
+		done <- c
+	}()
+	return sp
+}
+
+// keep hands the connection over as the sandbox's spare (keepSpare), waiting for it at
+// most warmSpareWait; a later one is handed over when it comes.
+func (sp *claimSpare) keep() {
+	if sp.done == nil {
+		return
+	}
+	ch := sp.done
+	sp.done = nil
+	give := func(c net.Conn) {
+		if c != nil {
+			sp.b.keepSpare(sp.s, sp.ip, c)
+		}
+	}
+	t := time.NewTimer(warmSpareWait)
+	defer t.Stop()
+	select {
+	case c := <-ch:
+		give(c)
+	case <-t.C:
+		go func() { give(<-ch) }()
+	}
+}
+
+// drop closes the connection of a claim that failed (nothing after keep).
+func (sp *claimSpare) drop() {
+	if sp.done == nil {
+		return
+	}
+	ch := sp.done
+	sp.done = nil
+	go func() {
+		if c := <-ch; c != nil {
+			_ = c.Close()
+		}
+	}()
 }
 
 // errWarmStartUnknown: a claim's Start failed and whether the main command started is
@@ -936,4 +1028,18 @@ func warmClaimBegun(pod *corev1.Pod) bool {
 func warmLabel(ctx context.Context) string {
 	k, _ := ctx.Value(warmCtxKey{}).(string)
 	return cmp.Or(k[:min(len(k), 40)], "")
+}
+
+// warmClaimedAt is the time of pod's claim from the warm pool (its annotationWarmClaimed;
+// false: not claimed, or a claim recorded without its time).
+func warmClaimedAt(pod *corev1.Pod) (time.Time, bool) {
+	v := pod.Annotations[annotationWarmClaimed]
+	if v == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return t.UTC(), true
 }

@@ -21,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/install"
 )
 
@@ -175,7 +176,7 @@ func TestRunnerRoleGrantsWriterMark(t *testing.T) {
 // TestRunnerRoleGrantsBackendCalls: every call the backend makes in the sandbox
 // namespace while it starts, creates a sandbox (a GLOBAL writer; the create times out
 // against the fake cluster and is rolled back), marks a writer started, makes and
-// removes a registered volume's claim, recovers and destroys, is granted by each copy
+// removes a registered volume's claim, recovers and destroys, claims a warm Pod, is granted by each copy
 // of the runner's Role: a verb the runner calls that every copy lacks fails here too
 // (TestRunnerRoleCopiesAgree catches one copy lacking it). Cluster-scoped calls
 // (StorageClasses, nodes) are the ClusterRole's, optional, and not checked here.
@@ -206,8 +207,23 @@ func TestRunnerRoleGrantsBackendCalls(t *testing.T) {
 	if err := b.Destroy(ctx, marked.ID); err != nil {
 		t.Fatal(err)
 	}
+	// A claim of a warm Pod (its own backend: a warm pool): the spec into its Secret,
+	// the caller onto its Pod (UID-checked), NetworkPolicy and pull Secret.
+	wb, wcs := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1})
+	if r := claimOn(t, wb, wcs, &warmAgent{state: agentv1.MainState_MAIN_STATE_STANDBY, startOK: true}, false); !r.claimed || r.err != nil {
+		t.Fatalf("warm claim: claimed %v err %v", r.claimed, r.err)
+	}
+	uidChecked := false
+	for _, a := range wcs.Actions() {
+		if p, ok := a.(k8stesting.PatchAction); ok && a.GetResource().Resource == "pods" && bytes.Contains(p.GetPatch(), []byte(`"uid":"u-warm"`)) {
+			uidChecked = true
+		}
+	}
+	if !uidChecked {
+		t.Error("the warm claim made no UID-checked Pod patch")
+	}
 	calls := map[string]k8stesting.Action{}
-	for _, a := range cs.Actions() {
+	for _, a := range append(cs.Actions(), wcs.Actions()...) {
 		if a.GetNamespace() == "" {
 			continue
 		}
@@ -218,7 +234,8 @@ func TestRunnerRoleGrantsBackendCalls(t *testing.T) {
 		calls[fmt.Sprintf("%q %s/ %s", a.GetResource().Group, res, a.GetVerb())] = a
 	}
 	for _, want := range []string{`"" pods/ create`, `"" pods/ patch`, `"" pods/ delete`, `"" pods/ list`, `"" pods/ watch`,
-		`"" secrets/ create`, `"" persistentvolumeclaims/ create`, `"" persistentvolumeclaims/ delete`} {
+		`"" secrets/ create`, `"" secrets/ patch`,
+		`"networking.k8s.io" networkpolicies/ patch`, `"" persistentvolumeclaims/ create`, `"" persistentvolumeclaims/ delete`} {
 		if calls[want] == nil {
 			t.Errorf("the scenario made no call %s (it no longer covers what it says)", want)
 		}

@@ -200,3 +200,32 @@ func TestContainerContexts(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyReservedAnnotationsDropped: a policy stored before the policy check refused
+// the reserved prefix may still hold sandboxd.io/ keys: none reaches the Pod (a forged
+// sandboxd.io/warm-claimed would make Recover take a Pod for a warm claim; a forged
+// workload-started, a GLOBAL writer's workload for started); other keys do.
+func TestPolicyReservedAnnotationsDropped(t *testing.T) {
+	b := snapBackend(t, 0)
+	b.cfg.Namespace, b.cfg.RunnerID, b.cfg.AgentImage = "ns", "r1", "agent:1"
+	spec := &runtime.Spec{ID: "x", Container: runtime.Container{Image: "busybox", Command: "sh"},
+		Pod: &runtime.PodSettings{Annotations: map[string]string{
+			annotationWarmClaimed:     "2020-01-01T00:00:00Z",
+			annotationWorkloadStarted: "true",
+			"sandboxd.io/other":       "x",
+			"example.com/team":        "a",
+		}}}
+	sc, _ := securityFor(nil, "")
+	pod := b.podFor(spec, "", b.labels(spec), nil, sc)
+	for k := range pod.Annotations {
+		if strings.HasPrefix(k, runtime.ReservedPodAnnotationPrefix) {
+			t.Errorf("the policy's reserved annotation %q reached the Pod", k)
+		}
+	}
+	if pod.Annotations["example.com/team"] != "a" {
+		t.Errorf("annotations %v: the policy's own key is missing", pod.Annotations)
+	}
+	if _, ok := warmClaimedAt(pod); ok || warmClaimBegun(pod) {
+		t.Error("the Pod reads as claimed from the warm pool")
+	}
+}

@@ -1,0 +1,71 @@
+package security
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+)
+
+// TestK8sPolicyForgesNoPodState (review of lead12, L3): the Kubernetes backend keeps its
+// own state on a sandbox's Pod in annotations under runtime.ReservedPodAnnotationPrefix
+// (sandboxd.io/workload-started: a GLOBAL writer's copy is committed only then;
+// sandboxd.io/warm-claimed: Recover asks a warm claim's agent whether it started, and
+// takes the claim's time as the sandbox's start). The policy check refuses such keys,
+// but a policy stored before it may hold them: a Create with such Pod settings never
+// puts one on the Pod it makes (here against a fake cluster whose Pods never run: the
+// Create fails, the Pod it created is what counts).
+func TestK8sPolicyForgesNoPodState(t *testing.T) {
+	cs := fake.NewSimpleClientset()
+	var mu sync.Mutex
+	var made []*corev1.Pod
+	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		if p, ok := a.(k8stesting.CreateAction).GetObject().(*corev1.Pod); ok {
+			mu.Lock()
+			made = append(made, p.DeepCopy())
+			mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	b, err := kubernetes.New(ctx, kubernetes.Config{Client: cs, Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1",
+		StartTimeout: time.Second, MaxPrepull: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	spec := &runtime.Spec{ID: "forged", Container: runtime.Container{Image: "busybox", Command: "sh"},
+		Pod: &runtime.PodSettings{Annotations: map[string]string{
+			"sandboxd.io/warm-claimed":     "2020-01-01T00:00:00Z",
+			"sandboxd.io/workload-started": "true",
+			"example.com/team":             "a",
+		}}}
+	cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+	defer ccancel()
+	_, _ = b.Create(cctx, spec)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(made) == 0 {
+		t.Fatal("the Create made no Pod (the test no longer reaches the Pod's annotations)")
+	}
+	for _, p := range made {
+		for k := range p.Annotations {
+			if strings.HasPrefix(k, runtime.ReservedPodAnnotationPrefix) {
+				t.Errorf("Pod %s carries the policy's %s=%q", p.Name, k, p.Annotations[k])
+			}
+		}
+		if p.Annotations["example.com/team"] != "a" {
+			t.Errorf("Pod %s: annotations %v, the policy's own key missing", p.Name, p.Annotations)
+		}
+	}
+}
