@@ -32,6 +32,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -375,10 +376,18 @@ func (m *Manager) Setup(ctx context.Context, id string) (att *Attachment, err er
 		PeerTxQLen:       -1,
 	}
 	if err := h.LinkAdd(veth); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("veth %s already exists: %w", hostName, ErrExists)
+		if !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("add veth: %w", err)
 		}
-		return nil, fmt.Errorf("add veth: %w", err)
+		if err := m.dropStaleVeth(h, id, hostName); err != nil {
+			return nil, err
+		}
+		if err := h.LinkAdd(veth); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return nil, fmt.Errorf("veth %s already exists: %w", hostName, ErrExists)
+			}
+			return nil, fmt.Errorf("add veth: %w", err)
+		}
 	}
 	undo = append(undo, func() { _ = h.LinkDel(veth) })
 	if err := disableIPv6(hostName); err != nil {
@@ -829,6 +838,38 @@ func validTableName(n string) bool {
 		}
 	}
 	return true
+}
+
+// dropStaleVeth deletes the host link named hostName (sandbox id's) that made adding
+// id's veth fail with EEXIST. Setup made id's network namespace exclusively just before,
+// so id has no attachment on this host: a link by that name is a leftover of an earlier
+// life of id (a runner killed between its steps, or the kernel still destroying a
+// dropped namespace's pair), unless it is not a veth, hangs off another master, or is
+// pinned for another sandbox, which it refuses to touch. No such link: the EEXIST came
+// from the peer's side, and the error says so.
+func (m *Manager) dropStaleVeth(h *netlink.Handle, id, hostName string) error {
+	l, err := h.LinkByName(hostName)
+	if err != nil {
+		return fmt.Errorf("add veth %s: peer %s taken in the new namespace (no host link by that name: %v): %w",
+			hostName, ContainerIface, err, ErrExists)
+	}
+	if l.Type() != "veth" || (l.Attrs().MasterIndex != 0 && l.Attrs().MasterIndex != m.brIdx) {
+		return fmt.Errorf("veth %s already exists (a %s on master %d, not this network's): %w",
+			hostName, l.Type(), l.Attrs().MasterIndex, ErrExists)
+	}
+	m.pinMu.Lock()
+	for other, p := range m.pins {
+		if p.veth == hostName && other != id {
+			m.pinMu.Unlock()
+			return fmt.Errorf("veth %s already exists (pinned for %s): %w", hostName, other, ErrExists)
+		}
+	}
+	m.pinMu.Unlock()
+	slog.Warn("network: deleting a stale host veth left by an earlier life of the sandbox", "sandbox", id, "veth", hostName)
+	if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete stale veth %s: %w", hostName, err)
+	}
+	return nil
 }
 
 // vethName derives the host veth name (13 bytes) from the bridge and the id, so

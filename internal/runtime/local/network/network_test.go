@@ -684,3 +684,56 @@ func TestHostSideScales(t *testing.T) {
 		t.Errorf("bridge %s: multicast_snooping = %q, %v; want 0", m.cfg.Bridge, b, err)
 	}
 }
+
+// TestSetupReplacesStaleHostVeth: a host veth by the name Setup derives for an id that has
+// no attachment (an earlier life of the id left it: a runner killed between its steps,
+// or the kernel still destroying a dropped namespace's pair) does not fail the id's
+// Setup, which deletes it and makes its own; a veth by that name pinned for another
+// sandbox is refused.
+func TestSetupReplacesStaleHostVeth(t *testing.T) {
+	m := newTestManager(t, false)
+	id := "stale-" + randHex(4)
+	name := vethName(m.cfg.Bridge, id)
+	noteLink(name)
+	stale := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, TxQLen: -1, MasterIndex: m.brIdx},
+		PeerName: "sbxstp" + randHex(3), PeerTxQLen: -1}
+	if err := netlink.LinkAdd(stale); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(stale) })
+	old, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := setup(t, m, id)
+	now, err := netlink.LinkByName(a.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Attrs().Index == old.Attrs().Index {
+		t.Fatalf("Setup kept the stale link %d", old.Attrs().Index)
+	}
+	if now.Attrs().MasterIndex != m.brIdx {
+		t.Errorf("new veth on master %d, want the bridge %d", now.Attrs().MasterIndex, m.brIdx)
+	}
+
+	// The same name pinned for another sandbox is not this id's to delete.
+	other := "pinned-" + randHex(4)
+	name2 := vethName(m.cfg.Bridge, other)
+	noteLink(name2)
+	v2 := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name2, TxQLen: -1}, PeerName: "sbxstq" + randHex(3), PeerTxQLen: -1}
+	if err := netlink.LinkAdd(v2); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(v2) })
+	m.pinMu.Lock()
+	m.pins["someone-else"] = pin{veth: name2}
+	m.pinMu.Unlock()
+	t.Cleanup(func() { m.pinMu.Lock(); delete(m.pins, "someone-else"); m.pinMu.Unlock() })
+	if _, err := m.Setup(context.Background(), other); !errors.Is(err, ErrExists) {
+		t.Fatalf("Setup over a veth pinned for another sandbox: %v, want ErrExists", err)
+	}
+	if _, err := netlink.LinkByName(name2); err != nil {
+		t.Errorf("the other sandbox's veth was deleted: %v", err)
+	}
+}
