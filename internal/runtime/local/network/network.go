@@ -850,7 +850,7 @@ func validTableName(n string) bool {
 func (m *Manager) dropStaleVeth(h *netlink.Handle, id, hostName string) error {
 	l, err := h.LinkByName(hostName)
 	if err != nil {
-		return fmt.Errorf("add veth %s: peer %s taken in the new namespace (no host link by that name: %v): %w",
+		return fmt.Errorf("add veth %s: peer %s taken in the new namespace (no host link by that name: %w): %w",
 			hostName, ContainerIface, err, ErrExists)
 	}
 	if l.Type() != "veth" || (l.Attrs().MasterIndex != 0 && l.Attrs().MasterIndex != m.brIdx) {
