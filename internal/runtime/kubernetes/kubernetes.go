@@ -165,7 +165,8 @@ type Config struct {
 	// gate hello (hello.go) and dials its agent as soon as it listens, instead of after
 	// the kubelet reported the Pod's IP (its next relist, up to ~1 s). Every sandbox
 	// NetworkPolicy then allows UDP to that port at HelloAddr's host and at RunnerPeers'
-	// selector peers (not its ipBlocks: hello.go helloEgress). Empty: off.
+	// selector peers (not its ipBlocks: hello.go helloEgress). Empty: off. New refuses a
+	// HelloAddr that ParseHelloAddr does not take.
 	HelloListen, HelloAddr string
 	// StepHook, when set, is told when a sandbox's Pod first reaches each step of its
 	// create as the backend sees it (Step* names): for measuring (the time-to-first-command
@@ -204,7 +205,10 @@ type Backend struct {
 	// stats caches the kubelets' usage summaries (usage.go).
 	stats statsCache
 	// hello is the gate hello listener (hello.go); nil: off.
-	hello     *net.UDPConn
+	hello *net.UDPConn
+	// helloTo is Config.HelloAddr as New checked it (ParseHelloAddr), where the gates
+	// send their hellos and the NetworkPolicies allow them (helloEgress); invalid: none.
+	helloTo   netip.AddrPort
 	helloRate helloLimiter
 	// helloSeen: a hello was taken (the first is logged: the path through the
 	// NetworkPolicies works; a policy blocking it is otherwise silent).
@@ -313,8 +317,18 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	var helloTo netip.AddrPort
+	if cfg.HelloAddr != "" {
+		var err error
+		if helloTo, err = ParseHelloAddr(cfg.HelloAddr); err != nil {
+			return nil, fmt.Errorf("kubernetes backend: HelloAddr %q: %w", cfg.HelloAddr, err)
+		}
+		// The deployments pass [$(POD_IP)]:port (brackets: an IPv6 Pod IP): the gates
+		// get the canonical form.
+		cfg.HelloAddr = helloTo.String()
+	}
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy, LabelRunner: cfg.RunnerID})
-	b := &Backend{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
+	b := &Backend{cfg: cfg, helloTo: helloTo, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
 		snaps: snapCache{limits: map[string]runtime.ArchiveLimits{}, inUse: map[string]int{}}}
 	b.cleanCache()
 	b.ctx, b.cancel = context.WithCancel(context.Background())
@@ -341,14 +355,6 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
 	}
 	if cfg.HelloListen != "" && cfg.HelloAddr != "" {
-		ip, port, ok := b.helloTarget()
-		if !ok {
-			b.Close()
-			return nil, fmt.Errorf("kubernetes backend: HelloAddr %q: want IP:port", cfg.HelloAddr)
-		}
-		// The deployments pass [$(POD_IP)]:port (brackets: an IPv6 Pod IP): the gates
-		// get the canonical form.
-		b.cfg.HelloAddr = netip.AddrPortFrom(ip, uint16(port)).String()
 		ua, err := net.ResolveUDPAddr("udp", cfg.HelloListen)
 		if err == nil {
 			b.hello, err = net.ListenUDP("udp", ua)
