@@ -244,8 +244,8 @@ type sandbox struct {
 	// the Pod IP its hello named ("": none taken). Guarded by Backend.mu.
 	helloKey []byte
 	helloIP  string
-	// spare: the verified connection of the create's ping, for the first agent client
-	// (create.go keepSpare); guarded by Backend.mu.
+	// spare: a verified connection to the primary agent (the create's ping's, or one a
+	// warm claim made), for the first agent client (spare.go); guarded by Backend.mu.
 	spare *spareConn
 	// hooked: the steps already told to Config.StepHook (observe.go); guarded by
 	// Backend.mu.
@@ -542,7 +542,8 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		return nil, fmt.Errorf("dial agent of %s: the Pod has no IP yet", id)
 	}
 	if serverName == "" {
-		// The create's ping verified this connection a moment ago (create.go keepSpare).
+		// The create's ping (or the warm claim) verified this connection a moment ago
+		// (spare.go).
 		if c := b.takeSpare(s, ip); c != nil {
 			return c, nil
 		}
@@ -685,7 +686,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		s = &sandbox{id: id}
 	}
 	b.mu.Lock()
-	dropSpareLocked(s) // the ping's kept connection goes with the sandbox
+	dropSpareLocked(s) // the kept verified connection goes with the sandbox
 	b.mu.Unlock()
 	b.waitCaptures(ctx, s)
 	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops

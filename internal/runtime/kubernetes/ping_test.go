@@ -64,6 +64,20 @@ func startTestGate(t *testing.T, ctx context.Context) (string, *sandbox) {
 	return addr, s
 }
 
+// gateBackend is a Backend with sandbox s whose dials go to the gate at addr, and its
+// count of them.
+func gateBackend(addr string, s *sandbox) (*Backend, *atomic.Int32) {
+	dials := new(atomic.Int32)
+	return &Backend{
+		cfg: Config{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			dials.Add(1)
+			return dialRetrying(ctx, addr)
+		}},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{s.id: s},
+	}, dials
+}
+
 // TestPingKeepsConnection: the create's ping through the gate verifies one connection
 // (TLS, the agent's identity) and the sandbox's first agent dial gets that connection
 // instead of dialing again; later dials dial. A kept connection is for the IP it was
@@ -73,23 +87,7 @@ func TestPingKeepsConnection(t *testing.T) {
 	defer cancel()
 	addr, s := startTestGate(t, ctx)
 	s.pod = &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
-	var dials atomic.Int32
-	b := &Backend{
-		cfg: Config{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			dials.Add(1)
-			var d net.Dialer
-			for i := 0; ; i++ {
-				c, err := d.DialContext(ctx, "tcp", addr)
-				if err == nil || i > 50 {
-					return c, err
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}},
-		log:       slog.New(slog.DiscardHandler),
-		sandboxes: map[string]*sandbox{},
-	}
-	b.sandboxes["x"] = s
+	b, dials := gateBackend(addr, s)
 	read := func() string {
 		t.Helper()
 		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
@@ -162,14 +160,7 @@ func TestWaitRunningHello(t *testing.T) {
 						<-ctx.Done()
 						return nil, ctx.Err()
 					}
-					var d net.Dialer
-					for i := 0; ; i++ {
-						c, err := d.DialContext(ctx, "tcp", addr)
-						if err == nil || i > 50 {
-							return c, err
-						}
-						time.Sleep(20 * time.Millisecond)
-					}
+					return dialRetrying(ctx, addr)
 				}},
 				log:       slog.New(slog.DiscardHandler),
 				sandboxes: map[string]*sandbox{"x": s},
@@ -244,6 +235,57 @@ func TestSpareClosedOnEnd(t *testing.T) {
 			}
 			if !closed(peer) {
 				t.Error("the kept connection is still open")
+			}
+		})
+	}
+}
+
+// TestClaimSpareKeptOnlyOnSuccess: a warm claim's spare (claimSpare, through a real
+// gate) becomes the sandbox's kept connection when the claim succeeds (keep), never when
+// it fails (drop, also before its dial ended); a sandbox without an agent identity gets
+// no dial at all.
+func TestClaimSpareKeptOnlyOnSuccess(t *testing.T) {
+	for _, how := range []string{"keep", "drop", "no identity"} {
+		t.Run(how, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			addr, s := startTestGate(t, ctx)
+			if how == "no identity" {
+				s.ident = nil
+			}
+			b, dials := gateBackend(addr, s)
+			sp := b.claimSpare(ctx, s, "10.0.0.1")
+			switch how {
+			case "keep":
+				sp.keep()
+			default:
+				sp.drop()
+			}
+			sp.drop() // after keep or drop: nothing
+			if sp.done != nil {
+				select {
+				case <-sp.done:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the spare's dial did not end")
+				}
+			}
+			c := b.takeSpare(s, "10.0.0.1")
+			if c != nil {
+				defer c.Close()
+			}
+			switch {
+			case how == "keep" && c == nil:
+				t.Error("a kept claim's spare was not handed over")
+			case how == "keep":
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				if out, err := io.ReadAll(c); string(out) != "1" {
+					t.Errorf("the spare reads %q, %v: want the agent's first connection", out, err)
+				}
+			case c != nil:
+				t.Errorf("%s: a spare was kept", how)
+			}
+			if want := map[string]int32{"keep": 1, "drop": 1, "no identity": 0}[how]; dials.Load() != want {
+				t.Errorf("%d dials, want %d", dials.Load(), want)
 			}
 		})
 	}
