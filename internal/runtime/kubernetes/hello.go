@@ -159,7 +159,8 @@ func (b *Backend) takeHello(p []byte, src netip.Addr, now time.Time) bool {
 // --hello-addr once its variables expanded): IP:port, the host an IP address (a gate
 // resolves no name, and the NetworkPolicy rule is the address's /32 or /128) without a
 // zone, bracketed when IPv6 (IPv4 may be too: the deployments pass "[$(POD_IP)]:7444"),
-// the port 1..65535. An IPv4-mapped IPv6 address is taken as its IPv4 one.
+// the port 1..65535 in decimal digits only (no sign: "+7444" is refused). An
+// IPv4-mapped IPv6 address is taken as its IPv4 one.
 func ParseHelloAddr(s string) (netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {

@@ -261,6 +261,7 @@ func TestParseHelloAddrErrors(t *testing.T) {
 		"10.0.0.1:65536":       `port "65536": want 1..65535`,
 		"[fd00::1]:99999999":   `port "99999999": want 1..65535`,
 		"10.0.0.1:-1":          `port "-1": want 1..65535`,
+		"10.0.0.1:+7444":       `port "+7444": want 1..65535`,
 		"10.0.0.1:http":        `port "http": want 1..65535`,
 		"[10.0.0.1]:7444:7444": "want IP:port",
 	} {
