@@ -844,16 +844,16 @@ func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
 // (every sandbox made by this backend has one), a connection whose TLS handshake and
 // identity check passed is the answer: it is kept as the sandbox's spare (spare.go
 // verifiedSpare) for its first agent client, so that client does not dial and verify
-// again. Without one, a Status.
+// again. Without one (verifiedSpare says errNoIdentity), a Status.
 func (b *Backend) pingAgent(ctx context.Context, s *sandbox, ip string) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if s.ident == nil {
-		c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
-		_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	if err := b.verifiedSpare(pctx, s, ip, nil); !errors.Is(err, errNoIdentity) {
 		return err
 	}
-	return b.verifiedSpare(pctx, s, ip, nil)
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
+	_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	return err
 }
 
 func selfSigned(cn string) (tls.Certificate, []byte, []byte, error) {

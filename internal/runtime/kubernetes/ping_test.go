@@ -6,14 +6,18 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
@@ -240,10 +244,21 @@ func TestSpareClosedOnEnd(t *testing.T) {
 	}
 }
 
+// closeCounted is a dialed connection that counts its Close calls.
+type closeCounted struct {
+	net.Conn
+	closes *atomic.Int32
+}
+
+func (c *closeCounted) Close() error {
+	c.closes.Add(1)
+	return c.Conn.Close()
+}
+
 // TestClaimSpareKeptOnlyOnSuccess: a warm claim's spare (claimSpare, through a real
 // gate) becomes the sandbox's kept connection when the claim succeeds (keep), never when
-// it fails (drop, also before its dial ended); a sandbox without an agent identity gets
-// no dial at all.
+// it fails (drop, also before its dial ended: the dialed connection is closed, not left
+// open); a sandbox without an agent identity gets no dial at all.
 func TestClaimSpareKeptOnlyOnSuccess(t *testing.T) {
 	for _, how := range []string{"keep", "drop", "no identity"} {
 		t.Run(how, func(t *testing.T) {
@@ -254,6 +269,16 @@ func TestClaimSpareKeptOnlyOnSuccess(t *testing.T) {
 				s.ident = nil
 			}
 			b, dials := gateBackend(addr, s)
+			// Every dialed connection counts its Closes (the TLS connection's Close closes it).
+			var closes atomic.Int32
+			dial := b.cfg.Dial
+			b.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dial(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &closeCounted{Conn: c, closes: &closes}, nil
+			}
 			sp := b.claimSpare(ctx, s, "10.0.0.1")
 			switch how {
 			case "keep":
@@ -268,6 +293,10 @@ func TestClaimSpareKeptOnlyOnSuccess(t *testing.T) {
 				case <-time.After(5 * time.Second):
 					t.Fatal("the spare's dial did not end")
 				}
+			}
+			// The dial has ended: a dropped claim's connection is closed by now, a kept one not.
+			if want := map[string]int32{"keep": 0, "drop": 1, "no identity": 0}[how]; closes.Load() != want {
+				t.Errorf("%d connections closed, want %d", closes.Load(), want)
 			}
 			c := b.takeSpare(s, "10.0.0.1")
 			if c != nil {
@@ -288,5 +317,61 @@ func TestClaimSpareKeptOnlyOnSuccess(t *testing.T) {
 				t.Errorf("%d dials, want %d", dials.Load(), want)
 			}
 		})
+	}
+}
+
+// statusAgent is an agent that answers Status and counts the calls.
+type statusAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	calls atomic.Int32
+}
+
+func (a *statusAgent) Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
+	a.calls.Add(1)
+	return connect.NewResponse(&agentv1.StatusResponse{}), nil
+}
+
+// TestPingWithoutIdentityAsksStatus: a sandbox without an agent identity (verifiedSpare
+// refuses it: errNoIdentity) is pinged by a Status through the gate, and keeps no spare.
+func TestPingWithoutIdentityAsksStatus(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	dir := t.TempDir()
+	client, server := gateCerts(t, dir)
+	a := &statusAgent{}
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(a))
+	srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	ln, err := net.Listen("unix", filepath.Join(dir, "primary.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	gdial := startGate(t, ctx, dir, gate.ServeOptions{})
+	var dials atomic.Int32
+	s := &sandbox{
+		id: "x", spec: runtime.Spec{ID: "x", Container: runtime.Container{Image: "i"}},
+		client: client, server: server.Certificate[0],
+		changed: make(chan struct{}), done: make(chan struct{}),
+	}
+	b := &Backend{
+		cfg: Config{Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			dials.Add(1)
+			return gdial(ctx, network, "")
+		}},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{s.id: s},
+	}
+	if err := b.pingAgent(ctx, s, "10.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if a.calls.Load() != 1 || dials.Load() != 1 {
+		t.Errorf("the ping made %d Status calls in %d dials, want 1 in 1", a.calls.Load(), dials.Load())
+	}
+	if c := b.takeSpare(s, "10.0.0.1"); c != nil {
+		c.Close()
+		t.Error("a sandbox without an agent identity kept a spare")
 	}
 }

@@ -30,7 +30,9 @@ var errNoIdentity = errors.New("no agent identity recorded: no verified connecti
 
 // verifiedSpare dials s's primary agent through the gate at ip, verifies it (dialGate)
 // and keeps it as s's spare (keepSpare). hold, when not nil, defers the keeping until it
-// says: true keeps, false closes. An error is the dial's or the verification's.
+// says: true keeps, false closes. An error is errNoIdentity (s has no agent identity:
+// no dial; the one place that checks it, for both callers), the dial's or the
+// verification's.
 func (b *Backend) verifiedSpare(ctx context.Context, s *sandbox, ip string, hold <-chan bool) error {
 	if s.ident == nil {
 		return errNoIdentity
@@ -116,11 +118,12 @@ type pendingSpare struct {
 	done <-chan struct{} // closed when verifiedSpare returned
 }
 
-// claimSpare begins s's spare at ip beside a warm claim (nothing without an IP or an
-// agent identity). Its dial is not bound to the claim's ctx beyond its values: a claim
-// that succeeds hands it over even when the claim's caller is gone by then.
+// claimSpare begins s's spare at ip beside a warm claim (nothing without an IP; no dial
+// without an agent identity: verifiedSpare). Its dial is not bound to the claim's ctx
+// beyond its values: a claim that succeeds hands it over even when the claim's caller is
+// gone by then.
 func (b *Backend) claimSpare(ctx context.Context, s *sandbox, ip string) *pendingSpare {
-	if ip == "" || s.ident == nil {
+	if ip == "" {
 		return &pendingSpare{}
 	}
 	hold, done := make(chan bool, 1), make(chan struct{})
