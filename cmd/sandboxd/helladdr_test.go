@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
 
 // TestExpandHelloAddr: $POD_IP expands in the host part only, so an IPv6 Pod IP gives a
 // bracketed, parseable address; a host that is not an IP, a bad port or an unbracketed
@@ -27,9 +31,16 @@ func TestExpandHelloAddr(t *testing.T) {
 			t.Errorf("%q with POD_IP=%q: %q, %v; want %q", tc.raw, tc.ip, got, err, tc.want)
 		}
 	}
-	for _, raw := range []string{"fd00::1:7444", "$POD_IP:7444", "runner.example:7444", "10.0.0.1:0", "10.0.0.1:x", "10.0.0.1", "[fe80::1%eth0]:7444"} {
-		if got, err := expandHelloAddr(raw, env("")); err == nil {
-			t.Errorf("%q: %q, want an error", raw, got)
+	for _, raw := range []string{"fd00::1:7444", "$POD_IP:7444", "runner.example:7444", "10.0.0.1:0", "10.0.0.1:65536", "10.0.0.1:x", "10.0.0.1", "[fe80::1%eth0]:7444"} {
+		if got, err := expandHelloAddr(raw, env("")); err == nil || !strings.HasPrefix(err.Error(), "--hello-addr "+strconv.Quote(raw)+": ") {
+			t.Errorf("%q: %q, %v; want an error naming the flag and its value", raw, got, err)
+		}
+	}
+	// The expanded value is checked by the backend's one check (kubernetes.ParseHelloAddr,
+	// whose errors its own test covers): its reason follows the flag's name.
+	for ip, want := range map[string]string{"runner.example": `host "runner.example" is not an IP address`, "fe80::1%eth0": `host "fe80::1%eth0" has a zone`} {
+		if got, err := expandHelloAddr("[$POD_IP]:7444", env(ip)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("POD_IP=%q: %q, %v; want an error saying %q", ip, got, err, want)
 		}
 	}
 }

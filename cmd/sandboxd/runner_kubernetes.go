@@ -17,6 +17,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -189,21 +190,18 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 
 // expandHelloAddr expands environment variables in --hello-addr's host part only, then
 // joins it with the port: "$POD_IP:7444" (or "[$POD_IP]:7444") with an IPv6 POD_IP
-// gives "[fd00::5]:7444", not the unparseable "fd00::5:7444". The host must be an IP.
+// gives "[fd00::5]:7444", not the unparseable "fd00::5:7444". What it gives is checked
+// as the backend checks it (kubernetes.ParseHelloAddr: the host an IP, the port 1..65535).
 func expandHelloAddr(raw string, getenv func(string) string) (string, error) {
 	host, port, err := net.SplitHostPort(raw)
 	if err != nil {
 		return "", fmt.Errorf("--hello-addr %q: want IP:port ([IPv6]:port for a literal IPv6 address): %w", raw, err)
 	}
-	h := os.Expand(host, getenv)
-	ip, err := netip.ParseAddr(h)
-	if err != nil || ip.Zone() != "" {
-		return "", fmt.Errorf("--hello-addr %q: host %q is not an IP address", raw, h)
+	to, err := kubernetes.ParseHelloAddr(net.JoinHostPort(os.Expand(host, getenv), port))
+	if err != nil {
+		return "", fmt.Errorf("--hello-addr %q: %w", raw, err)
 	}
-	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
-		return "", fmt.Errorf("--hello-addr %q: port %q: want 1..65535", raw, port)
-	}
-	return net.JoinHostPort(ip.Unmap().String(), port), nil
+	return to.String(), nil
 }
 
 // prepullBound turns --prepull-images into kubernetes.Config.MaxPrepull (0 there is the

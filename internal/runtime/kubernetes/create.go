@@ -842,89 +842,18 @@ func (b *Backend) pingUntil(ctx context.Context, s *sandbox, ip string) error {
 
 // pingAgent asks the agent through the gate whether it answers. With an agent identity
 // (every sandbox made by this backend has one), a connection whose TLS handshake and
-// identity check passed is the answer: it is kept (spareConn) for the sandbox's first
-// agent client, so that client does not dial and verify again. Without one, a Status.
+// identity check passed is the answer: it is kept as the sandbox's spare (spare.go
+// verifiedSpare) for its first agent client, so that client does not dial and verify
+// again. Without one (verifiedSpare says errNoIdentity), a Status.
 func (b *Backend) pingAgent(ctx context.Context, s *sandbox, ip string) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if s.ident == nil {
-		c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
-		_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	if err := b.verifiedSpare(pctx, s, ip, nil); !errors.Is(err, errNoIdentity) {
 		return err
 	}
-	c, err := b.dialGate(pctx, s, ip, "")
-	if err != nil {
-		return err
-	}
-	b.keepSpare(s, ip, c)
-	return nil
-}
-
-// spareTTL is how long a kept verified connection waits to be taken (dialAgent) before
-// it is closed: a sandbox's first agent client comes within milliseconds of its Create.
-const spareTTL = 10 * time.Second
-
-// spareConn is a verified connection to a sandbox's primary agent, from its ping.
-type spareConn struct {
-	conn net.Conn
-	ip   string
-}
-
-// keepSpare keeps c, a verified connection to s's primary agent at ip, for the first
-// dialAgent; it is closed if nobody takes it within spareTTL.
-func (b *Backend) keepSpare(s *sandbox, ip string, c net.Conn) {
-	sp := &spareConn{conn: c, ip: ip}
-	b.mu.Lock()
-	select {
-	case <-s.done: // ended (or destroyed) meanwhile: nobody will take it
-		b.mu.Unlock()
-		_ = c.Close()
-		return
-	default:
-	}
-	old := s.spare
-	s.spare = sp
-	b.mu.Unlock()
-	if old != nil {
-		_ = old.conn.Close()
-	}
-	time.AfterFunc(spareTTL, func() {
-		b.mu.Lock()
-		mine := s.spare == sp
-		if mine {
-			s.spare = nil
-		}
-		b.mu.Unlock()
-		if mine {
-			_ = c.Close()
-		}
-	})
-}
-
-// dropSpareLocked closes s's kept connection, if any (its sandbox ended or goes); b.mu
-// held.
-func dropSpareLocked(s *sandbox) {
-	if sp := s.spare; sp != nil {
-		s.spare = nil
-		go sp.conn.Close() // a TLS close writes: not under the lock
-	}
-}
-
-// takeSpare returns s's kept verified connection to its primary agent at ip (nil: none;
-// a connection to another IP is closed).
-func (b *Backend) takeSpare(s *sandbox, ip string) net.Conn {
-	b.mu.Lock()
-	sp := s.spare
-	s.spare = nil
-	b.mu.Unlock()
-	if sp == nil {
-		return nil
-	}
-	if sp.ip != ip {
-		_ = sp.conn.Close()
-		return nil
-	}
-	return sp.conn
+	c := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.dialGate(ctx, s, ip, "") })
+	_, err := c.Status(pctx, connect.NewRequest(&agentv1.StatusRequest{}))
+	return err
 }
 
 func selfSigned(cn string) (tls.Certificate, []byte, []byte, error) {

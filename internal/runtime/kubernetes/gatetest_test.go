@@ -69,14 +69,18 @@ func startGate(t *testing.T, ctx context.Context, dir string, opts gate.ServeOpt
 		opts.DialTimeout = time.Second
 	}
 	go func() { _ = gate.Serve(ctx, opts) }()
-	return func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		for i := 0; ; i++ {
-			c, err := d.DialContext(ctx, "tcp", addr)
-			if err == nil || i > 50 {
-				return c, err
-			}
-			time.Sleep(20 * time.Millisecond)
+	return func(ctx context.Context, _, _ string) (net.Conn, error) { return dialRetrying(ctx, addr) }
+}
+
+// dialRetrying dials addr over TCP, retrying for about a second while a gate just
+// started begins to listen.
+func dialRetrying(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	for i := 0; ; i++ {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil || i > 50 {
+			return c, err
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"net"
 	"net/netip"
@@ -154,19 +155,29 @@ func (b *Backend) takeHello(p []byte, src netip.Addr, now time.Time) bool {
 	return true
 }
 
-// helloTarget is the address and port hellos go to, from Config.HelloAddr (IP:port;
-// the IP may be bracketed, IPv4 too: "[10.0.0.1]:7444").
-func (b *Backend) helloTarget() (netip.Addr, int, bool) {
-	host, port, err := net.SplitHostPort(b.cfg.HelloAddr)
+// ParseHelloAddr is the one check of a hello address (Config.HelloAddr; the runner's
+// --hello-addr once its variables expanded): IP:port, the host an IP address (a gate
+// resolves no name, and the NetworkPolicy rule is the address's /32 or /128) without a
+// zone, bracketed when IPv6 (IPv4 may be too: the deployments pass "[$(POD_IP)]:7444"),
+// the port 1..65535 in decimal digits only (no sign: "+7444" is refused). An
+// IPv4-mapped IPv6 address is taken as its IPv4 one.
+func ParseHelloAddr(s string) (netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(s)
 	if err != nil {
-		return netip.Addr{}, 0, false
+		return netip.AddrPort{}, fmt.Errorf("want IP:port ([IPv6]:port for a literal IPv6 address): %w", err)
 	}
 	ip, err := netip.ParseAddr(host)
-	p, perr := strconv.Atoi(port)
-	if err != nil || perr != nil || p <= 0 || p > 65535 {
-		return netip.Addr{}, 0, false
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("host %q is not an IP address", host)
 	}
-	return ip.Unmap(), p, true
+	if ip.Zone() != "" {
+		return netip.AddrPort{}, fmt.Errorf("host %q has a zone: want an IP address without one", host)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 {
+		return netip.AddrPort{}, fmt.Errorf("port %q: want 1..65535", port)
+	}
+	return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
 }
 
 // helloEgress is the egress rule a sandbox's NetworkPolicy needs for its hello: UDP to
@@ -176,12 +187,12 @@ func (b *Backend) helloTarget() (netip.Addr, int, bool) {
 // the runner may come from, and as a destination it would open the hello port of every
 // address in it (another sandbox listening on it, say) also under deny-all egress.
 func (b *Backend) helloEgress() (networkingv1.NetworkPolicyEgressRule, bool) {
-	ip, port, ok := b.helloTarget()
-	if b.cfg.HelloAddr == "" || !ok {
+	to := b.helloTo
+	if !to.IsValid() {
 		return networkingv1.NetworkPolicyEgressRule{}, false
 	}
 	udp := corev1.ProtocolUDP
-	p := intstr.FromInt(port)
+	p := intstr.FromInt(int(to.Port()))
 	rule := networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &p}}}
 	for _, peer := range b.cfg.RunnerPeers {
 		if peer.IPBlock != nil || (peer.PodSelector == nil && peer.NamespaceSelector == nil) {
@@ -190,9 +201,9 @@ func (b *Backend) helloEgress() (networkingv1.NetworkPolicyEgressRule, bool) {
 		rule.To = append(rule.To, *peer.DeepCopy())
 	}
 	bits := 32
-	if ip.Is6() {
+	if to.Addr().Is6() {
 		bits = 128
 	}
-	rule.To = append(rule.To, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(ip, bits).String()}})
+	rule.To = append(rule.To, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(to.Addr(), bits).String()}})
 	return rule, true
 }

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
@@ -218,13 +220,20 @@ func TestWaitInfoLate(t *testing.T) {
 
 // TestHelloTargetForms: the deployments pass --hello-addr=[$(POD_IP)]:port, brackets for
 // an IPv6 Pod IP; a bracketed IPv4 address is taken too, an unbracketed IPv6 one is not
-// (its port is ambiguous).
+// (its port is ambiguous). The address is checked once, by New (ParseHelloAddr), and
+// the NetworkPolicy's hello rule is made from what it kept.
 func TestHelloTargetForms(t *testing.T) {
 	for addr, want := range map[string]string{
 		"[10.0.0.1]:7444": "10.0.0.1/32", "10.0.0.1:7444": "10.0.0.1/32", "[fd00::1]:7444": "fd00::1/128",
-		"fd00::1:7444": "", "10.0.0.1": "", "[10.0.0.1]:0": "", "[10.0.0.1]:x": "", "host:7444": "",
+		"[::ffff:10.0.0.1]:7444": "10.0.0.1/32",
+		"fd00::1:7444":           "", "10.0.0.1": "", "[10.0.0.1]:0": "", "[10.0.0.1]:x": "", "host:7444": "",
 	} {
-		b := &Backend{cfg: Config{HelloAddr: addr}}
+		to, err := ParseHelloAddr(addr)
+		if (err == nil) != (want != "") {
+			t.Errorf("ParseHelloAddr(%q): %v, %v", addr, to, err)
+			continue
+		}
+		b := &Backend{helloTo: to}
 		rule, ok := b.helloEgress()
 		got := ""
 		if ok {
@@ -236,5 +245,38 @@ func TestHelloTargetForms(t *testing.T) {
 		if got != want {
 			t.Errorf("HelloAddr %q: egress to %q, want %q", addr, got, want)
 		}
+	}
+}
+
+// TestParseHelloAddrErrors: a bad hello address is refused with an error that says what
+// is wrong with it, by ParseHelloAddr and so by New (before it starts anything).
+func TestParseHelloAddrErrors(t *testing.T) {
+	for addr, want := range map[string]string{
+		"10.0.0.1":             "want IP:port",
+		"fd00::1:7444":         "want IP:port ([IPv6]:port",
+		"runner.example:7444":  `host "runner.example" is not an IP address`,
+		":7444":                `host "" is not an IP address`,
+		"[fe80::1%eth0]:7444":  `host "fe80::1%eth0" has a zone`,
+		"10.0.0.1:0":           `port "0": want 1..65535`,
+		"10.0.0.1:65536":       `port "65536": want 1..65535`,
+		"[fd00::1]:99999999":   `port "99999999": want 1..65535`,
+		"10.0.0.1:-1":          `port "-1": want 1..65535`,
+		"10.0.0.1:+7444":       `port "+7444": want 1..65535`,
+		"10.0.0.1:http":        `port "http": want 1..65535`,
+		"[10.0.0.1]:7444:7444": "want IP:port",
+	} {
+		if to, err := ParseHelloAddr(addr); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseHelloAddr(%q): %v, %v; want an error saying %q", addr, to, err, want)
+		}
+		_, err := New(t.Context(), Config{Client: fake.NewSimpleClientset(), Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1",
+			HelloListen: "127.0.0.1:0", HelloAddr: addr})
+		if err == nil || !strings.Contains(err.Error(), "HelloAddr") || !strings.Contains(err.Error(), want) {
+			t.Errorf("New with HelloAddr %q: %v; want an error saying %q", addr, err, want)
+		}
+	}
+	// 65535 is the last port; the gates get the canonical form.
+	b, _ := newFakeBackend(t, Config{HelloListen: "127.0.0.1:0", HelloAddr: "[10.0.0.1]:65535"})
+	if b.cfg.HelloAddr != "10.0.0.1:65535" || b.helloTo != netip.MustParseAddrPort("10.0.0.1:65535") {
+		t.Errorf("HelloAddr kept as %q (%v), want 10.0.0.1:65535", b.cfg.HelloAddr, b.helloTo)
 	}
 }

@@ -165,7 +165,8 @@ type Config struct {
 	// gate hello (hello.go) and dials its agent as soon as it listens, instead of after
 	// the kubelet reported the Pod's IP (its next relist, up to ~1 s). Every sandbox
 	// NetworkPolicy then allows UDP to that port at HelloAddr's host and at RunnerPeers'
-	// selector peers (not its ipBlocks: hello.go helloEgress). Empty: off.
+	// selector peers (not its ipBlocks: hello.go helloEgress). Empty: off. New refuses a
+	// HelloAddr that ParseHelloAddr does not take.
 	HelloListen, HelloAddr string
 	// StepHook, when set, is told when a sandbox's Pod first reaches each step of its
 	// create as the backend sees it (Step* names): for measuring (the time-to-first-command
@@ -204,7 +205,10 @@ type Backend struct {
 	// stats caches the kubelets' usage summaries (usage.go).
 	stats statsCache
 	// hello is the gate hello listener (hello.go); nil: off.
-	hello     *net.UDPConn
+	hello *net.UDPConn
+	// helloTo is Config.HelloAddr as New checked it (ParseHelloAddr), where the gates
+	// send their hellos and the NetworkPolicies allow them (helloEgress); invalid: none.
+	helloTo   netip.AddrPort
 	helloRate helloLimiter
 	// helloSeen: a hello was taken (the first is logged: the path through the
 	// NetworkPolicies works; a policy blocking it is otherwise silent).
@@ -240,8 +244,8 @@ type sandbox struct {
 	// the Pod IP its hello named ("": none taken). Guarded by Backend.mu.
 	helloKey []byte
 	helloIP  string
-	// spare: the verified connection of the create's ping, for the first agent client
-	// (create.go keepSpare); guarded by Backend.mu.
+	// spare: a verified connection to the primary agent (the create's ping's, or one a
+	// warm claim made), for the first agent client (spare.go); guarded by Backend.mu.
 	spare *spareConn
 	// hooked: the steps already told to Config.StepHook (observe.go); guarded by
 	// Backend.mu.
@@ -313,8 +317,18 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	var helloTo netip.AddrPort
+	if cfg.HelloAddr != "" {
+		var err error
+		if helloTo, err = ParseHelloAddr(cfg.HelloAddr); err != nil {
+			return nil, fmt.Errorf("kubernetes backend: HelloAddr %q: %w", cfg.HelloAddr, err)
+		}
+		// The deployments pass [$(POD_IP)]:port (brackets: an IPv6 Pod IP): the gates
+		// get the canonical form.
+		cfg.HelloAddr = helloTo.String()
+	}
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy, LabelRunner: cfg.RunnerID})
-	b := &Backend{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
+	b := &Backend{cfg: cfg, helloTo: helloTo, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
 		snaps: snapCache{limits: map[string]runtime.ArchiveLimits{}, inUse: map[string]int{}}}
 	b.cleanCache()
 	b.ctx, b.cancel = context.WithCancel(context.Background())
@@ -341,14 +355,6 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("kubernetes backend: watch pods in %s: %w", cfg.Namespace, context.Cause(ctx))
 	}
 	if cfg.HelloListen != "" && cfg.HelloAddr != "" {
-		ip, port, ok := b.helloTarget()
-		if !ok {
-			b.Close()
-			return nil, fmt.Errorf("kubernetes backend: HelloAddr %q: want IP:port", cfg.HelloAddr)
-		}
-		// The deployments pass [$(POD_IP)]:port (brackets: an IPv6 Pod IP): the gates
-		// get the canonical form.
-		b.cfg.HelloAddr = netip.AddrPortFrom(ip, uint16(port)).String()
 		ua, err := net.ResolveUDPAddr("udp", cfg.HelloListen)
 		if err == nil {
 			b.hello, err = net.ListenUDP("udp", ua)
@@ -536,7 +542,8 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		return nil, fmt.Errorf("dial agent of %s: the Pod has no IP yet", id)
 	}
 	if serverName == "" {
-		// The create's ping verified this connection a moment ago (create.go keepSpare).
+		// The create's ping (or the warm claim) verified this connection a moment ago
+		// (spare.go).
 		if c := b.takeSpare(s, ip); c != nil {
 			return c, nil
 		}
@@ -679,7 +686,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		s = &sandbox{id: id}
 	}
 	b.mu.Lock()
-	dropSpareLocked(s) // the ping's kept connection goes with the sandbox
+	dropSpareLocked(s) // the kept verified connection goes with the sandbox
 	b.mu.Unlock()
 	b.waitCaptures(ctx, s)
 	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops

@@ -294,6 +294,9 @@ func TestHelloEgress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &Backend{cfg: Config{Namespace: "ns", RunnerID: "r1", RunnerPeers: tc.peers, HelloAddr: tc.helloAddr}}
+			if tc.helloAddr != "" {
+				b.helloTo = netip.MustParseAddrPort(tc.helloAddr) // as New keeps it
+			}
 			spec := &runtime.Spec{ID: "s1", Network: tc.net}
 			if tc.multi {
 				spec.Sidecars = []runtime.Container{{Name: "side"}}

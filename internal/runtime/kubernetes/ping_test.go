@@ -6,14 +6,18 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
@@ -64,6 +68,20 @@ func startTestGate(t *testing.T, ctx context.Context) (string, *sandbox) {
 	return addr, s
 }
 
+// gateBackend is a Backend with sandbox s whose dials go to the gate at addr, and its
+// count of them.
+func gateBackend(addr string, s *sandbox) (*Backend, *atomic.Int32) {
+	dials := new(atomic.Int32)
+	return &Backend{
+		cfg: Config{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			dials.Add(1)
+			return dialRetrying(ctx, addr)
+		}},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{s.id: s},
+	}, dials
+}
+
 // TestPingKeepsConnection: the create's ping through the gate verifies one connection
 // (TLS, the agent's identity) and the sandbox's first agent dial gets that connection
 // instead of dialing again; later dials dial. A kept connection is for the IP it was
@@ -73,23 +91,7 @@ func TestPingKeepsConnection(t *testing.T) {
 	defer cancel()
 	addr, s := startTestGate(t, ctx)
 	s.pod = &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
-	var dials atomic.Int32
-	b := &Backend{
-		cfg: Config{Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			dials.Add(1)
-			var d net.Dialer
-			for i := 0; ; i++ {
-				c, err := d.DialContext(ctx, "tcp", addr)
-				if err == nil || i > 50 {
-					return c, err
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}},
-		log:       slog.New(slog.DiscardHandler),
-		sandboxes: map[string]*sandbox{},
-	}
-	b.sandboxes["x"] = s
+	b, dials := gateBackend(addr, s)
 	read := func() string {
 		t.Helper()
 		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
@@ -162,14 +164,7 @@ func TestWaitRunningHello(t *testing.T) {
 						<-ctx.Done()
 						return nil, ctx.Err()
 					}
-					var d net.Dialer
-					for i := 0; ; i++ {
-						c, err := d.DialContext(ctx, "tcp", addr)
-						if err == nil || i > 50 {
-							return c, err
-						}
-						time.Sleep(20 * time.Millisecond)
-					}
+					return dialRetrying(ctx, addr)
 				}},
 				log:       slog.New(slog.DiscardHandler),
 				sandboxes: map[string]*sandbox{"x": s},
@@ -246,5 +241,137 @@ func TestSpareClosedOnEnd(t *testing.T) {
 				t.Error("the kept connection is still open")
 			}
 		})
+	}
+}
+
+// closeCounted is a dialed connection that counts its Close calls.
+type closeCounted struct {
+	net.Conn
+	closes *atomic.Int32
+}
+
+func (c *closeCounted) Close() error {
+	c.closes.Add(1)
+	return c.Conn.Close()
+}
+
+// TestClaimSpareKeptOnlyOnSuccess: a warm claim's spare (claimSpare, through a real
+// gate) becomes the sandbox's kept connection when the claim succeeds (keep), never when
+// it fails (drop, also before its dial ended: the dialed connection is closed, not left
+// open); a sandbox without an agent identity gets no dial at all.
+func TestClaimSpareKeptOnlyOnSuccess(t *testing.T) {
+	for _, how := range []string{"keep", "drop", "no identity"} {
+		t.Run(how, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			addr, s := startTestGate(t, ctx)
+			if how == "no identity" {
+				s.ident = nil
+			}
+			b, dials := gateBackend(addr, s)
+			// Every dialed connection counts its Closes (the TLS connection's Close closes it).
+			var closes atomic.Int32
+			dial := b.cfg.Dial
+			b.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dial(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &closeCounted{Conn: c, closes: &closes}, nil
+			}
+			sp := b.claimSpare(ctx, s, "10.0.0.1")
+			switch how {
+			case "keep":
+				sp.keep()
+			default:
+				sp.drop()
+			}
+			sp.drop() // after keep or drop: nothing
+			if sp.done != nil {
+				select {
+				case <-sp.done:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the spare's dial did not end")
+				}
+			}
+			// The dial has ended: a dropped claim's connection is closed by now, a kept one not.
+			if want := map[string]int32{"keep": 0, "drop": 1, "no identity": 0}[how]; closes.Load() != want {
+				t.Errorf("%d connections closed, want %d", closes.Load(), want)
+			}
+			c := b.takeSpare(s, "10.0.0.1")
+			if c != nil {
+				defer c.Close()
+			}
+			switch {
+			case how == "keep" && c == nil:
+				t.Error("a kept claim's spare was not handed over")
+			case how == "keep":
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				if out, err := io.ReadAll(c); string(out) != "1" {
+					t.Errorf("the spare reads %q, %v: want the agent's first connection", out, err)
+				}
+			case c != nil:
+				t.Errorf("%s: a spare was kept", how)
+			}
+			if want := map[string]int32{"keep": 1, "drop": 1, "no identity": 0}[how]; dials.Load() != want {
+				t.Errorf("%d dials, want %d", dials.Load(), want)
+			}
+		})
+	}
+}
+
+// statusAgent is an agent that answers Status and counts the calls.
+type statusAgent struct {
+	agentv1connect.UnimplementedAgentServiceHandler
+	calls atomic.Int32
+}
+
+func (a *statusAgent) Status(context.Context, *connect.Request[agentv1.StatusRequest]) (*connect.Response[agentv1.StatusResponse], error) {
+	a.calls.Add(1)
+	return connect.NewResponse(&agentv1.StatusResponse{}), nil
+}
+
+// TestPingWithoutIdentityAsksStatus: a sandbox without an agent identity (verifiedSpare
+// refuses it: errNoIdentity) is pinged by a Status through the gate, and keeps no spare.
+func TestPingWithoutIdentityAsksStatus(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	dir := t.TempDir()
+	client, server := gateCerts(t, dir)
+	a := &statusAgent{}
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewAgentServiceHandler(a))
+	srv := &http.Server{Handler: mux, Protocols: new(http.Protocols)}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	ln, err := net.Listen("unix", filepath.Join(dir, "primary.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	gdial := startGate(t, ctx, dir, gate.ServeOptions{})
+	var dials atomic.Int32
+	s := &sandbox{
+		id: "x", spec: runtime.Spec{ID: "x", Container: runtime.Container{Image: "i"}},
+		client: client, server: server.Certificate[0],
+		changed: make(chan struct{}), done: make(chan struct{}),
+	}
+	b := &Backend{
+		cfg: Config{Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			dials.Add(1)
+			return gdial(ctx, network, "")
+		}},
+		log:       slog.New(slog.DiscardHandler),
+		sandboxes: map[string]*sandbox{s.id: s},
+	}
+	if err := b.pingAgent(ctx, s, "10.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if a.calls.Load() != 1 || dials.Load() != 1 {
+		t.Errorf("the ping made %d Status calls in %d dials, want 1 in 1", a.calls.Load(), dials.Load())
+	}
+	if c := b.takeSpare(s, "10.0.0.1"); c != nil {
+		c.Close()
+		t.Error("a sandbox without an agent identity kept a spare")
 	}
 }

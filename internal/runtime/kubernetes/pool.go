@@ -803,7 +803,9 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 		ip = s.pod.Status.PodIP
 	}
 	b.mu.Unlock()
-	spare := b.dialSpare(ctx, s, ip)
+	// A verified connection for the sandbox's first command, made beside the claim (the
+	// warm Pod's kept one carries the pool's HTTP/2 session: it cannot be handed over).
+	spare := b.claimSpare(ctx, s, ip)
 	defer spare.drop()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -889,80 +891,6 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 	info := b.info(s)
 	info.StartedAt = claimedAt // the main command's, not the warm Pod's
 	return info, nil
-}
-
-// warmSpareWait bounds how long a claim waits, after its Start, for the connection
-// dialSpare makes (begun with the claim: done by then unless the gate is slow).
-const warmSpareWait = time.Second
-
-// claimSpare is a verified connection to a claimed sandbox's primary agent, made while
-// the claim runs (the warm Pod's kept connection carries the pool's HTTP/2 session: it
-// cannot be handed over as a raw connection).
-type claimSpare struct {
-	b    *Backend
-	s    *sandbox
-	ip   string
-	done chan net.Conn // nil: no dial
-}
-
-// dialSpare begins a verified connection to s's primary agent at ip, for the sandbox's
-// first DialAgent after the claim (keep): that one then makes no TLS and identity
-// handshake on the way to the first command. Only for an agent with an identity (a
-// connection that passed its check is the proof, as pingAgent's).
-func (b *Backend) dialSpare(ctx context.Context, s *sandbox, ip string) *claimSpare {
-	sp := &claimSpare{b: b, s: s, ip: ip}
-	if ip == "" || s.ident == nil {
-		return sp
-	}
-	done := make(chan net.Conn, 1)
-	sp.done = done
-	go func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		c, err := b.dialGate(dctx, s, ip, "")
-		if err != nil {
-			c = nil
-		}
-		done <- c
-	}()
-	return sp
-}
-
-// keep hands the connection over as the sandbox's spare (keepSpare), waiting for it at
-// most warmSpareWait; a later one is handed over when it comes.
-func (sp *claimSpare) keep() {
-	if sp.done == nil {
-		return
-	}
-	ch := sp.done
-	sp.done = nil
-	give := func(c net.Conn) {
-		if c != nil {
-			sp.b.keepSpare(sp.s, sp.ip, c)
-		}
-	}
-	t := time.NewTimer(warmSpareWait)
-	defer t.Stop()
-	select {
-	case c := <-ch:
-		give(c)
-	case <-t.C:
-		go func() { give(<-ch) }()
-	}
-}
-
-// drop closes the connection of a claim that failed (nothing after keep).
-func (sp *claimSpare) drop() {
-	if sp.done == nil {
-		return
-	}
-	ch := sp.done
-	sp.done = nil
-	go func() {
-		if c := <-ch; c != nil {
-			_ = c.Close()
-		}
-	}()
 }
 
 // errWarmStartUnknown: a claim's Start failed and whether the main command started is
