@@ -37,6 +37,7 @@ type kubernetesFlags struct {
 	insecure                                      []string // from --insecure-registry
 	prepullImages, prepullInFlight                int
 	warmPods                                      int
+	runtimeClasses                                string
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -44,6 +45,7 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&k.prepullImages, "prepull-images", 64, "kubernetes backend: at most this many images of the templates the runner may place are pre-pulled onto every node their sandboxes may run on (0: no pre-pull; needs `list` on nodes)")
 	fs.IntVar(&k.prepullInFlight, "prepull-in-flight", 4, "kubernetes backend: at most this many pre-pull Pods at once")
 	fs.IntVar(&k.warmPods, "warm-pods", 8, "kubernetes backend: at most this many warm Pods for the templates' warm pools in total (each holds its resource requests on a node while it waits; 0: none)")
+	fs.StringVar(&k.runtimeClasses, "runtime-classes", "", "kubernetes backend: the runtime classes the runner offers, comma-separated class=RuntimeClass pairs (an empty RuntimeClass: the cluster's default runtime), runc among them: 'runc=,gvisor=gvisor' runs gvisor sandboxes as Pods of RuntimeClass gvisor (gVisor's containerd shim on the nodes: deploy/README.md). Default: runc only")
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes backend: kubeconfig file (default: the in-cluster configuration)")
 	fs.StringVar(&k.namespace, "namespace", "sandboxd", "kubernetes backend: namespace of the sandbox Pods")
 	fs.StringVar(&k.agentImage, "agent-image", "", "kubernetes backend: image holding /sandbox-agent and /sandbox-gate (scripts/build-runner-image.sh builds one)")
@@ -177,6 +179,10 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 			return nil, err
 		}
 	}
+	classes, err := parseRuntimeClasses(k.runtimeClasses)
+	if err != nil {
+		return nil, err
+	}
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
@@ -184,8 +190,28 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		Blobs: k.blobs.store, BlobConfig: k.blobs.cfg, SnapshotsPerSandbox: k.blobs.perSandbox, SnapshotsPerRunner: k.blobs.perRunner,
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
 		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight, MaxWarm: prepullBound(k.warmPods),
-		HelloListen: k.helloListen, HelloAddr: helloAddr,
+		HelloListen: k.helloListen, HelloAddr: helloAddr, RuntimeClasses: classes,
 	})
+}
+
+// parseRuntimeClasses reads --runtime-classes ("" = nil: runc only): class=RuntimeClass
+// pairs, each class once; the backend validates the names.
+func parseRuntimeClasses(list string) (map[string]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for pair := range strings.SplitSeq(list, ",") {
+		class, name, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || class == "" {
+			return nil, fmt.Errorf("--runtime-classes: %q: want class=RuntimeClass (an empty RuntimeClass for the cluster's default runtime)", pair)
+		}
+		if _, dup := m[class]; dup {
+			return nil, fmt.Errorf("--runtime-classes: class %q given twice", class)
+		}
+		m[class] = name
+	}
+	return m, nil
 }
 
 // expandHelloAddr expands environment variables in --hello-addr's host part only, then

@@ -102,8 +102,8 @@ func validatePod(ps *runtime.PodSettings, add func(field, format string, args ..
 		field := fmt.Sprintf(f+"annotations[%s]", strconv.Quote(k))
 		if e := qualifiedNameError(k); e != "" {
 			add(field, "%s", e)
-		} else if strings.HasPrefix(k, runtime.ReservedPodAnnotationPrefix) {
-			add(field, "key %q: the prefix %q is reserved for sandboxd's own state on the Pod", k, runtime.ReservedPodAnnotationPrefix)
+		} else if p, ok := runtime.ReservedPodAnnotation(k); ok {
+			add(field, "key %q: the prefix %q is reserved for sandboxd's own settings of the Pod", k, p)
 		}
 	}
 }

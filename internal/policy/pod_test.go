@@ -29,6 +29,10 @@ func TestValidatePod(t *testing.T) {
 		// workload started) are refused, not dropped; another domain ending in it is not.
 		{"reserved annotations", `{"annotations": {"sandboxd.io/workload-started": "true", "sandboxd.io/team": "ml", "example.sandboxd.io/x": "y", "notsandboxd.io/x": "y"}}`,
 			[]string{`policy.base.pod.annotations["sandboxd.io/team"]`, `policy.base.pod.annotations["sandboxd.io/workload-started"]`}},
+		// gVisor's shim reads mount hints and runsc settings from dev.gvisor.* Pod
+		// annotations: refused too.
+		{"gvisor annotations", `{"annotations": {"dev.gvisor.spec.mount.run.share": "pod", "dev.gvisor.flag.network": "host", "dev.gvisorx/y": "ok"}}`,
+			[]string{`policy.base.pod.annotations["dev.gvisor.flag.network"]`, `policy.base.pod.annotations["dev.gvisor.spec.mount.run.share"]`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := Parse([]byte(`{"base": {"pod": ` + tc.pod + `}}`))

@@ -1,5 +1,7 @@
 package runtime
 
+import "strings"
+
 // PodSettings are a policy's Kubernetes Pod settings (the policy's base pod fragment):
 // where a sandbox's Pod may be scheduled and what it runs as. Backends other than
 // Kubernetes ignore them. The policy document uses this shape (policy.base.pod).
@@ -22,6 +24,22 @@ type PodSettings struct {
 // time). Pod annotations from a policy may not use it: one would forge that state (the
 // backend also drops such keys from a policy stored before the check).
 const ReservedPodAnnotationPrefix = "sandboxd.io/"
+
+// GVisorPodAnnotationPrefix is gVisor's: its containerd shim reads mount hints and runsc
+// settings from Pod annotations under it (the backend sets the hints of a gVisor Pod's
+// agent sockets). Pod annotations from a policy may not use it either: one could reshape
+// a gVisor Pod's mounts.
+const GVisorPodAnnotationPrefix = "dev.gvisor."
+
+// ReservedPodAnnotation reports the reserved prefix k falls under, if any.
+func ReservedPodAnnotation(k string) (prefix string, reserved bool) {
+	for _, p := range []string{ReservedPodAnnotationPrefix, GVisorPodAnnotationPrefix} {
+		if strings.HasPrefix(k, p) {
+			return p, true
+		}
+	}
+	return "", false
+}
 
 // Toleration is a Kubernetes toleration.
 type Toleration struct {

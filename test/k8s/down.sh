@@ -43,6 +43,10 @@ log "containerd stopped"
 for p in $(pgrep -f "containerd-shim.*-address $DATA/run/containerd.sock" 2>/dev/null); do
   kill -9 "$p" 2>/dev/null
 done
+# gVisor sandboxes (sentry, gofer) of the runsc handler, by their state root.
+for p in $(pgrep -f -- "--root=$DATA/run/runsc" 2>/dev/null) $(pgrep -f -- "--root $DATA/run/runsc" 2>/dev/null); do
+  kill -9 "$p" 2>/dev/null
+done
 # Processes still in the pod cgroups.
 for d in /sys/fs/cgroup/*/"$CGROUP_ROOT"; do
   [ -d "$d" ] || continue

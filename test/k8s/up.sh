@@ -89,11 +89,19 @@ done
 BIN=$(bash test/k8s/build.sh)
 log "binaries in $BIN"
 
+# gVisor: the `runsc` handler of the `gvisor` RuntimeClass (gVisor's containerd shim, patched
+# for this VM's containerd 1.6: scripts/build-runsc-shim.sh; runsc itself from build-runsc.sh).
+# Both cached, built here when absent.
+RUNSC=$(bash scripts/build-runsc.sh)
+RUNSC_SHIM=$(bash scripts/build-runsc-shim.sh)
+log "gVisor: $RUNSC, $RUNSC_SHIM"
+
 mkdir -p "$DATA"/{run,log,pki,etcd,containerd/root,containerd/state,containerd/certs.d,cni/net.d,cni/ipam,kubelet,pods,images,bin}
 IP=$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for(i=1;i<NF;i++) if($i=="src"){print $(i+1); exit}}')
 [ -n "$IP" ] || IP=$(hostname -I | awk '{print $1}')
 [ -d /var/lib/kubelet ] || touch "$DATA/run/created-var-lib-kubelet"
 [ -d /var/log/containers ] || touch "$DATA/run/created-var-log-containers"
+
 # containerd 1.6 keeps shim sockets in /run/containerd/s whatever its state dir is.
 [ -d /run/containerd ] || touch "$DATA/run/created-run-containerd"
 echo "$BRIDGE" >"$DATA/run/bridge"
@@ -122,12 +130,26 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "$DATA/run/runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      pod_annotations = ["dev.gvisor.*"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$DATA/containerd/runsc.toml"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$DATA/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$DATA/containerd/certs.d"
 TOML
+cat >"$DATA/containerd/runsc.toml" <<TOML
+binary_name = "$RUNSC"
+root = "$DATA/run/runsc"
+[runsc_config]
+  platform = "systrap"
+TOML
+mkdir -p "$DATA/shim"
+ln -sf "$RUNSC_SHIM" "$DATA/shim/containerd-shim-runsc-v1"
 cat >"$DATA/cni/net.d/10-sandboxd.conflist" <<JSON
 {
   "cniVersion": "0.4.0",
@@ -140,7 +162,8 @@ cat >"$DATA/cni/net.d/10-sandboxd.conflist" <<JSON
   ]
 }
 JSON
-start containerd containerd --config "$DATA/containerd/config.toml"
+# The shim finds Pods' volumes under this kubelet's root (scripts/build-runsc-shim.sh).
+start containerd env PATH="$DATA/shim:$PATH" SANDBOXD_KUBELET_PODS_DIR="$DATA/kubelet/pods" containerd --config "$DATA/containerd/config.toml"
 wait_for 20 containerd "${CTR[@]}" version
 log "containerd ready"
 
@@ -253,6 +276,9 @@ api /api/v1/namespaces -X POST -H 'Content-Type: application/json' \
   -d "{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{\"name\":\"$NAMESPACE\",\"labels\":{\"pod-security.kubernetes.io/enforce\":\"baseline\"}}}" >/dev/null || true
 wait_for 60 "default service account" api "/api/v1/namespaces/$NAMESPACE/serviceaccounts/default"
 log "namespace $NAMESPACE has its default service account"
+# The gVisor RuntimeClass (handler runsc, above): sandboxes of the `gvisor` runtime class.
+api /apis/node.k8s.io/v1/runtimeclasses -X POST -H 'Content-Type: application/json' \
+  -d '{"apiVersion":"node.k8s.io/v1","kind":"RuntimeClass","metadata":{"name":"gvisor"},"handler":"runsc"}' >/dev/null || true
 # The `kubernetes` Service answers through kube-proxy's rules (Pods reach it the same way),
 # with a certificate that verifies against the CA Pods get, for the Service IP.
 svc_ip=$(api /api/v1/namespaces/default/services/kubernetes | tr -d ' \n' | sed -n 's/.*"clusterIP":"\([^"]*\)".*/\1/p')

@@ -2,7 +2,6 @@ package security
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -46,9 +45,11 @@ func TestK8sPolicyForgesNoPodState(t *testing.T) {
 	defer b.Close()
 	spec := &runtime.Spec{ID: "forged", Container: runtime.Container{Image: "busybox", Command: "sh"},
 		Pod: &runtime.PodSettings{Annotations: map[string]string{
-			"sandboxd.io/warm-claimed":     "2020-01-01T00:00:00Z",
-			"sandboxd.io/workload-started": "true",
-			"example.com/team":             "a",
+			"sandboxd.io/warm-claimed":       "2020-01-01T00:00:00Z",
+			"sandboxd.io/workload-started":   "true",
+			"dev.gvisor.spec.mount.run.type": "bind",
+			"dev.gvisor.flag.network":        "host",
+			"example.com/team":               "a",
 		}}}
 	cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
 	defer ccancel()
@@ -60,7 +61,7 @@ func TestK8sPolicyForgesNoPodState(t *testing.T) {
 	}
 	for _, p := range made {
 		for k := range p.Annotations {
-			if strings.HasPrefix(k, runtime.ReservedPodAnnotationPrefix) {
+			if _, reserved := runtime.ReservedPodAnnotation(k); reserved {
 				t.Errorf("Pod %s carries the policy's %s=%q", p.Name, k, p.Annotations[k])
 			}
 		}

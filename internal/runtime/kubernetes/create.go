@@ -353,6 +353,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	} else {
 		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
+	addGVisorHints(pod, class)
 	b.addHello(pod, s)
 	b.addFiller(pod, spec)
 	applyClaims(pod, claims)
@@ -719,7 +720,8 @@ func applyPodSettings(pod *corev1.Pod, ps *runtime.PodSettings) {
 		// The backend's own keys (policy validation refuses them; a policy stored before
 		// may hold one): none forges a workload started or a warm claim.
 		maps.DeleteFunc(pod.Annotations, func(k, _ string) bool {
-			return strings.HasPrefix(k, runtime.ReservedPodAnnotationPrefix)
+			_, reserved := runtime.ReservedPodAnnotation(k)
+			return reserved
 		})
 	}
 }

@@ -216,6 +216,7 @@ type Backend struct {
 }
 
 var _ runtime.Backend = (*Backend)(nil)
+var _ runtime.RuntimeClassLister = (*Backend)(nil)
 
 type sandbox struct {
 	id     string
@@ -297,6 +298,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	if cfg.DefaultRuntimeClass == "" {
 		cfg.DefaultRuntimeClass = "runc"
+	}
+	if err := checkRuntimeClasses(cfg.RuntimeClasses, cfg.DefaultRuntimeClass); err != nil {
+		return nil, err
 	}
 	if cfg.ImageConfig == nil {
 		cfg.ImageConfig = PlatformImageConfig(cfg.PlatformRegistry, cfg.PlatformRegistryHTTP)
