@@ -37,7 +37,7 @@ import urllib.request
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "test" / "conformance"))
 # The conformance suite's helpers for a `sandboxd dev` of its own (ports, clean-up).
-from devserver import free_port, remove_data_dir, remove_network, stop, tail  # noqa: E402
+from devserver import cgroup_dirs, free_port, remove_data_dir, remove_network, stop, tail  # noqa: E402
 
 IMAGE = os.environ.get("BENCH_SDK_IMAGE", "busybox")
 SMOKE = os.environ.get("BENCH_SDK_SMOKE", "") not in ("", "0")
@@ -232,6 +232,11 @@ def main() -> int:
             print(f"sandboxd dev exited with {rc}; log {log_path}:\n{tail(log_path, lines=40)}")
         remove_network(bridge, cgroup_parent)
         remove_data_dir(data_dir)
+        # The server's cgroup parent is gone unless a sandbox's cgroup (its agent) is
+        # still in it: a leak fails the run.
+        left = [str(d) for d in cgroup_dirs(cgroup_parent)]
+        if left:
+            raise SystemExit(f"bench-sdk: left on the host: cgroups {left} (a sandbox still runs)")
 
 
 if __name__ == "__main__":

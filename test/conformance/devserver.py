@@ -76,11 +76,18 @@ def remove_network(bridge: str, cgroup_parent: str) -> None:
     # The bridge's anti-spoofing table (internal/runtime/local/network/antispoof.go).
     subprocess.run(["nft", "delete", "table", "bridge", f"sandboxd_{bridge}"], capture_output=True)
     subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-    for d in pathlib.Path("/sys/fs/cgroup").glob(f"*/{cgroup_parent}"):
+    for d in cgroup_dirs(cgroup_parent):
         try:
             d.rmdir()  # fails, rightly, if a sandbox's cgroup is still inside
         except OSError:
             pass
+
+
+def cgroup_dirs(cgroup_parent: str) -> list[pathlib.Path]:
+    """The directories of a cgroup parent in every hierarchy: a pure cgroup v2 host's
+    /sys/fs/cgroup/<parent> and a v1 (hybrid) host's /sys/fs/cgroup/<controller>/<parent>."""
+    root = pathlib.Path("/sys/fs/cgroup")
+    return [d for d in [root / cgroup_parent, *root.glob(f"*/{cgroup_parent}")] if d.is_dir()]
 
 
 def stop(proc: subprocess.Popen) -> int | None:
