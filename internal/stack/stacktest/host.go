@@ -1,7 +1,9 @@
 package stacktest
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -28,14 +30,44 @@ func (e *Env) parents() []string {
 }
 
 // cgroupDirs lists the directories of cgroup parent (a name below the hierarchies'
-// root) in every hierarchy, a pure v2 host's and a v1 host's alike.
+// root) in every hierarchy (hierarchies), a pure v2 host's and a v1 host's alike.
 func cgroupDirs(parent string) []string {
 	var out []string
-	if st, err := os.Stat(filepath.Join(cgroupRoot, parent)); err == nil && st.IsDir() {
-		out = append(out, filepath.Join(cgroupRoot, parent)) // pure v2
+	for _, h := range hierarchies() {
+		d := filepath.Join(h, parent)
+		if st, err := os.Stat(d); err == nil && st.IsDir() {
+			out = append(out, d)
+		}
 	}
-	v1, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", parent))
-	return append(out, v1...)
+	return out
+}
+
+// hierarchies lists the roots of the cgroup hierarchies: a pure cgroup v2 host's one,
+// /sys/fs/cgroup itself (it has cgroup.controllers), or a v1 (hybrid) host's mounts
+// below it, one per controller (v2's at unified/). Never a cgroup below a root: on a
+// pure v2 host /sys/fs/cgroup/*/ are cgroups — a runner's own, /sys/fs/cgroup/sandboxd,
+// holds sandboxes whose IDs a tenant chooses, and a name of ours must not match there.
+func hierarchies() []string {
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
+		return []string{cgroupRoot}
+	}
+	b, _ := os.ReadFile("/proc/self/mounts")
+	return cgroupMounts(string(b))
+}
+
+// cgroupMounts lists the cgroup (v1 and v2) mount points right below cgroupRoot in
+// mounts (/proc/self/mounts' text), each once.
+func cgroupMounts(mounts string) []string {
+	var out []string
+	for l := range strings.SplitSeq(mounts, "\n") {
+		// "source mountpoint fstype options dump pass"
+		f := strings.Fields(l)
+		if len(f) >= 3 && (f[2] == "cgroup" || f[2] == "cgroup2") && filepath.Dir(f[1]) == cgroupRoot &&
+			!slices.Contains(out, f[1]) {
+			out = append(out, f[1])
+		}
+	}
+	return out
 }
 
 // RemoveCgroupParent removes cgroup parent (a name below the hierarchies' root, by now
@@ -240,7 +272,11 @@ func (e *Env) removeCgroups() {
 			})
 			deadline := time.Now().Add(5 * time.Second)
 			for i := len(dirs) - 1; i >= 0; i-- {
-				for os.Remove(dirs[i]) != nil && time.Now().Before(deadline) {
+				for {
+					err := os.Remove(dirs[i])
+					if err == nil || errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
+						break // removed, already gone, or given up
+					}
 					time.Sleep(50 * time.Millisecond) // the killed processes are going
 				}
 			}
@@ -251,45 +287,90 @@ func (e *Env) removeCgroups() {
 // removeStale removes what a test process of name that is gone left on the host — its
 // cgroups (killing the processes still in them: a sandbox's agent) and its bridges with
 // their nftables tables — and says what it removed. Cleanups do not run when a test
-// binary dies (a -timeout panic, a kill), and nothing else would ever remove them. A
-// process is gone when no process has its ID (a bridge names only its low 16 bits: when
-// any live process matches them, the bridge stays).
+// binary dies (a -timeout panic, a kill), and nothing else would ever remove them.
+//
+// A run's cgroup parent names its PID namespace and its process ID (cgroupParent):
+// process IDs are per PID namespace while cgroups and bridges may be shared (containers
+// on one host running the suite), so only a run of this PID namespace is judged, by
+// /proc/<pid> of this namespace. A bridge names only the low 16 bits of the ID: it goes
+// only when the cgroup parent of its run was just cleaned (and no live process here
+// matches those bits); a run that died before its first sandbox leaves its bridge.
 func removeStale(name string) []string {
 	var out []string
-	prefix := "sandboxd-" + name + "-"
-	seen := map[int]bool{}
-	v1, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", prefix+"*"))
-	v2, _ := filepath.Glob(filepath.Join(cgroupRoot, prefix+"*"))
-	for _, d := range append(v1, v2...) {
-		// sandboxd-<name>-<pid>, or StackConfigN's sandboxd-<name>-<pid>-<n>
-		id, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), prefix), "-")
-		pid, err := strconv.Atoi(id)
-		if err != nil || seen[pid] || pid == os.Getpid() || alive(pid) {
-			continue
+	ns := pidNS()
+	cleaned := map[int]bool{}
+	for _, h := range hierarchies() {
+		ds, _ := filepath.Glob(filepath.Join(h, cgroupParent(name, ns, 0)+"*"))
+		for _, d := range ds {
+			pid, ok := staleRun(filepath.Base(d), name, ns)
+			if !ok || cleaned[pid] || pid == os.Getpid() || alive(pid) {
+				continue
+			}
+			cleaned[pid] = true
+			stale := &Env{CgroupParent: cgroupParent(name, ns, pid)}
+			out = append(out, stale.cgroupLeftovers()...)
+			stale.removeCgroups()
 		}
-		seen[pid] = true
-		stale := &Env{CgroupParent: prefix + id}
-		out = append(out, stale.cgroupLeftovers()...)
-		stale.removeCgroups()
 	}
-	links, _ := net.Interfaces()
-	brPrefix := fmt.Sprintf("sbx%.5s", name)
-	for _, l := range links {
-		hex, ok := strings.CutPrefix(l.Name, brPrefix)
-		if !ok || len(hex) < 4 || len(hex) > 5 {
+	for pid := range cleaned {
+		if liveLow16(pid & 0xffff) {
 			continue
 		}
-		low, err := strconv.ParseUint(hex[:4], 16, 16)
-		if err != nil || liveLow16(int(low)) {
-			continue
-		}
-		_ = exec.Command("nft", "delete", "table", "inet", "sandboxd_"+l.Name).Run()
-		_ = exec.Command("nft", "delete", "table", "bridge", "sandboxd_"+l.Name).Run()
-		if exec.Command("ip", "link", "del", l.Name).Run() == nil {
-			out = append(out, "bridge "+l.Name+" and its nftables tables")
+		for _, br := range (&Env{Bridge: bridgeName(name, pid)}).bridges() {
+			if _, err := os.Stat(filepath.Join("/sys/class/net", br, "bridge")); err != nil {
+				continue // none, or not a bridge (a veth's name, say)
+			}
+			_ = exec.Command("nft", "delete", "table", "inet", "sandboxd_"+br).Run()
+			_ = exec.Command("nft", "delete", "table", "bridge", "sandboxd_"+br).Run()
+			if exec.Command("ip", "link", "del", br).Run() == nil {
+				out = append(out, "bridge "+br+" and its nftables tables")
+			}
 		}
 	}
 	return out
+}
+
+// cgroupParent is the cgroup parent of name's run pid in PID namespace ns (pid 0: the
+// prefix every run of name in ns shares); StackConfigN appends -<n>.
+func cgroupParent(name string, ns uint64, pid int) string {
+	p := fmt.Sprintf("sandboxd-%s-%d-", name, ns)
+	if pid != 0 {
+		p += strconv.Itoa(pid)
+	}
+	return p
+}
+
+// bridgeName is the bridge of name's run pid (IFNAMSIZ: no room for the PID namespace).
+func bridgeName(name string, pid int) string {
+	return fmt.Sprintf("sbx%.5s%04x", name, pid&0xffff)
+}
+
+// staleRun parses base, a cgroup's name, as the cgroup parent of a run of name in PID
+// namespace ns (sandboxd-<name>-<ns>-<pid>, or StackConfigN's ...-<pid>-<n>) and returns
+// the run's process ID.
+func staleRun(base, name string, ns uint64) (int, bool) {
+	rest, ok := strings.CutPrefix(base, cgroupParent(name, ns, 0))
+	if !ok {
+		return 0, false
+	}
+	id, n, hasN := strings.Cut(rest, "-")
+	pid, err := strconv.Atoi(id)
+	if err != nil || pid <= 0 || strconv.Itoa(pid) != id {
+		return 0, false
+	}
+	if hasN && (len(n) != 1 || n[0] < '1' || n[0] > '9') {
+		return 0, false
+	}
+	return pid, true
+}
+
+// pidNS is the inode of this process's PID namespace (0 if unknown).
+func pidNS() uint64 {
+	var st syscall.Stat_t
+	if syscall.Stat("/proc/self/ns/pid", &st) != nil {
+		return 0
+	}
+	return st.Ino
 }
 
 func alive(pid int) bool {

@@ -32,7 +32,7 @@ type Env struct {
 // cgroups and bridges: removeStale), links the agent (testenv.Agent) and starts the
 // registry. Each test process gets its own
 // bridge, /24 subnet, nftables table and cgroup parent (derived from name and the
-// process ID), so test binaries running at the same time on one host never share them.
+// process ID; the cgroup parent's from its PID namespace too), so test binaries running at the same time on one host never share them.
 func Setup(name string) (*Env, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("needs root (runc, namespaces, cgroups)")
@@ -48,9 +48,9 @@ func Setup(name string) (*Env, error) {
 	}
 	pid := os.Getpid()
 	env := &Env{
-		Bridge:       fmt.Sprintf("sbx%.5s%04x", name, pid&0xffff),
+		Bridge:       bridgeName(name, pid),
 		Subnet:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + pid%50), byte(pid / 50 % 256), 0}), 24),
-		CgroupParent: fmt.Sprintf("sandboxd-%s-%d", name, pid),
+		CgroupParent: cgroupParent(name, pidNS(), pid),
 		dir:          dir,
 	}
 	if env.AgentBin, err = testenv.Agent(dir); err != nil {
