@@ -109,11 +109,16 @@ func (p *tenantPlatform) ensureRunner(org, id string) {
 	}
 }
 
-// startControlPlane serves a control plane of cfg, whose Store, Auth, PlatformOrg, CA
-// and Logger are the platform's where unset: its API at p.API, its runner registration
-// over TLS at p.RegAddr.
+// startControlPlane serves a control plane of cfg, whose Store, Auth, PlatformOrg and
+// Logger are the platform's where unset: its API at p.API, its runner registration over
+// TLS at p.RegAddr. Its CA is the platform's, p.CA, always (the registration server's
+// certificate comes from it, and register, serveRunner and the tests trust it): cfg.CA
+// another is a mistake of the test.
 func (p *tenantPlatform) startControlPlane(cfg controlplane.Config) {
 	p.t.Helper()
+	if cfg.CA != nil && cfg.CA != p.CA {
+		p.t.Fatal("startControlPlane: the control plane's CA is the platform's (p.CA)")
+	}
 	if cfg.Store == nil {
 		cfg.Store = p.St
 	}
@@ -123,9 +128,7 @@ func (p *tenantPlatform) startControlPlane(cfg controlplane.Config) {
 	if cfg.PlatformOrg == "" {
 		cfg.PlatformOrg = "platform"
 	}
-	if cfg.CA == nil {
-		cfg.CA = p.CA
-	}
+	cfg.CA = p.CA
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
