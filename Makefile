@@ -132,7 +132,12 @@ bench-sdk: build images pydeps
 # Every benchmark once, so that none rots unnoticed: those of bench/ and every Benchmark
 # func under internal/ (the packages are found, not listed), -benchtime 1x, the edge
 # comparison measured briefly. Part of `make test`; its figures mean nothing (`make
-# bench` measures). test/k8s's runs in `make k8s-test`.
+# bench` measures). test/k8s's runs in `make k8s-test`. A benchmark that leaves anything
+# on the host fails: bench/'s stacks each check at their teardown that no sandbox cgroup
+# (with its agent) is left, and the package at its end that none of its cgroups,
+# processes in them or bridges is (stacktest.Env.HostLeftovers, removed then); bench/sdk
+# purges its sandboxes and waits for them to go before it stops its server, and that its
+# server's cgroup parent went (what stayed is killed and removed).
 BENCH_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^func Benchmark' bench internal)))
 bench-smoke: build images runsc pydeps jaeger
 	EDGE_BENCH_DURATION=200ms BENCH_DENSITY_N=12 BENCH_PEER_IDLE=3 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(addprefix ./,$(BENCH_PKGS))

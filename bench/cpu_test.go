@@ -130,10 +130,12 @@ func BenchmarkCreateCPU(b *testing.B) {
 			k = n - k*(rounds-1)
 		}
 		for _, rt := range runtimes {
-			s, err := stack.NewLocal(ctx, withOCI(env.StackConfig(b.TempDir()), rt))
+			cfg := withOCI(env.StackConfig(b.TempDir()), rt)
+			s, err := stack.NewLocal(ctx, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
+			closeStack := ownStack(b, s, cfg.CgroupParent) // at the round's end, or at a failure's
 			createOne := func() string { return createFirstExecOnce(b, s) }
 			destroy := func(id string) {
 				_, _ = s.Runner.Delete(id, 0)
@@ -159,10 +161,7 @@ func BenchmarkCreateCPU(b *testing.B) {
 				state[rt] = runcInvocationCPU(b, s.Backend, id, 5)
 				destroy(id)
 			}
-			s.Close()
-			if err := s.Network.Cleanup(); err != nil {
-				b.Error(err)
-			}
+			closeStack()
 		}
 	}
 	b.StopTimer()

@@ -28,17 +28,14 @@ func BenchmarkPlacementThroughput(b *testing.B) {
 	var runners []runner.Handle
 	var stacks []*stack.Stack
 	for n := 1; n <= 3; n++ {
-		s, err := stack.NewLocal(ctx, env.StackConfigN(b.TempDir(), n))
+		cfg := env.StackConfigN(b.TempDir(), n)
+		s, err := stack.NewLocal(ctx, cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
+		ownStack(b, s, cfg.CgroupParent)
 		stacks = append(stacks, s)
 		runners = append(runners, runner.NewLocal(fmt.Sprintf("r%d", n), s.Runner))
-		b.Cleanup(func() {
-			cleanup(b, s)
-			s.Close()
-			_ = s.Network.Cleanup()
-		})
 	}
 	keys, err := auth.OpenKeyring(filepath.Join(b.TempDir(), "keys.json"))
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,8 +40,17 @@ func run(m *testing.M) int {
 		fmt.Println("bench:", err)
 		return 1
 	}
-	defer env.Close()
-	return m.Run()
+	code := m.Run()
+	env.Close()
+	// Every benchmark tears down what it made (ownStack): a sandbox's agent or cgroup, a
+	// cgroup parent or a bridge of this process still on the host fails the run, and is
+	// removed so that it does not stay.
+	if left := env.HostLeftovers(); len(left) > 0 {
+		fmt.Printf("bench: FAIL: left on the host after the benchmarks (now removed):\n  %s\n", strings.Join(left, "\n  "))
+		env.RemoveHostLeftovers()
+		return 1
+	}
+	return code
 }
 
 // newStack starts a stack; pool > 0 keeps that many warm containers per image, as
@@ -61,19 +72,31 @@ func newStackWith(b *testing.B, pool int, change func(*stack.Config)) *stack.Sta
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		for _, sb := range s.Runner.List() {
-			_, _ = s.Runner.Delete(sb.ID, 0)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			_, _ = s.Runner.WaitTerminal(ctx, sb.ID)
-			cancel()
-		}
-		s.Close()
-		if err := s.Network.Cleanup(); err != nil {
-			b.Error(err)
-		}
-	})
+	ownStack(b, s, cfg.CgroupParent)
 	return s
+}
+
+// ownStack registers the teardown of s (cgroup parent parent) with b's cleanup, and
+// returns it for a benchmark that tears s down sooner (it runs once): every sandbox of
+// s deleted and gone, s closed (its warm pool drained), its network removed, and then
+// no cgroup below parent, which would hold a sandbox's processes (its agent) that
+// nothing stops any more: such a leak fails the benchmark, naming what is left.
+func ownStack(b *testing.B, s *stack.Stack, parent string) (teardown func()) {
+	var once sync.Once
+	teardown = func() {
+		once.Do(func() {
+			cleanup(b, s)
+			s.Close()
+			if err := s.Network.Cleanup(); err != nil {
+				b.Error(err)
+			}
+			if left := stacktest.SandboxCgroups(parent); len(left) > 0 {
+				b.Errorf("left on the host after the stack's teardown: %s", strings.Join(left, "; "))
+			}
+		})
+	}
+	b.Cleanup(teardown)
+	return teardown
 }
 
 func sleeper() runtime.Spec {

@@ -179,9 +179,8 @@ func (s *server) stop() []string {
 			left = append(left, "network: "+err.Error())
 		}
 	}
-	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + s.cgroupParent)
-	for _, p := range parents {
-		_ = os.Remove(p)
+	for _, p := range stacktest.RemoveCgroupParent(s.cgroupParent) {
+		left = append(left, "cgroup "+p)
 	}
 	_ = os.RemoveAll(s.dir)
 	return left

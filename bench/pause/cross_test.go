@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -94,9 +93,8 @@ func startCrossSetup(b *testing.B) *crossSetup {
 			if err := s.Network.Cleanup(); err != nil {
 				b.Errorf("network cleanup: %v", err)
 			}
-			parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + cfg.CgroupParent)
-			for _, p := range parents {
-				_ = os.Remove(p)
+			if left := stacktest.RemoveCgroupParent(cfg.CgroupParent); len(left) > 0 {
+				b.Errorf("runner %s left cgroups: %q", id, left)
 			}
 		})
 		x.stacks[id] = s

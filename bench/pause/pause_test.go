@@ -254,11 +254,8 @@ func (s *server) stop() []string {
 			left = append(left, "network: "+err.Error())
 		}
 	}
-	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + s.cgroupParent)
-	for _, p := range parents {
-		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-			left = append(left, "cgroup "+p)
-		}
+	for _, p := range stacktest.RemoveCgroupParent(s.cgroupParent) {
+		left = append(left, "cgroup "+p)
 	}
 	// The floor's runsc containers (runFloor kills and deletes each; this is the check).
 	if out, err := exec.Command("pgrep", "-f", "runsc.*--root="+filepath.Join(s.dir, "floor")).Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {

@@ -37,11 +37,12 @@ import urllib.request
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "test" / "conformance"))
 # The conformance suite's helpers for a `sandboxd dev` of its own (ports, clean-up).
-from devserver import free_port, remove_data_dir, remove_network, stop, tail  # noqa: E402
+from devserver import free_port, remove_cgroups, remove_data_dir, remove_network, stop, tail  # noqa: E402
 
 IMAGE = os.environ.get("BENCH_SDK_IMAGE", "busybox")
 SMOKE = os.environ.get("BENCH_SDK_SMOKE", "") not in ("", "0")
 RUNS = 2 if SMOKE else int(os.environ.get("BENCH_SDK_RUNS", "100"))
+PURGE_MAX = 90.0  # seconds the teardown waits for purged sandboxes to go
 STAGGER_MS = int(os.environ.get("BENCH_SDK_STAGGER_MS", "100"))
 BURSTS = [2] if SMOKE else [int(x) for x in os.environ.get("BENCH_SDK_BURSTS", "10 50 100").split()]
 # Seconds between two measurements, so that each starts with the warm pool refilled
@@ -126,8 +127,10 @@ def line(client: str, mode: str, r: dict, floor: float | None, pool: str = "") -
     return s
 
 
-def fairness(binary: pathlib.Path, data_dir: pathlib.Path, gosdk: pathlib.Path, env: dict, metrics: str) -> bool:
-    """Organization B's sequential creates alone, then during organization A's burst."""
+def fairness(binary: pathlib.Path, data_dir: pathlib.Path, gosdk: pathlib.Path, env: dict, metrics: str,
+             envs: list[dict]) -> bool:
+    """Organization B's sequential creates alone, then during organization A's burst (B's
+    client environment goes into envs, for the teardown's purge)."""
     res = subprocess.run([str(binary), "apikey", "create", "--data-dir", str(data_dir), "--org", "bench-sdk-b", "--role", "user"],
                          capture_output=True, text=True, timeout=60)
     lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
@@ -135,6 +138,7 @@ def fairness(binary: pathlib.Path, data_dir: pathlib.Path, gosdk: pathlib.Path, 
         raise SystemExit(f"sandboxd apikey create: exit {res.returncode}\n{res.stderr[-2000:]}")
     m = re.fullmatch(r"[A-Z_]+=(\S+)", lines[-1])
     env_b = dict(env, CWSANDBOX_API_KEY=m.group(1) if m else lines[-1])
+    envs.append(env_b)
     seq = [str(gosdk), FAIR_IMAGE, "sequential", str(FAIR_RUNS)]
     apool = settle(metrics)
     alone = measure(seq, env_b)
@@ -153,7 +157,45 @@ def fairness(binary: pathlib.Path, data_dir: pathlib.Path, gosdk: pathlib.Path, 
     return bool(alone["fails"] or during["fails"] or burst["fails"])
 
 
+def sandbox_dirs(data_dir: pathlib.Path) -> list[str]:
+    """The sandboxes the runner still has (their state dirs; the warm pool's pool_ ones
+    go when the server stops)."""
+    try:
+        return sorted(e.name for e in (data_dir / "sandboxes").iterdir() if not e.name.startswith((".", "pool_")))
+    except OSError:
+        return []
+
+
+def purge(gosdk: pathlib.Path, envs: list[dict], data_dir: pathlib.Path, proc: subprocess.Popen) -> list[str]:
+    """Delete every sandbox (each organization's) and wait, bounded, until the runner has
+    torn them down: `sandboxd dev` leaves its sandboxes running when it stops, and a
+    delete returns before its sandbox has stopped. Returns the sandboxes still there."""
+    for env in envs:
+        try:
+            res = subprocess.run([str(gosdk), "purge"], env=env, capture_output=True, text=True, timeout=90)
+            if res.returncode != 0:
+                print(f"bench-sdk: purge: exit {res.returncode}\n{res.stderr[-2000:]}", flush=True)
+        except subprocess.TimeoutExpired:
+            print("bench-sdk: purge: no answer in 90 s", flush=True)
+    deadline = time.monotonic() + PURGE_MAX
+    while True:
+        left = sandbox_dirs(data_dir)
+        if not left or proc.poll() is not None or time.monotonic() > deadline:
+            return left
+        time.sleep(0.25)
+
+
 def main() -> int:
+    # What a run left on the host (a sandbox's cgroup with its agent) fails it; it is
+    # removed (and said) in run's teardown, also when the run raised.
+    leaked: list[str] = []
+    rc = run(leaked)
+    if leaked:
+        return 1
+    return rc
+
+
+def run(leaked: list[str]) -> int:
     binary = REPO / "bin" / "sandboxd"
     if not binary.exists():
         raise SystemExit("bin/sandboxd missing: make build")
@@ -172,6 +214,7 @@ def main() -> int:
            "--metrics-listen", metrics, "--bridge", bridge, "--subnet", subnet, "--cgroup-parent", cgroup_parent, *DEV_FLAGS]
     log_f = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+    envs: list[dict] = []  # each organization's client environment, for the teardown's purge
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -194,6 +237,7 @@ def main() -> int:
         m = re.search(rb"CWSANDBOX_BASE_URL=(\S+)", log_path.read_bytes())
         env = dict(os.environ, CWSANDBOX_BASE_URL=m.group(1).decode() if m else f"http://{listen}",
                    CWSANDBOX_API_KEY=key_file.read_text().strip())
+        envs.append(env)
         modes = [("sequential", ["sequential", str(RUNS)]), (f"staggered/{STAGGER_MS}ms", ["staggered", str(RUNS), str(STAGGER_MS)])]
         print(f"API call -> first command (`true`), image {IMAGE}, sandboxd dev {' '.join(DEV_FLAGS)} on this machine ({os.cpu_count()} cores); times in ms")
         python = [sys.executable, str(REPO / "bench" / "sdk" / "bench_sdk.py"), IMAGE]
@@ -223,16 +267,23 @@ def main() -> int:
             print(line("go-sdk", f"burst {n} warm", g, None, gpool), flush=True)
             print(line("official-python", f"burst {n} warm", p, floor, ppool), flush=True)
             failed = failed or bool(first["fails"] or g["fails"] or p["fails"])
-        failed = fairness(binary, data_dir, gosdk, env, metrics) or failed
+        failed = fairness(binary, data_dir, gosdk, env, metrics, envs) or failed
         return 1 if failed and SMOKE else 0
     finally:
+        still = purge(gosdk, envs, data_dir, proc) if envs else []
         rc = stop(proc)
         log_f.close()
         if rc not in (0, -15):
             print(f"sandboxd dev exited with {rc}; log {log_path}:\n{tail(log_path, lines=40)}")
         remove_network(bridge, cgroup_parent)
+        # The server's cgroup parent went (remove_network) unless a sandbox's cgroup (its
+        # agent) is still in it: a leak fails the run, and is killed and removed here.
+        leaked.extend(remove_cgroups(cgroup_parent))
+        if still:
+            leaked.append(f"sandboxes not torn down {PURGE_MAX:.0f} s after the purge: {still[:10]}")
+        if leaked:
+            print("bench-sdk: left on the host (removed now):\n  " + "\n  ".join(leaked), flush=True)
         remove_data_dir(data_dir)
-
 
 if __name__ == "__main__":
     sys.exit(main())

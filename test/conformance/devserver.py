@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 
 LOG_TAIL_LINES = 200
 STOP_TIMEOUT = 20.0
@@ -76,11 +77,73 @@ def remove_network(bridge: str, cgroup_parent: str) -> None:
     # The bridge's anti-spoofing table (internal/runtime/local/network/antispoof.go).
     subprocess.run(["nft", "delete", "table", "bridge", f"sandboxd_{bridge}"], capture_output=True)
     subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-    for d in pathlib.Path("/sys/fs/cgroup").glob(f"*/{cgroup_parent}"):
+    for d in cgroup_dirs(cgroup_parent):
         try:
             d.rmdir()  # fails, rightly, if a sandbox's cgroup is still inside
         except OSError:
             pass
+
+
+def cgroup_dirs(cgroup_parent: str) -> list[pathlib.Path]:
+    """The directories of a cgroup parent in every hierarchy (cgroup_hierarchies)."""
+    return [d for d in (h / cgroup_parent for h in cgroup_hierarchies()) if d.is_dir()]
+
+
+def cgroup_hierarchies() -> list[pathlib.Path]:
+    """The roots of the cgroup hierarchies: a pure cgroup v2 host's /sys/fs/cgroup (it has
+    cgroup.controllers), or a v1 (hybrid) host's cgroup mounts right below it. Never a
+    cgroup below a root: on a pure v2 host /sys/fs/cgroup/*/ are cgroups (a runner's
+    /sys/fs/cgroup/sandboxd holds sandboxes whose IDs a tenant chooses)."""
+    root = pathlib.Path("/sys/fs/cgroup")
+    if (root / "cgroup.controllers").exists():
+        return [root]
+    out: list[pathlib.Path] = []
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 3 and fields[2] in ("cgroup", "cgroup2"):
+                    mp = pathlib.Path(fields[1])
+                    if mp.parent == root and mp not in out:
+                        out.append(mp)
+    except OSError:
+        pass
+    return out
+
+
+def remove_cgroups(cgroup_parent: str, timeout: float = 10.0) -> list[str]:
+    """Kill the processes left in a cgroup parent's cgroups (a sandbox's agent) and remove
+    the cgroups, deepest first; return what was there ("cgroup REL holding pids ...")."""
+    found: list[str] = []
+    dirs: list[pathlib.Path] = []
+    for top in cgroup_dirs(cgroup_parent):
+        for d, _, _ in os.walk(top):
+            d = pathlib.Path(d)
+            dirs.append(d)
+            try:
+                pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                pids = []
+            rel = d.relative_to(top.parent)
+            found.append(f"cgroup {rel} ({top.parent.name})" + (f" holding pids {pids}" if pids else ""))
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+    deadline = time.monotonic() + timeout
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        while True:
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)  # the killed processes are going
+    return found
 
 
 def stop(proc: subprocess.Popen) -> int | None:

@@ -1,29 +1,18 @@
 package security
 
 import (
-	"context"
 	"crypto/x509"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/structpb"
 
-	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
-	"github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1/controlplanev1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/enroll"
-	"github.com/sandboxd/sandboxd/internal/pki"
-	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // TestTenantRunnerCannotCertifyAnotherHost: every client trusts the one data-plane CA for
@@ -37,69 +26,17 @@ import (
 // (<runner_id>.<base-domain> and under it) are signed, and the platform's runner gets
 // the host its operator set (the refusals are not vacuous).
 func TestTenantRunnerCannotCertifyAnotherHost(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	tmp := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(tmp, "pki"), "dp host test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dpCA, err := pki.LoadOrCreateCA(filepath.Join(tmp, "dp-pki"), "dp host test data-plane CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(ctx, filepath.Join(tmp, "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	for _, o := range []string{"platform", "tenant"} {
-		if err := controlplane.EnsureOrg(ctx, st, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	key := func(org string) string {
-		k, _, err := auth.IssueKey(ctx, st, org, auth.RoleAdmin, org+" admin")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	keyPlatform, keyTenant := key("platform"), key("tenant")
+	p, ctx := newTenantPlatform(t, time.Minute, "dp host test CA", "tenant")
+	dpCA := p.newCA("dp host test data-plane CA")
+	keyPlatform, keyTenant := p.key("platform", auth.RoleAdmin), p.key("tenant", auth.RoleAdmin)
 	const domain = "sbx.example.com"
-	cp, err := controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), PlatformOrg: "platform",
-		CA: ca, DataPlaneCA: dpCA, EndpointDomain: domain, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpTLS, err := controlplane.TLSConfig(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	regSrv := httptest.NewUnstartedServer(cp.TLSHandler())
-	regSrv.TLS = cpTLS
-	regSrv.EnableHTTP2 = true
-	regSrv.StartTLS()
-	t.Cleanup(regSrv.Close)
-	regAddr := strings.Replace(regSrv.URL, "https://127.0.0.1", "localhost", 1)
-	apiSrv := httptest.NewServer(cp.Handler())
-	t.Cleanup(apiSrv.Close)
+	p.startControlPlane(controlplane.Config{DataPlaneCA: dpCA, EndpointDomain: domain})
 	register := func(k, id string) *enroll.Identity {
 		t.Helper()
-		admin := controlplanev1connect.NewRunnerManagementServiceClient(http.DefaultClient, apiSrv.URL, connect.WithInterceptors(connecttest.Bearer(k)))
-		if _, err := admin.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-			RunnerId: id, ClusterId: "c-" + id, Zone: "z", Policy: &structpb.Struct{}}})); err != nil {
+		if err := p.createRunner(k, id); err != nil {
 			t.Fatal(err)
 		}
-		tok, err := admin.CreateBootstrapToken(ctx, connect.NewRequest(&controlplanev1.CreateBootstrapTokenRequest{RunnerId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ident, err := enroll.Register(ctx, filepath.Join(t.TempDir(), id), regAddr, tok.Msg.GetBootstrapToken(), ca.CertPEM())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ident
+		return p.mustRegister(k, id)
 	}
 	dpRoots := x509.NewCertPool()
 	dpRoots.AddCert(dpCA.Certificate())

@@ -2,14 +2,9 @@ package security
 
 import (
 	"context"
-	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,19 +12,14 @@ import (
 	"connectrpc.com/connect"
 
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
-	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1/runnerv1connect"
 	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/connecttest"
-	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/gateway/gatewaytest"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
-	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // forgingRunner is org-b's own runner answering every create under the sandbox ID it
@@ -73,75 +63,21 @@ func (r *deleteLog) Delete(ctx context.Context, id string, grace time.Duration) 
 // The create must fail; org-a's sandbox stays visible to org-a, invisible to org-b, and
 // is not deleted; the tenant's runner is never asked to choose an ID.
 func TestTenantRunnerForgedSandboxID(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	tmp := t.TempDir()
-	ca, err := pki.LoadOrCreateCA(filepath.Join(tmp, "pki"), "forged id test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(ctx, filepath.Join(tmp, "sandboxd.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	for _, o := range []string{"platform", "org-a", "org-b"} {
-		if err := controlplane.EnsureOrg(ctx, st, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	key := func(org string) string {
-		k, _, err := auth.IssueKey(ctx, st, org, auth.RoleAdmin, org+" admin")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	keyA, keyB := key("org-a"), key("org-b")
+	p, ctx := newTenantPlatform(t, time.Minute, "forged id test CA", "org-a", "org-b")
+	keyA, keyB := p.key("org-a", auth.RoleAdmin), p.key("org-b", auth.RoleAdmin)
 
 	// org-b's runner, under a certificate naming org-b (as its registration gives it).
 	forger := &forgingRunner{}
-	cert, err := ca.IssueServerURIs("b-runner", []string{"b-runner", "localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, []*url.URL{pki.RunnerURI("org-b", "b-runner")}, time.Hour)
+	cert, err := p.CA.IssueServerURIs("b-runner", []string{"b-runner", "localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, []*url.URL{pki.RunnerURI("org-b", "b-runner")}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, h := runnerv1connect.NewRunnerServiceHandler(forger)
-	runnerSrv := httptest.NewUnstartedServer(h)
-	runnerSrv.TLS = runnerapi.ServerTLSConfigFromCert(cert, ca.Pool())
-	runnerSrv.EnableHTTP2 = true
-	runnerSrv.StartTLS()
-	t.Cleanup(runnerSrv.Close)
-	gwTLS, err := runnerapi.ClientTLSConfig(ca, "gw", "b-runner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bClient, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: "b-runner", Addr: strings.TrimPrefix(runnerSrv.URL, "https://"), TLS: gwTLS})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bClient.Close)
+	bClient := p.serveRunner("b-runner", h, cert, p.CA.Pool())
 	platform := &deleteLog{StartingRunner: gatewaytest.NewStartingRunner("platform-1", runner.Capacity{MilliCPU: 4000, MemoryBytes: 8 << 30})}
 	t.Cleanup(platform.Release)
-
-	gw, err := gateway.New(gateway.Config{
-		Auth: auth.NewStoreAuthenticator(st, nil), Runners: []runner.Handle{platform, bClient}, PlatformOrg: "platform",
-		Index: st.Sandboxes(), Orgs: st.Orgs(), Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gw.Close)
-	srv := httptest.NewUnstartedServer(gw.Handler())
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
-	t.Cleanup(srv.Close)
-	sandboxes := func(key string) sandboxv1connect.SandboxServiceClient {
-		tr := &http.Transport{Protocols: new(http.Protocols)}
-		tr.Protocols.SetUnencryptedHTTP2(true)
-		return sandboxv1connect.NewSandboxServiceClient(&http.Client{Transport: tr}, srv.URL, connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(key)))
-	}
-	a, b := sandboxes(keyA), sandboxes(keyB)
+	p.startGateway(gateway.Config{Runners: []runner.Handle{platform, bClient}})
+	a, b := p.sandboxes(keyA), p.sandboxes(keyB)
 
 	res, err := a.CreateSandbox(ctx, connect.NewRequest(&sandboxv1.CreateSandboxRequest{Sandbox: &sandboxv1.Sandbox{Spec: &sandboxv1.SandboxSpec{
 		Containers: []*sandboxv1.Container{{Name: "main", Image: "busybox"}}, RunnerIds: []string{"platform-1"}}}}))

@@ -4,11 +4,13 @@
 //	gosdk IMAGE sequential N
 //	gosdk IMAGE staggered N INTERVAL_MS
 //	gosdk IMAGE burst N
+//	gosdk purge
 //
 // One run is Client.Create then ExecUnary(["true"]) (which waits for the sandbox to
 // run), timed from the call; its sandbox is deleted afterwards (not timed). It prints
 // one line per run (`ok <ms>` or `fail <error>`) and then `wall <ms>`, as
-// bench_sdk.py does; scripts/bench-sdk.sh summarises both.
+// bench_sdk.py does; scripts/bench-sdk.sh summarises both. purge deletes every sandbox
+// of the key's organization (run.py's teardown, before it stops the server).
 package main
 
 import (
@@ -40,8 +42,22 @@ type bench struct {
 }
 
 func run(args []string) error {
+	if len(args) == 1 && args[0] == "purge" {
+		c, err := sandbox.FromEnv()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		res, err := c.Purge(ctx, sandbox.PurgeOptions{All: true})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("purged %d, failed %d\n", res.Count, len(res.Failed)+len(res.Retryable))
+		return nil
+	}
 	if len(args) < 3 {
-		return fmt.Errorf("usage: gosdk IMAGE sequential|staggered|burst N [INTERVAL_MS]")
+		return fmt.Errorf("usage: gosdk IMAGE sequential|staggered|burst N [INTERVAL_MS], or gosdk purge")
 	}
 	image, mode := args[0], args[1]
 	n, err := strconv.Atoi(args[2])

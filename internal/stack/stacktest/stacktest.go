@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/stack"
@@ -28,9 +28,11 @@ type Env struct {
 	stopRegistry func()
 }
 
-// Setup links the agent (testenv.Agent) and starts the registry. Each test process gets its own
+// Setup removes what an earlier process of name that is gone left on the host (its
+// cgroups and bridges: removeStale), links the agent (testenv.Agent) and starts the
+// registry. Each test process gets its own
 // bridge, /24 subnet, nftables table and cgroup parent (derived from name and the
-// process ID), so test binaries running at the same time on one host never share them.
+// process ID; the cgroup parent's from its PID namespace too), so test binaries running at the same time on one host never share them.
 func Setup(name string) (*Env, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("needs root (runc, namespaces, cgroups)")
@@ -39,11 +41,16 @@ func Setup(name string) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A run of name that died (a -timeout panic, a kill) ran no cleanup: what it left
+	// goes before this one adds its own.
+	if stale := removeStale(name); len(stale) > 0 {
+		fmt.Printf("stacktest: removed what an earlier %s run, gone, left on the host:\n  %s\n", name, strings.Join(stale, "\n  "))
+	}
 	pid := os.Getpid()
 	env := &Env{
-		Bridge:       fmt.Sprintf("sbx%.5s%04x", name, pid&0xffff),
+		Bridge:       bridgeName(name, pid),
 		Subnet:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + pid%50), byte(pid / 50 % 256), 0}), 24),
-		CgroupParent: fmt.Sprintf("sandboxd-%s-%d", name, pid),
+		CgroupParent: cgroupParent(name, pidNS(), pid),
 		dir:          dir,
 	}
 	if env.AgentBin, err = testenv.Agent(dir); err != nil {
@@ -60,14 +67,14 @@ func Setup(name string) (*Env, error) {
 }
 
 // Close stops the registry, removes the agent's link and this process's (by now empty)
-// cgroup parents.
+// cgroup parents, StackConfigN's too, in every hierarchy (a pure cgroup v2 host's
+// /sys/fs/cgroup/<parent> as well as a v1 host's /sys/fs/cgroup/<controller>/<parent>).
+// HostLeftovers then says what stayed.
 func (e *Env) Close() {
 	e.stopRegistry()
 	os.RemoveAll(e.dir)
-	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.CgroupParent)
-	more, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.CgroupParent + "-[0-9]") // StackConfigN's
-	for _, p := range append(parents, more...) {
-		_ = os.Remove(p) // rmdir: fails, rightly, if a sandbox's cgroup is still inside
+	for _, p := range e.parents() {
+		RemoveCgroupParent(p) // rmdir: fails, rightly, if a sandbox's cgroup is still inside
 	}
 }
 
