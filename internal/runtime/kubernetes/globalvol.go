@@ -80,20 +80,26 @@ const (
 	fillerVolConfig = "filler-config"
 )
 
-// filled reports whether volume v is a GLOBAL copy restored through the filler.
-func filled(v *runtime.Volume) bool { return v.Global != nil && v.RestoreDigest != "" }
+// filled reports whether spec's volume i is restored through the filler: a GLOBAL copy
+// restored from its generation, or a scratch volume restored from a snapshot that a
+// container mounts but that no workload agent can fill alone (snapshot.go fillsInPlace).
+func filled(spec *runtime.Spec, i int) bool {
+	v := &spec.Volumes[i]
+	return v.RestoreDigest != "" && (v.Global != nil || !fillsInPlace(spec, v.Name))
+}
 
 // committed reports whether volume v is a GLOBAL writer's copy, archived through the
 // filler when the workload has stopped.
 func committed(v *runtime.Volume) bool { return v.Global != nil && v.Global.CommitGeneration > 0 }
 
-// viaFiller reports whether the filler mounts volume v.
-func viaFiller(v *runtime.Volume) bool { return filled(v) || committed(v) }
+// viaFiller reports whether the filler mounts spec's volume i.
+func viaFiller(spec *runtime.Spec, i int) bool { return filled(spec, i) || committed(&spec.Volumes[i]) }
 
-// needsFiller reports whether spec has a GLOBAL copy to fill or to commit.
+// needsFiller reports whether spec has a volume to fill or a GLOBAL copy to commit
+// through the filler.
 func needsFiller(spec *runtime.Spec) bool {
 	for i := range spec.Volumes {
-		if viaFiller(&spec.Volumes[i]) {
+		if viaFiller(spec, i) {
 			return true
 		}
 	}
@@ -138,7 +144,7 @@ func checkFiller(spec *runtime.Spec) error {
 }
 
 func fillerNameErr() error {
-	return fmt.Errorf("%w: container name %q is reserved on Kubernetes in a sandbox mounting a GLOBAL volume", runtime.ErrInvalidSpec, containerFiller)
+	return fmt.Errorf("%w: container name %q is reserved on Kubernetes in a sandbox mounting a GLOBAL volume or restoring a volume through the runner's filler", runtime.ErrInvalidSpec, containerFiller)
 }
 
 // fillerConfig is the filler agent's config (held in standby) and its identity.
@@ -182,16 +188,23 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		{Name: fillerVolRun, MountPath: gate.RunDir},
 		{Name: fillerVolConfig, MountPath: gate.ConfigDir, ReadOnly: true},
 	}
-	var copies int64 // the filled copies' sizes (their emptyDirs' sizeLimits)
+	var copies, memory int64 // the filled disk and memory volumes' sizes (their emptyDirs' sizeLimits)
 	for i := range spec.Volumes {
-		if viaFiller(&spec.Volumes[i]) {
+		if viaFiller(spec, i) {
 			mounts = append(mounts, corev1.VolumeMount{Name: "vol-" + strconv.Itoa(i), MountPath: fillerPath(i)})
-			copies += spec.Volumes[i].SizeBytes
+			if spec.Volumes[i].Medium == runtime.MediumMemory {
+				memory += spec.Volumes[i].SizeBytes
+			} else {
+				copies += spec.Volumes[i].SizeBytes
+			}
 		}
 	}
+	// A memory volume's pages are charged to the cgroup of the process writing them:
+	// the filler's limit takes the memory volumes it fills (planRestores refuses an
+	// unsized one), so a full one never gets the filler killed.
 	res := corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
-		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(256<<20+memory, resource.BinarySI)},
 	}
 	if copies > 0 && podLimitsEphemeral(pod) {
 		// The kubelet evicts a Pod whose ephemeral storage (its containers' writable
@@ -262,7 +275,7 @@ func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
 		return nil
 	}
 	if _, err := b.agentClient(s.id, containerFiller).Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: fillerNoop})); err != nil {
-		return fmt.Errorf("end the GLOBAL volume filler: %w", err)
+		return fmt.Errorf("end the volume filler: %w", err)
 	}
 	return nil
 }

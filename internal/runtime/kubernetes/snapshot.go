@@ -429,11 +429,57 @@ type restore struct {
 	volume, digest  string
 	container, path string
 	limits          runtime.ArchiveLimits
-	// subDirs, waitFor: a GLOBAL copy's sub_path mounts (subPaths).
+	// subDirs, waitFor: the directories made in the volume before the fill and the
+	// containers making them (fillDirs), for a volume filled through the filler.
 	subDirs, waitFor []string
 }
 
-// subPaths are the directories that exist in volume's (a GLOBAL copy's) empty copy once
+// fillsInPlace reports whether a workload container's agent fills the restored scratch
+// volume (the pre-filler way, kept for it): a container mounts its root writable, and no
+// container makes a directory in it when created (subPaths: no sub_path mount, no
+// working directory or nested mount point below a mount). Otherwise the runner's filler
+// (globalvol.go) fills it as a GLOBAL copy: root with fsarchive's capabilities, mounting
+// the whole volume, whatever the workload's mounts (a sub_path or read-only only), into
+// the kubelet's and the runtime's directories in place (fillDirs). A volume no container
+// mounts is not filled at all (planRestores refuses it).
+func fillsInPlace(spec *runtime.Spec, volume string) bool {
+	mounted := false
+	for _, c := range spec.Containers() {
+		for _, m := range c.VolumeMounts {
+			mounted = mounted || m.Volume == volume
+		}
+	}
+	if !mounted {
+		return true
+	}
+	if _, _, err := volumeMount(spec, volume, true); err != nil {
+		return false
+	}
+	dirs, _, err := subPaths(spec, volume)
+	return err == nil && len(dirs) == 0
+}
+
+// fillDirs is the one home of what a fill through the filler must know of the
+// directories made in the empty volume (a GLOBAL copy or a restored scratch volume):
+// subPaths, at most fsarchive.MaxExisting of them and each one fsarchive takes, else
+// ErrInvalidSpec naming the volume and the fields, before anything is made.
+func fillDirs(spec *runtime.Spec, volume string) (dirs, waitFor []string, err error) {
+	if dirs, waitFor, err = subPaths(spec, volume); err != nil {
+		return nil, nil, err
+	}
+	if len(dirs) > fsarchive.MaxExisting {
+		return nil, nil, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
+			runtime.ErrInvalidSpec, volume, len(dirs), fsarchive.MaxExisting)
+	}
+	if err := fsarchive.CheckExisting(dirs); err != nil {
+		return nil, nil, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path): %w",
+			runtime.ErrInvalidSpec, volume, err)
+	}
+	return dirs, waitFor, nil
+}
+
+// subPaths are the directories that exist in volume's empty copy (a GLOBAL copy, or a
+// scratch volume restored through the filler) once
 // the workload's containers are created, each once, and the runtime names of the
 // containers making them ("" the primary): the fill must wait for those containers and
 // fill those directories in place (ExtractPathRequest sub_dirs,
@@ -499,7 +545,7 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 				return ""
 			}
 			if owner.ReadOnly {
-				err = fmt.Errorf("%w: container %s: %s %s is below the read-only mount at %s of GLOBAL volume %q: on Kubernetes the container runtime must make it in the copy before the copy is filled, and cannot through a read-only mount (mount the volume read-write, or use a path outside the mount)",
+				err = fmt.Errorf("%w: container %s: %s %s is below the read-only mount at %s of volume %q, which is filled before the sandbox starts (a GLOBAL volume, or one restored from a snapshot): on Kubernetes the container runtime must make it in the empty volume before the fill, and cannot through a read-only mount (mount the volume read-write, or use a path outside the mount)",
 					runtime.ErrInvalidSpec, c.ContainerName(), field, p, owner.Path, volume)
 				return ""
 			}
@@ -547,9 +593,15 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 			}
 		}
 		var container, path string
-		if filled(&v) {
-			// A GLOBAL copy: through the filler (globalvol.go), whatever the workload's mounts.
+		viaFill := filled(spec, i)
+		if viaFill {
+			// A GLOBAL copy, or a scratch volume no workload agent fills alone
+			// (fillsInPlace): through the filler (globalvol.go), whatever the workload's mounts.
 			container, path = containerFiller, fillerPath(i)
+			if v.Global == nil && v.Medium == runtime.MediumMemory && v.SizeBytes <= 0 {
+				// Its pages are charged to the filler, whose limit takes the volume's size.
+				return nil, release, fmt.Errorf("%w: memory volume %q is restored from a snapshot and mounted by sub_path, read-only or with directories below its mount: on Kubernetes it is filled by the runner's filler and needs a size (volumes[].scratch.size)", runtime.ErrInvalidSpec, v.Name)
+			}
 		} else if container, path, err = volumeMount(spec, v.Name, true); err != nil {
 			return nil, release, fmt.Errorf("%w: restore from a snapshot: %w", runtime.ErrInvalidSpec, err)
 		}
@@ -564,17 +616,9 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 			limits.MaxBytes = v.SizeBytes
 		}
 		r := restore{volume: v.Name, digest: v.RestoreDigest, container: container, path: path, limits: limits}
-		if filled(&v) {
-			if r.subDirs, r.waitFor, err = subPaths(spec, v.Name); err != nil {
+		if viaFill {
+			if r.subDirs, r.waitFor, err = fillDirs(spec, v.Name); err != nil {
 				return nil, release, err
-			}
-			if len(r.subDirs) > fsarchive.MaxExisting {
-				return nil, release, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
-					runtime.ErrInvalidSpec, v.Name, len(r.subDirs), fsarchive.MaxExisting)
-			}
-			if err := fsarchive.CheckExisting(r.subDirs); err != nil {
-				return nil, release, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path): %w",
-					runtime.ErrInvalidSpec, v.Name, err)
 			}
 		}
 		plan = append(plan, r)
