@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -188,30 +189,27 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		{Name: fillerVolRun, MountPath: gate.RunDir},
 		{Name: fillerVolConfig, MountPath: gate.ConfigDir, ReadOnly: true},
 	}
-	var copies, memory int64 // the filled disk and memory volumes' sizes (their emptyDirs' sizeLimits)
 	for i := range spec.Volumes {
 		if viaFiller(spec, i) {
 			mounts = append(mounts, corev1.VolumeMount{Name: "vol-" + strconv.Itoa(i), MountPath: fillerPath(i)})
-			if spec.Volumes[i].Medium == runtime.MediumMemory {
-				memory += spec.Volumes[i].SizeBytes
-			} else {
-				copies += spec.Volumes[i].SizeBytes
-			}
 		}
 	}
-	// A memory volume's pages are charged to the cgroup of the process writing them:
-	// the filler's limit takes the memory volumes it fills (planRestores refuses an
-	// unsized one), so a full one never gets the filler killed.
+	// The filler's memory limit is its own (the agent's extraction), never a volume's: a
+	// memory volume through the filler is refused (planRestores), since its pages would
+	// be charged to the filler and lift the Pod's limit by a caller-chosen size.
 	res := corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
-		Limits:   corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(256<<20+memory, resource.BinarySI)},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 	}
-	if copies > 0 && podLimitsEphemeral(pod) {
+	if copies := globalCopiesBytes(spec); copies > 0 && podLimitsEphemeral(pod) {
 		// The kubelet evicts a Pod whose ephemeral storage (its containers' writable
 		// layers and logs, and its disk emptyDirs, the copies included) exceeds the sum
 		// of its containers' limits, which is otherwise the primary's disk alone: the
-		// copies' sizes go on the filler's limit (a cap, not a reservation: request 0),
-		// so a full copy never gets the Pod evicted and the primary keeps its own bound.
+		// GLOBAL copies' sizes (bounded by the volume's policy) go on the filler's limit
+		// (a cap, not a reservation: request 0), so a full copy never gets the Pod
+		// evicted and the primary keeps its own bound. A restored scratch volume's size
+		// (the caller's choice) does not: it stays within the Pod's own disk, as when a
+		// workload agent fills it.
 		res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(copies, resource.BinarySI)
 		res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
 	}
@@ -246,6 +244,33 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		SecurityContext:          fillerSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	})
+}
+
+// maxFillerCopiesBytes bounds the GLOBAL copies' sizes the filler's ephemeral-storage
+// limit takes (globalCopiesBytes): far above any sane policy, far below int64's range.
+const maxFillerCopiesBytes = 1 << 46 // 64 TiB
+
+// addBytes is a + b, saturating at math.MaxInt64 (sizes are caller input, each up to
+// 2^62; negative ones count as 0).
+func addBytes(a, b int64) int64 {
+	a, b = max(a, 0), max(b, 0)
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// globalCopiesBytes is the saturating sum of the sizes of spec's GLOBAL copies the
+// filler mounts: what its ephemeral-storage limit takes (planRestores refuses a sum
+// above maxFillerCopiesBytes).
+func globalCopiesBytes(spec *runtime.Spec) int64 {
+	var n int64
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Global != nil && viaFiller(spec, i) {
+			n = addBytes(n, spec.Volumes[i].SizeBytes)
+		}
+	}
+	return n
 }
 
 // podLimitsEphemeral reports whether a container of pod has an ephemeral-storage limit

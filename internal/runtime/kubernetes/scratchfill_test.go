@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,9 +39,9 @@ func wm(p, sub string, ro bool) runtime.VolumeMount {
 // or no writable root mount at all, it goes through the runner's filler with the
 // directories the kubelet and the runtime make (the GLOBAL code: fillDirs), waiting for
 // the containers making them. The bounds are GLOBAL's: a working directory below a
-// read-only mount and more than 64 directories are refused before anything is made; an
-// unsized memory volume through the filler is refused, a sized one raises the filler's
-// memory limit.
+// read-only mount and more than 64 directories are refused before anything is made. The
+// volume's size (the caller's) lifts none of the filler's limits, and a memory volume
+// through the filler is refused.
 func TestScratchRestoreThroughFiller(t *testing.T) {
 	b := snapBackend(t, 0)
 	b.cfg.Namespace, b.cfg.RunnerID, b.cfg.AgentImage, b.cfg.TerminationGrace = "ns", "r1", "agent:1", 10e9
@@ -90,8 +91,10 @@ func TestScratchRestoreThroughFiller(t *testing.T) {
 	}
 
 	// The Pod: the filler mounts the whole volume writable; the workload keeps its
-	// sub_path mounts (the kubelet's); the volume's size goes on the filler's disk limit.
+	// sub_path mounts (the kubelet's). The volume's size (the caller's) goes on no limit
+	// of the filler: the Pod's disk stays the primary's, its memory the filler's own.
 	spec := scratchSpec(d, "", wm("/w", "", false), wm("/ab", "a/b", true))
+	spec.Volumes[0].SizeBytes = 1 << 62
 	spec.Resources.DiskBytes = 1 << 30
 	sc, _ := securityFor(nil, "")
 	pod := b.podFor(spec, "", b.labels(spec), nil, sc)
@@ -106,21 +109,31 @@ func TestScratchRestoreThroughFiller(t *testing.T) {
 	if m := mountAt(containerNamed(pod, containerMain), "/ab"); m == nil || m.SubPath != "a/b" || !m.ReadOnly {
 		t.Errorf("workload's /ab %+v, want sub_path a/b read-only", m)
 	}
-	if q := f.Resources.Limits[corev1.ResourceEphemeralStorage]; q.Value() != 1<<20 {
-		t.Errorf("filler's ephemeral-storage limit %v, want the volume's 1 MiB", q.String())
+	if q, has := f.Resources.Limits[corev1.ResourceEphemeralStorage]; has {
+		t.Errorf("filler's ephemeral-storage limit %s: a restored scratch volume's size lifts the Pod's disk cap", q.String())
 	}
-	// A memory volume: its pages are the filler's, so its size goes on the memory limit.
-	mem := scratchSpec(d, runtime.MediumMemory, wm("/ab", "a/b", false))
-	pod = b.podFor(mem, "", b.labels(mem), nil, sc)
-	b.addFiller(pod, mem)
-	if f := containerNamed(pod, containerFiller); f == nil {
-		t.Error("memory volume: no filler")
-	} else if q := f.Resources.Limits[corev1.ResourceMemory]; q.Cmp(*resource.NewQuantity(256<<20+1<<20, resource.BinarySI)) != 0 {
-		t.Errorf("filler's memory limit %s, want 256Mi + the volume's 1Mi", q.String())
+	if got, ok := podEphemeralLimit(pod); !ok || got != 1<<30 {
+		t.Errorf("Pod ephemeral-storage limit %d (%v), want the primary's disk alone", got, ok)
 	}
-	mem.Volumes[0].SizeBytes = 0
-	if _, rel, err := b.planRestores(mem); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "needs a size") {
-		t.Errorf("an unsized memory volume through the filler: %v, want ErrInvalidSpec asking for a size", err)
+	if q := f.Resources.Limits[corev1.ResourceMemory]; q.Cmp(resource.MustParse("256Mi")) != 0 {
+		t.Errorf("filler's memory limit %s, want its own 256Mi", q.String())
+	}
+
+	// A memory volume through the filler is refused, sized or not (its pages would be
+	// the filler's, outside the sandbox's memory), naming the volume and the way out; at
+	// its root, writable, in one container, it is filled by the workload's agent.
+	for _, size := range []int64{0, 1 << 20, 1 << 62} {
+		mem := scratchSpec(d, runtime.MediumMemory, wm("/ab", "a/b", false))
+		mem.Volumes[0].SizeBytes = size
+		if _, rel, err := b.planRestores(mem); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), `memory volume "w"`) || !strings.Contains(err.Error(), "at its root, writable") {
+			t.Errorf("a memory volume of %d bytes through the filler: %v, want ErrInvalidSpec naming it and the way out", size, err)
+		} else {
+			rel()
+		}
+	}
+	mem := scratchSpec(d, runtime.MediumMemory, wm("/w", "", false))
+	if plan, rel, err := b.planRestores(mem); err != nil || len(plan) != 1 || plan[0].container != "" || needsFiller(mem) {
+		t.Errorf("a memory volume at its root, writable: %+v, %v, want the primary's agent", plan, err)
 	} else {
 		rel()
 	}
@@ -263,4 +276,59 @@ func TestScratchRestoreSubPathFill(t *testing.T) {
 	}
 	ino(t, filepath.Join(copyDir, "a", "b", "c"))
 
+}
+
+// TestFillerLimitOverflow: the GLOBAL copies' sizes the filler's ephemeral-storage limit
+// takes are summed saturating (three copies of 2^62 bytes do not wrap to a negative
+// limit), and a total above maxFillerCopiesBytes is refused before anything is made
+// (ErrInvalidSpec), while one at the bound is planned.
+func TestFillerLimitOverflow(t *testing.T) {
+	if got := addBytes(1<<62, 1<<62); got != math.MaxInt64 {
+		t.Errorf("2^62 + 2^62 = %d, want saturated at MaxInt64", got)
+	}
+	if got := addBytes(math.MaxInt64, 1); got != math.MaxInt64 {
+		t.Errorf("MaxInt64 + 1 = %d", got)
+	}
+	if got := addBytes(-5, 3); got != 3 {
+		t.Errorf("-5 + 3 = %d, want a negative size counted as 0", got)
+	}
+	b := snapBackend(t, 0)
+	b.cfg.Namespace, b.cfg.RunnerID, b.cfg.AgentImage, b.cfg.TerminationGrace = "ns", "r1", "agent:1", 10e9
+	d := prepareEmpty(t, b)
+	spec := globalSpec(d)
+	for _, n := range []string{"g2", "g3"} {
+		spec.Volumes = append(spec.Volumes, runtime.Volume{Name: n, SizeBytes: 1 << 20, RestoreDigest: d,
+			Global: &runtime.GlobalVolume{BlobPrefix: "volumes/x/" + n + "/", MaxSizeBytes: 1 << 20}})
+		spec.VolumeMounts = append(spec.VolumeMounts, runtime.VolumeMount{Volume: n, Path: "/" + n, ReadOnly: true})
+	}
+	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
+		t.Fatal(err)
+	}
+	set := func(size int64) {
+		for i := 1; i < len(spec.Volumes); i++ {
+			spec.Volumes[i].SizeBytes = size
+		}
+	}
+	set(maxFillerCopiesBytes / 3)
+	if plan, rel, err := b.planRestores(spec); err != nil || len(plan) != 3 {
+		t.Errorf("copies within the bound: %+v, %v", plan, err)
+	} else {
+		rel()
+	}
+	for _, size := range []int64{maxFillerCopiesBytes/3 + 1, 1 << 62} {
+		set(size)
+		if _, rel, err := b.planRestores(spec); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "add up to more than") {
+			t.Errorf("three copies of %d bytes: %v, want ErrInvalidSpec", size, err)
+		} else {
+			rel()
+		}
+	}
+	// addFiller never wraps: with the bound skipped, the limit is saturated, not negative.
+	b.cfg.DiskBytes = 1 << 30
+	sc, _ := securityFor(nil, "")
+	pod := b.podFor(spec, "", b.labels(spec), nil, sc)
+	b.addFiller(pod, spec)
+	if q := containerNamed(pod, containerFiller).Resources.Limits[corev1.ResourceEphemeralStorage]; q.Value() != math.MaxInt64 {
+		t.Errorf("filler's ephemeral-storage limit for three 2^62 copies %s, want saturated", q.String())
+	}
 }

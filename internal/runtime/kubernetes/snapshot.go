@@ -575,6 +575,10 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 // release.
 func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func(), err error) {
 	release = func() {}
+	if n := globalCopiesBytes(spec); n > maxFillerCopiesBytes {
+		return nil, release, fmt.Errorf("%w: the GLOBAL volumes' sizes add up to more than %d bytes, the most the runner's filler takes on Kubernetes",
+			runtime.ErrInvalidSpec, int64(maxFillerCopiesBytes))
+	}
 	for i, v := range spec.Volumes {
 		if v.RestoreDigest == "" {
 			continue
@@ -598,9 +602,12 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 			// A GLOBAL copy, or a scratch volume no workload agent fills alone
 			// (fillsInPlace): through the filler (globalvol.go), whatever the workload's mounts.
 			container, path = containerFiller, fillerPath(i)
-			if v.Global == nil && v.Medium == runtime.MediumMemory && v.SizeBytes <= 0 {
-				// Its pages are charged to the filler, whose limit takes the volume's size.
-				return nil, release, fmt.Errorf("%w: memory volume %q is restored from a snapshot and mounted by sub_path, read-only or with directories below its mount: on Kubernetes it is filled by the runner's filler and needs a size (volumes[].scratch.size)", runtime.ErrInvalidSpec, v.Name)
+			if v.Global == nil && v.Medium == runtime.MediumMemory {
+				// Its tmpfs pages would be charged to the filler, and the Pod's memory
+				// limit would have to take the volume's size (the caller's) on top of
+				// the sandbox's memory, with no request behind it.
+				return nil, release, fmt.Errorf("%w: memory volume %q is restored from a snapshot and mounted by sub_path, read-only only, or with a working directory or mount point below its mount: on Kubernetes such a volume is filled by the runner's filler, which a memory volume cannot be (its pages would be charged outside the sandbox's memory); mount it at its root, writable, in one container, with no sub_path mounts of it and no directories below its mount",
+					runtime.ErrInvalidSpec, v.Name)
 			}
 		} else if container, path, err = volumeMount(spec, v.Name, true); err != nil {
 			return nil, release, fmt.Errorf("%w: restore from a snapshot: %w", runtime.ErrInvalidSpec, err)
