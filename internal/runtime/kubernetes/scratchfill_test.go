@@ -332,3 +332,58 @@ func TestFillerLimitOverflow(t *testing.T) {
 		t.Errorf("filler's ephemeral-storage limit for three 2^62 copies %s, want saturated", q.String())
 	}
 }
+
+// TestFillDirsTmpfsMountPoints: runc makes the mount points of a container's tmpfs
+// emptyDirs in the volume mounted above them: a group container's tmpfs paths, and under
+// a read-only root filesystem the memory emptyDirs at /tmp, /var/tmp and /run (unless a
+// volume is mounted there). Below a writable mount of a restored volume they are filled
+// in place through the filler (waiting for that container); below a read-only mount of
+// a GLOBAL copy they are refused, naming the field.
+func TestFillDirsTmpfsMountPoints(t *testing.T) {
+	b := snapBackend(t, 0)
+	b.cfg.Namespace, b.cfg.RunnerID, b.cfg.AgentImage, b.cfg.TerminationGrace = "ns", "r1", "agent:1", 10e9
+	d := prepareEmpty(t, b)
+	plan := func(t *testing.T, spec *runtime.Spec) (restore, error) {
+		t.Helper()
+		if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
+			t.Fatal(err)
+		}
+		p, rel, err := b.planRestores(spec)
+		rel()
+		if err != nil {
+			return restore{}, err
+		}
+		if len(p) == 0 {
+			t.Fatal("nothing planned")
+		}
+		return p[len(p)-1], nil
+	}
+
+	// A read-only root: /var/tmp is a tmpfs mounted below the volume's mount at /var.
+	ro := scratchSpec(d, "", wm("/var", "", false))
+	ro.Security = &runtime.Security{ReadOnlyRootFS: true}
+	if r, err := plan(t, ro); err != nil || r.container != containerFiller || !slices.Equal(r.subDirs, []string{"tmp"}) || !slices.Equal(r.waitFor, []string{""}) {
+		t.Errorf("read-only root, volume at /var: %+v, %v; want the filler, sub_dirs tmp after the primary", r, err)
+	}
+	// A volume mounted at /var/tmp itself takes that path: no tmpfs there, nothing made.
+	ro2 := scratchSpec(d, "", wm("/var/tmp", "", false))
+	ro2.Security = &runtime.Security{ReadOnlyRootFS: true}
+	if r, err := plan(t, ro2); err != nil || r.container != "" || len(r.subDirs) != 0 {
+		t.Errorf("read-only root, volume at /var/tmp: %+v, %v; want the primary's agent", r, err)
+	}
+
+	// A group: the sidecar's tmpfs /w/cache below its mount of the volume.
+	grp := scratchSpec(d, "", wm("/w", "", false))
+	grp.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sh", VolumeMounts: []runtime.VolumeMount{wm("/w", "", false)}, Tmpfs: []string{"/w/cache"}}}
+	if r, err := plan(t, grp); err != nil || r.container != containerFiller || !slices.Equal(r.subDirs, []string{"cache"}) || !slices.Equal(r.waitFor, []string{"side"}) {
+		t.Errorf("group, tmpfs below the mount: %+v, %v; want the filler, sub_dirs cache after side", r, err)
+	}
+
+	// A GLOBAL copy mounted read-only at /data with a tmpfs below it: refused.
+	g := globalSpec(d)
+	g.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sh",
+		VolumeMounts: []runtime.VolumeMount{{Volume: "g", Path: "/data", ReadOnly: true}}, Tmpfs: []string{"/data/t"}}}
+	if _, err := plan(t, g); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "tmpfs") || !strings.Contains(err.Error(), "/data/t") {
+		t.Errorf("GLOBAL copy, tmpfs below a read-only mount: %v, want ErrInvalidSpec naming the tmpfs", err)
+	}
+}

@@ -490,8 +490,10 @@ func fillDirs(spec *runtime.Spec, volume string) (dirs, waitFor []string, err er
 //     emptyDir) and bind-mounts it when it creates the container.
 //   - A container's working directory below a mount of the volume, and a mount point of
 //     another mount nested below one (the deepest mount holding the path is of the
-//     volume): the container runtime (runc) makes them, root 0755, when it creates the
-//     container, in the mounted directory of the copy. Each is the path inside the copy:
+//     volume; podMountPoints: a volume mount, a group container's tmpfs path, or under a
+//     read-only root filesystem a ReadOnlyWritablePaths tmpfs such as /tmp): the
+//     container runtime (runc) makes them, root 0755, when it creates the container, in
+//     the mounted directory of the copy. Each is the path inside the copy:
 //     the mount's sub_path joined with the path below its mount path.
 //
 // So the copy is filled once every one of these containers is created (its agent
@@ -554,8 +556,8 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 		if add(below(c.WorkingDir, true, "working_dir")) {
 			made = true
 		}
-		for _, m := range c.VolumeMounts {
-			if add(below(m.Path, false, "the mount point (volume_mounts[].mount_path)")) {
+		for _, p := range podMountPoints(spec, c) {
+			if add(below(p.path, false, p.field)) {
 				made = true
 			}
 		}
@@ -567,6 +569,40 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 		}
 	}
 	return dirs, containers, nil
+}
+
+// mountPoint is a path where c's Pod container has a mount, and the spec field it comes of.
+type mountPoint struct{ path, field string }
+
+// podMountPoints are the mount points of c's Pod container, as the Pod is built: its
+// volume mounts; in a group (multi.go containerMounts), its tmpfs paths (memory emptyDirs
+// of its own); and, under a read-only root filesystem, the memory emptyDirs keeping
+// runtime.ReadOnlyWritablePaths writable (security.go volumesFor, containerMounts), each
+// unless something else is mounted at its path. runc makes each mount point in whatever
+// is mounted above it, a volume's copy included.
+func podMountPoints(spec *runtime.Spec, c *runtime.Container) []mountPoint {
+	var out []mountPoint
+	taken := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		out = append(out, mountPoint{m.Path, "the mount point (volume_mounts[].mount_path)"})
+		taken[m.Path] = true
+	}
+	if spec.Multi() {
+		for _, p := range c.Tmpfs {
+			if !taken[p] {
+				out = append(out, mountPoint{p, "the tmpfs mount point (tmpfs)"})
+				taken[p] = true
+			}
+		}
+	}
+	if c.Security != nil && c.Security.ReadOnlyRootFS {
+		for _, p := range runtime.ReadOnlyWritablePaths {
+			if !taken[p] {
+				out = append(out, mountPoint{p, "the writable tmpfs mount point a read-only root filesystem keeps (security)"})
+			}
+		}
+	}
+	return out
 }
 
 // planRestores checks spec's restored volumes before anything is made: each has its
