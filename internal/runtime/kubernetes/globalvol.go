@@ -26,10 +26,13 @@ import (
 // GLOBAL volume copies (runtime.Volume.Global, docs/volumes.md) on Kubernetes.
 //
 // A copy is a sized emptyDir restored from the volume's committed generation, like a
-// scratch volume restored from a snapshot (snapshot.go), with one difference: it is
-// filled through the filler, a runner-owned container of the Pod (containerFiller, the
-// agent image running sandbox-agent, never the workload's image), which mounts every
-// restored GLOBAL copy writable at fillerDir/<volume index>. The workload's own mounts
+// scratch volume restored from a snapshot (snapshot.go), and always filled through the
+// filler, a runner-owned container of the Pod (containerFiller, the agent image running
+// sandbox-agent, never the workload's image), which mounts every restored GLOBAL copy
+// writable at fillerDir/<volume index>; so is a restored scratch volume that no
+// workload agent can fill alone (snapshot.go fillsInPlace: mounted by sub_path,
+// read-only only, or with directories made below its mount), a disk one only
+// (planRestores refuses a memory one: its pages would be the filler's). The workload's own mounts
 // may then all be read-only. The filler's agent starts in standby; the runner reaches
 // it through the gate (TLS server name containerFiller, its own run emptyDir under
 // gate.ContainersDir, its own identity, verified on every connection), streams the
@@ -49,7 +52,8 @@ import (
 //
 // The filler is not a container of the spec: DialAgent (the runner's exec, files,
 // logs) refuses its name; only the backend's restore reaches it. A spec container
-// called containerFiller is refused when the spec has a GLOBAL copy to fill.
+// called containerFiller is refused when the spec has a volume to fill or commit
+// through the filler (checkFiller).
 //
 // A writer (a copy with Global.CommitGeneration > 0, the gateway's write lease) is
 // committed as on the local backend: the runner archives the copy after the workload
@@ -177,9 +181,11 @@ func fillerSecurityContext() *corev1.SecurityContext {
 	}
 }
 
-// addFiller adds the filler to pod when spec has GLOBAL copies to fill: its container
-// (mounting each copy's emptyDir, vol-<i>, writable), its run emptyDir (also mounted in
-// the gate under gate.ContainersDir) and its config (the sandbox's Secret).
+// addFiller adds the filler to pod when spec has volumes to fill or a GLOBAL copy to
+// commit through it (needsFiller: GLOBAL copies, restored scratch volumes no workload
+// agent fills alone): its container (mounting each such volume's emptyDir, vol-<i>,
+// writable), its run emptyDir (also mounted in the gate under gate.ContainersDir) and
+// its config (the sandbox's Secret).
 func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 	if !needsFiller(spec) {
 		return

@@ -29,9 +29,12 @@ import (
 
 // File-system snapshots of scratch volumes (runtime.VolumeCapturer, runtime.SnapshotCache).
 //
-// A scratch volume is an emptyDir on the node, out of the runner's reach: both ways go
+// A scratch volume is an emptyDir on the node, out of the runner's reach: a capture goes
 // through the agent of a container that mounts the volume's root (the primary first),
-// over the pinned gate channel.
+// over the pinned gate channel, and so does a restore, unless no workload agent can fill
+// it alone (fillsInPlace), when the runner's filler does (globalvol.go). A volume
+// restored into sub_path mounts only runs, but no container
+// mounts its root to capture it again (CaptureVolume refuses it).
 //
 // Capture: the agent archives the mounted directory (AgentService.ArchivePath,
 // fsarchive.Write, owners as the container sees them) while the workload runs: nothing
@@ -50,10 +53,13 @@ import (
 // Config.SnapshotCacheBytes (least recently used entries beyond it go, except those a
 // Create is restoring from). A Pod restoring a volume starts its agents in standby
 // (agentconfig.Config.Standby, the mechanism of multi-container Pods): once the agent
-// of the container mounting the volume answers, the runner streams the cached archive
-// to it (AgentService.ExtractPath: fsarchive.Extract into the empty mount, within the
-// limits PrepareSnapshot was given) and only then starts the main commands, so the
-// volume is filled before any of the sandbox's own code runs. Init containers run
+// filling the volume answers (the first container mounting its root writable; or, when
+// a container makes a directory in it when created or none mounts its root writable,
+// the filler, after every container making one: fillDirs), the runner streams the
+// cached archive to it (AgentService.ExtractPath: fsarchive.Extract into the empty
+// mount, in place around those directories, within the limits PrepareSnapshot was
+// given) and only then starts the main commands, so the volume is filled before any of
+// the sandbox's own code runs. Init containers run
 // before that (the kubelet starts them): a restored volume mounted by one is refused.
 
 var digestRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -606,9 +612,12 @@ func podMountPoints(spec *runtime.Spec, c *runtime.Container) []mountPoint {
 }
 
 // planRestores checks spec's restored volumes before anything is made: each has its
-// archive cached and a container mounting its root writable, and no init container
-// (which runs before the restore) mounts it. The archives are marked in use until
-// release.
+// archive cached and is filled either by the agent of a container mounting its root
+// writable (fillsInPlace) or, a GLOBAL copy or a disk scratch volume otherwise, by the
+// filler into the directories the kubelet and runc make (fillDirs, its bounds); a
+// memory scratch volume needing the filler is refused, as is a restored volume an init
+// container (which runs before the restore) mounts, and GLOBAL copies whose sizes add up
+// to more than maxFillerCopiesBytes. The archives are marked in use until release.
 func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func(), err error) {
 	release = func() {}
 	if n := globalCopiesBytes(spec); n > maxFillerCopiesBytes {
