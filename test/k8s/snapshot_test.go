@@ -94,7 +94,7 @@ func volumeSpec(medium string) runtime.Spec {
 // snapshotted through the agent while the sandbox runs, and a new sandbox restoring it
 // finds the content (files, a directory, a symlink, modes) before its first command;
 // a delete's snapshot is taken before the Pod goes and restores into a memory volume;
-// a restore a container cannot take (the volume mounted read-only only) is refused.
+// a volume mounted read-only only is filled through the runner's filler.
 func TestVolumeSnapshot(t *testing.T) {
 	s := snapshotStack(t)
 	r := s.Runner
@@ -198,15 +198,21 @@ func TestVolumeSnapshot(t *testing.T) {
 		t.Errorf("primary's read-only view: %q %q", res.Stdout, res.Stderr)
 	}
 
-	// Only a read-only mount: refused.
+	// Only a read-only mount: filled through the runner's filler.
 	ro := volumeSpec("")
 	ro.VolumeMounts[0].ReadOnly = true
-	if rs, err := r.Create(ctx, runner.CreateRequest{Spec: ro, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job, key)}}); err != nil {
-		t.Logf("read-only restore refused: %v", err)
-	} else if end := terminal(t, r, rs.ID); end.State != runner.StateFailed || !strings.Contains(end.Message, "read-only") {
-		t.Errorf("restore into a read-only mount: %s (%s: %s), want FAILED naming the read-only mount", end.State, end.Reason, end.Message)
+	rs, err := r.Create(ctx, runner.CreateRequest{Spec: ro, Restores: map[string]runner.SnapshotSource{"work": sourceOf(job, key)}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, id := range []string{src.ID, mem.ID, g.ID} {
+	if sb := waitState(t, r, rs.ID, 2*time.Minute, running); sb.State != runner.StateRunning {
+		t.Fatalf("restored into a read-only mount: %s (%s: %s)", sb.State, sb.Reason, sb.Message)
+	}
+	res = exec(t, r, rs.ID, "sh", "-c", "cat /work/dir/sub/f.txt; touch /work/x 2>/dev/null && echo writable")
+	if got, want := string(res.Stdout), "hello\n"; got != want {
+		t.Errorf("read-only restored volume: %q, want %q (stderr %q)", got, want, res.Stderr)
+	}
+	for _, id := range []string{src.ID, mem.ID, g.ID, rs.ID} {
 		if _, err := r.Delete(id, time.Second); err != nil {
 			t.Error(err)
 		}
@@ -318,4 +324,111 @@ func execB(b *testing.B, r *runner.Runner, id string, argv ...string) *agentv1.E
 		b.Fatalf("exec %v: exit %d: %s", argv, res.Msg.ExitCode, res.Msg.Stderr)
 	}
 	return res.Msg
+}
+
+// TestVolumeSnapshotSubPath: a snapshot of a scratch volume with content under a/b
+// restores into a sandbox mounting the volume at its root and by sub_path a/b: the
+// kubelet makes a/b in the empty volume when it creates that container, and the fill
+// (through the runner's filler, after that container is created) fills that very
+// directory, so both views show the snapshot: a group (the primary at the root, the
+// sidecar by sub_path, its command reading it as it starts), one container mounting
+// it twice (a write at the root shows in the sub_path mount), and one mounting only the
+// sub_path. A snapshot whose a/b is a symlink (to /) is refused naming it, and the
+// sandbox never runs.
+func TestVolumeSnapshotSubPath(t *testing.T) {
+	s := snapshotStack(t)
+	r := s.Runner
+	ctx := context.Background()
+	src, err := r.Create(ctx, runner.CreateRequest{Spec: volumeSpec("")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, r, src.ID, 2*time.Minute, running)
+	res := exec(t, r, src.ID, "sh", "-c", `set -e; mkdir -p /work/a/b/c; echo inner > /work/a/b/f; echo top > /work/top; chmod 0750 /work/a/b; echo ok`)
+	if strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Fatalf("write: %q %q", res.Stdout, res.Stderr)
+	}
+	key := "fss/org/subpath1.tar.zst"
+	if _, err := r.SnapshotVolume(ctx, src.ID, runner.SnapshotTarget{Volume: "work", SnapshotID: "subpath1", BlobKey: key, MaxSizeBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	job := waitSnapshot(t, r, "subpath1")
+	// The hostile one: a/b a symlink to /.
+	exec(t, r, src.ID, "sh", "-c", "rm -rf /work/a/b && ln -s / /work/a/b")
+	key2 := "fss/org/subpath2.tar.zst"
+	if _, err := r.SnapshotVolume(ctx, src.ID, runner.SnapshotTarget{Volume: "work", SnapshotID: "subpath2", BlobKey: key2, MaxSizeBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	job2 := waitSnapshot(t, r, "subpath2")
+	restores := map[string]runner.SnapshotSource{"work": sourceOf(job, key)}
+	var ids []string
+	up := func(what string, spec runtime.Spec) string {
+		t.Helper()
+		sb, err := r.Create(ctx, runner.CreateRequest{Spec: spec, Restores: restores})
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		ids = append(ids, sb.ID)
+		if got := waitState(t, r, sb.ID, 2*time.Minute, running); got.State != runner.StateRunning {
+			t.Fatalf("%s: %s (%s: %s)", what, got.State, got.Reason, got.Message)
+		}
+		return sb.ID
+	}
+
+	// A group: the primary at the root, the sidecar by sub_path a/b.
+	grp := volumeSpec("")
+	grp.Container.Name = "app"
+	grp.Sidecars = []runtime.Container{{Name: "side", Image: busybox, Command: "sh", Args: []string{"-c", "cat /ab/f > /tmp/first; exec sleep 3600"},
+		VolumeMounts: []runtime.VolumeMount{{Volume: "work", Path: "/ab", SubPath: "a/b"}}}}
+	g := up("group", grp)
+	if res := exec(t, r, g, "sh", "-c", "cat /work/top /work/a/b/f; stat -c %a /work/a/b"); string(res.Stdout) != "top\ninner\n750\n" {
+		t.Errorf("group, the primary's root view: %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+	actx, acancel := context.WithTimeout(ctx, 30*time.Second)
+	defer acancel()
+	side, err := r.Agent(actx, g, "side")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sres, err := side.Exec(actx, connect.NewRequest(&agentv1.ExecRequest{Command: []string{"sh", "-c", "cat /tmp/first; ls /ab; stat -c %a /ab"}}))
+	if err != nil || string(sres.Msg.Stdout) != "inner\nc\nf\n750\n" {
+		t.Errorf("group, the sidecar's sub_path view: %v %v; want the snapshot's a/b (its f, c and mode 0750)", sres, err)
+	}
+
+	// One container mounting it twice: the root and a/b (read-only).
+	twice := volumeSpec("")
+	twice.VolumeMounts = append(twice.VolumeMounts, runtime.VolumeMount{Volume: "work", Path: "/ab", SubPath: "a/b", ReadOnly: true})
+	tw := up("two mounts", twice)
+	res = exec(t, r, tw, "sh", "-c", "cat /ab/f /work/top; echo later > /work/a/b/g; cat /ab/g; touch /ab/x 2>/dev/null && echo writable")
+	if got, want := string(res.Stdout), "inner\ntop\nlater\n"; got != want {
+		t.Errorf("two mounts: %q, want %q (stderr %q): one directory, the sub_path read-only", got, want, res.Stderr)
+	}
+
+	// Only the sub_path mounted.
+	only := volumeSpec("")
+	only.VolumeMounts = []runtime.VolumeMount{{Volume: "work", Path: "/ab", SubPath: "a/b"}}
+	on := up("sub_path only", only)
+	if res := exec(t, r, on, "sh", "-c", "cat /ab/f; ls /ab"); string(res.Stdout) != "inner\nc\nf\n" {
+		t.Errorf("sub_path only: %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+
+	// a/b a symlink to / in the snapshot: refused naming it, never running.
+	restores = map[string]runner.SnapshotSource{"work": sourceOf(job2, key2)}
+	if sb, err := r.Create(ctx, runner.CreateRequest{Spec: grp, Restores: restores}); err != nil {
+		if !strings.Contains(err.Error(), "a/b") || !strings.Contains(err.Error(), "symlink") {
+			t.Errorf("symlink at the sub_path: refused for another reason: %v", err)
+		}
+	} else {
+		end := waitState(t, r, sb.ID, 2*time.Minute, running)
+		if end.State != runner.StateFailed || !strings.Contains(end.Message, "a/b") || !strings.Contains(end.Message, "symlink") {
+			t.Errorf("symlink at the sub_path: %s (%s: %s), want FAILED naming a/b and the symlink", end.State, end.Reason, end.Message)
+		} else {
+			t.Logf("symlink at the sub_path: %s", end.Message)
+		}
+	}
+	for _, id := range append(ids, src.ID) {
+		if _, err := r.Delete(id, time.Second); err != nil {
+			t.Error(err)
+		}
+	}
 }

@@ -212,7 +212,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		data[gate.HelloKeyFile] = s.helloKey
 	}
 	if needsFiller(spec) {
-		// The GLOBAL volume filler's agent (globalvol.go).
+		// The volume filler's agent (globalvol.go): GLOBAL copies, restored scratch volumes.
 		cfg, ident, err := fillerConfig(spec.ID)
 		if err != nil {
 			return runtime.Info{}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -25,10 +26,13 @@ import (
 // GLOBAL volume copies (runtime.Volume.Global, docs/volumes.md) on Kubernetes.
 //
 // A copy is a sized emptyDir restored from the volume's committed generation, like a
-// scratch volume restored from a snapshot (snapshot.go), with one difference: it is
-// filled through the filler, a runner-owned container of the Pod (containerFiller, the
-// agent image running sandbox-agent, never the workload's image), which mounts every
-// restored GLOBAL copy writable at fillerDir/<volume index>. The workload's own mounts
+// scratch volume restored from a snapshot (snapshot.go), and always filled through the
+// filler, a runner-owned container of the Pod (containerFiller, the agent image running
+// sandbox-agent, never the workload's image), which mounts every restored GLOBAL copy
+// writable at fillerDir/<volume index>; so is a restored scratch volume that no
+// workload agent can fill alone (snapshot.go fillsInPlace: mounted by sub_path,
+// read-only only, or with directories made below its mount), a disk one only
+// (planRestores refuses a memory one: its pages would be the filler's). The workload's own mounts
 // may then all be read-only. The filler's agent starts in standby; the runner reaches
 // it through the gate (TLS server name containerFiller, its own run emptyDir under
 // gate.ContainersDir, its own identity, verified on every connection), streams the
@@ -48,7 +52,8 @@ import (
 //
 // The filler is not a container of the spec: DialAgent (the runner's exec, files,
 // logs) refuses its name; only the backend's restore reaches it. A spec container
-// called containerFiller is refused when the spec has a GLOBAL copy to fill.
+// called containerFiller is refused when the spec has a volume to fill or commit
+// through the filler (checkFiller).
 //
 // A writer (a copy with Global.CommitGeneration > 0, the gateway's write lease) is
 // committed as on the local backend: the runner archives the copy after the workload
@@ -80,20 +85,26 @@ const (
 	fillerVolConfig = "filler-config"
 )
 
-// filled reports whether volume v is a GLOBAL copy restored through the filler.
-func filled(v *runtime.Volume) bool { return v.Global != nil && v.RestoreDigest != "" }
+// filled reports whether spec's volume i is restored through the filler: a GLOBAL copy
+// restored from its generation, or a scratch volume restored from a snapshot that a
+// container mounts but that no workload agent can fill alone (snapshot.go fillsInPlace).
+func filled(spec *runtime.Spec, i int) bool {
+	v := &spec.Volumes[i]
+	return v.RestoreDigest != "" && (v.Global != nil || !fillsInPlace(spec, v.Name))
+}
 
 // committed reports whether volume v is a GLOBAL writer's copy, archived through the
 // filler when the workload has stopped.
 func committed(v *runtime.Volume) bool { return v.Global != nil && v.Global.CommitGeneration > 0 }
 
-// viaFiller reports whether the filler mounts volume v.
-func viaFiller(v *runtime.Volume) bool { return filled(v) || committed(v) }
+// viaFiller reports whether the filler mounts spec's volume i.
+func viaFiller(spec *runtime.Spec, i int) bool { return filled(spec, i) || committed(&spec.Volumes[i]) }
 
-// needsFiller reports whether spec has a GLOBAL copy to fill or to commit.
+// needsFiller reports whether spec has a volume to fill or a GLOBAL copy to commit
+// through the filler.
 func needsFiller(spec *runtime.Spec) bool {
 	for i := range spec.Volumes {
-		if viaFiller(&spec.Volumes[i]) {
+		if viaFiller(spec, i) {
 			return true
 		}
 	}
@@ -138,7 +149,7 @@ func checkFiller(spec *runtime.Spec) error {
 }
 
 func fillerNameErr() error {
-	return fmt.Errorf("%w: container name %q is reserved on Kubernetes in a sandbox mounting a GLOBAL volume", runtime.ErrInvalidSpec, containerFiller)
+	return fmt.Errorf("%w: container name %q is reserved on Kubernetes in a sandbox mounting a GLOBAL volume or restoring a volume through the runner's filler", runtime.ErrInvalidSpec, containerFiller)
 }
 
 // fillerConfig is the filler agent's config (held in standby) and its identity.
@@ -170,9 +181,11 @@ func fillerSecurityContext() *corev1.SecurityContext {
 	}
 }
 
-// addFiller adds the filler to pod when spec has GLOBAL copies to fill: its container
-// (mounting each copy's emptyDir, vol-<i>, writable), its run emptyDir (also mounted in
-// the gate under gate.ContainersDir) and its config (the sandbox's Secret).
+// addFiller adds the filler to pod when spec has volumes to fill or a GLOBAL copy to
+// commit through it (needsFiller: GLOBAL copies, restored scratch volumes no workload
+// agent fills alone): its container (mounting each such volume's emptyDir, vol-<i>,
+// writable), its run emptyDir (also mounted in the gate under gate.ContainersDir) and
+// its config (the sandbox's Secret).
 func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 	if !needsFiller(spec) {
 		return
@@ -182,23 +195,27 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		{Name: fillerVolRun, MountPath: gate.RunDir},
 		{Name: fillerVolConfig, MountPath: gate.ConfigDir, ReadOnly: true},
 	}
-	var copies int64 // the filled copies' sizes (their emptyDirs' sizeLimits)
 	for i := range spec.Volumes {
-		if viaFiller(&spec.Volumes[i]) {
+		if viaFiller(spec, i) {
 			mounts = append(mounts, corev1.VolumeMount{Name: "vol-" + strconv.Itoa(i), MountPath: fillerPath(i)})
-			copies += spec.Volumes[i].SizeBytes
 		}
 	}
+	// The filler's memory limit is its own (the agent's extraction), never a volume's: a
+	// memory volume through the filler is refused (planRestores), since its pages would
+	// be charged to the filler and lift the Pod's limit by a caller-chosen size.
 	res := corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 	}
-	if copies > 0 && podLimitsEphemeral(pod) {
+	if copies := globalCopiesBytes(spec); copies > 0 && podLimitsEphemeral(pod) {
 		// The kubelet evicts a Pod whose ephemeral storage (its containers' writable
 		// layers and logs, and its disk emptyDirs, the copies included) exceeds the sum
 		// of its containers' limits, which is otherwise the primary's disk alone: the
-		// copies' sizes go on the filler's limit (a cap, not a reservation: request 0),
-		// so a full copy never gets the Pod evicted and the primary keeps its own bound.
+		// GLOBAL copies' sizes (bounded by the volume's policy) go on the filler's limit
+		// (a cap, not a reservation: request 0), so a full copy never gets the Pod
+		// evicted and the primary keeps its own bound. A restored scratch volume's size
+		// (the caller's choice) does not: it stays within the Pod's own disk, as when a
+		// workload agent fills it.
 		res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(copies, resource.BinarySI)
 		res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
 	}
@@ -235,6 +252,33 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 	})
 }
 
+// maxFillerCopiesBytes bounds the GLOBAL copies' sizes the filler's ephemeral-storage
+// limit takes (globalCopiesBytes): far above any sane policy, far below int64's range.
+const maxFillerCopiesBytes = 1 << 46 // 64 TiB
+
+// addBytes is a + b, saturating at math.MaxInt64 (sizes are caller input, each up to
+// 2^62; negative ones count as 0).
+func addBytes(a, b int64) int64 {
+	a, b = max(a, 0), max(b, 0)
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// globalCopiesBytes is the saturating sum of the sizes of spec's GLOBAL copies the
+// filler mounts: what its ephemeral-storage limit takes (planRestores refuses a sum
+// above maxFillerCopiesBytes).
+func globalCopiesBytes(spec *runtime.Spec) int64 {
+	var n int64
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Global != nil && viaFiller(spec, i) {
+			n = addBytes(n, spec.Volumes[i].SizeBytes)
+		}
+	}
+	return n
+}
+
 // podLimitsEphemeral reports whether a container of pod has an ephemeral-storage limit
 // (the primary, given a disk size): only then does the Pod have one (with none, the
 // filler's alone would bound the whole Pod by the copies' sizes).
@@ -262,7 +306,7 @@ func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
 		return nil
 	}
 	if _, err := b.agentClient(s.id, containerFiller).Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: fillerNoop})); err != nil {
-		return fmt.Errorf("end the GLOBAL volume filler: %w", err)
+		return fmt.Errorf("end the volume filler: %w", err)
 	}
 	return nil
 }

@@ -1010,7 +1010,7 @@ func sandboxFromSecret(id string, sec *corev1.Secret) (*sandbox, error) {
 	if needsFiller(&spec) {
 		var c agentconfig.Config
 		if err := json.Unmarshal(sec.Data[fillerConfigKey], &c); err != nil {
-			return nil, fmt.Errorf("agent config of the GLOBAL volume filler: %w", err)
+			return nil, fmt.Errorf("agent config of the volume filler: %w", err)
 		}
 		s.idents = map[string]*agentconfig.Identity{containerFiller: c.Identity}
 	}

@@ -29,9 +29,12 @@ import (
 
 // File-system snapshots of scratch volumes (runtime.VolumeCapturer, runtime.SnapshotCache).
 //
-// A scratch volume is an emptyDir on the node, out of the runner's reach: both ways go
+// A scratch volume is an emptyDir on the node, out of the runner's reach: a capture goes
 // through the agent of a container that mounts the volume's root (the primary first),
-// over the pinned gate channel.
+// over the pinned gate channel, and so does a restore, unless no workload agent can fill
+// it alone (fillsInPlace), when the runner's filler does (globalvol.go). A volume
+// restored into sub_path mounts only runs, but no container
+// mounts its root to capture it again (CaptureVolume refuses it).
 //
 // Capture: the agent archives the mounted directory (AgentService.ArchivePath,
 // fsarchive.Write, owners as the container sees them) while the workload runs: nothing
@@ -50,10 +53,13 @@ import (
 // Config.SnapshotCacheBytes (least recently used entries beyond it go, except those a
 // Create is restoring from). A Pod restoring a volume starts its agents in standby
 // (agentconfig.Config.Standby, the mechanism of multi-container Pods): once the agent
-// of the container mounting the volume answers, the runner streams the cached archive
-// to it (AgentService.ExtractPath: fsarchive.Extract into the empty mount, within the
-// limits PrepareSnapshot was given) and only then starts the main commands, so the
-// volume is filled before any of the sandbox's own code runs. Init containers run
+// filling the volume answers (the first container mounting its root writable; or, when
+// a container makes a directory in it when created or none mounts its root writable,
+// the filler, after every container making one: fillDirs), the runner streams the
+// cached archive to it (AgentService.ExtractPath: fsarchive.Extract into the empty
+// mount, in place around those directories, within the limits PrepareSnapshot was
+// given) and only then starts the main commands, so the volume is filled before any of
+// the sandbox's own code runs. Init containers run
 // before that (the kubelet starts them): a restored volume mounted by one is refused.
 
 var digestRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -429,11 +435,57 @@ type restore struct {
 	volume, digest  string
 	container, path string
 	limits          runtime.ArchiveLimits
-	// subDirs, waitFor: a GLOBAL copy's sub_path mounts (subPaths).
+	// subDirs, waitFor: the directories made in the volume before the fill and the
+	// containers making them (fillDirs), for a volume filled through the filler.
 	subDirs, waitFor []string
 }
 
-// subPaths are the directories that exist in volume's (a GLOBAL copy's) empty copy once
+// fillsInPlace reports whether a workload container's agent fills the restored scratch
+// volume (the pre-filler way, kept for it): a container mounts its root writable, and no
+// container makes a directory in it when created (subPaths: no sub_path mount, no
+// working directory or nested mount point below a mount). Otherwise the runner's filler
+// (globalvol.go) fills it as a GLOBAL copy: root with fsarchive's capabilities, mounting
+// the whole volume, whatever the workload's mounts (a sub_path or read-only only), into
+// the kubelet's and the runtime's directories in place (fillDirs). A volume no container
+// mounts is not filled at all (planRestores refuses it).
+func fillsInPlace(spec *runtime.Spec, volume string) bool {
+	mounted := false
+	for _, c := range spec.Containers() {
+		for _, m := range c.VolumeMounts {
+			mounted = mounted || m.Volume == volume
+		}
+	}
+	if !mounted {
+		return true
+	}
+	if _, _, err := volumeMount(spec, volume, true); err != nil {
+		return false
+	}
+	dirs, _, err := subPaths(spec, volume)
+	return err == nil && len(dirs) == 0
+}
+
+// fillDirs is the one home of what a fill through the filler must know of the
+// directories made in the empty volume (a GLOBAL copy or a restored scratch volume):
+// subPaths, at most fsarchive.MaxExisting of them and each one fsarchive takes, else
+// ErrInvalidSpec naming the volume and the fields, before anything is made.
+func fillDirs(spec *runtime.Spec, volume string) (dirs, waitFor []string, err error) {
+	if dirs, waitFor, err = subPaths(spec, volume); err != nil {
+		return nil, nil, err
+	}
+	if len(dirs) > fsarchive.MaxExisting {
+		return nil, nil, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
+			runtime.ErrInvalidSpec, volume, len(dirs), fsarchive.MaxExisting)
+	}
+	if err := fsarchive.CheckExisting(dirs); err != nil {
+		return nil, nil, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path): %w",
+			runtime.ErrInvalidSpec, volume, err)
+	}
+	return dirs, waitFor, nil
+}
+
+// subPaths are the directories that exist in volume's empty copy (a GLOBAL copy, or a
+// scratch volume restored through the filler) once
 // the workload's containers are created, each once, and the runtime names of the
 // containers making them ("" the primary): the fill must wait for those containers and
 // fill those directories in place (ExtractPathRequest sub_dirs,
@@ -444,8 +496,10 @@ type restore struct {
 //     emptyDir) and bind-mounts it when it creates the container.
 //   - A container's working directory below a mount of the volume, and a mount point of
 //     another mount nested below one (the deepest mount holding the path is of the
-//     volume): the container runtime (runc) makes them, root 0755, when it creates the
-//     container, in the mounted directory of the copy. Each is the path inside the copy:
+//     volume; podMountPoints: a volume mount, a group container's tmpfs path, or under a
+//     read-only root filesystem a ReadOnlyWritablePaths tmpfs such as /tmp): the
+//     container runtime (runc) makes them, root 0755, when it creates the container, in
+//     the mounted directory of the copy. Each is the path inside the copy:
 //     the mount's sub_path joined with the path below its mount path.
 //
 // So the copy is filled once every one of these containers is created (its agent
@@ -499,7 +553,7 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 				return ""
 			}
 			if owner.ReadOnly {
-				err = fmt.Errorf("%w: container %s: %s %s is below the read-only mount at %s of GLOBAL volume %q: on Kubernetes the container runtime must make it in the copy before the copy is filled, and cannot through a read-only mount (mount the volume read-write, or use a path outside the mount)",
+				err = fmt.Errorf("%w: container %s: %s %s is below the read-only mount at %s of volume %q, which is filled before the sandbox starts (a GLOBAL volume, or one restored from a snapshot): on Kubernetes the container runtime must make it in the empty volume before the fill, and cannot through a read-only mount (mount the volume read-write, or use a path outside the mount)",
 					runtime.ErrInvalidSpec, c.ContainerName(), field, p, owner.Path, volume)
 				return ""
 			}
@@ -508,8 +562,8 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 		if add(below(c.WorkingDir, true, "working_dir")) {
 			made = true
 		}
-		for _, m := range c.VolumeMounts {
-			if add(below(m.Path, false, "the mount point (volume_mounts[].mount_path)")) {
+		for _, p := range podMountPoints(spec, c) {
+			if add(below(p.path, false, p.field)) {
 				made = true
 			}
 		}
@@ -523,12 +577,53 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 	return dirs, containers, nil
 }
 
+// mountPoint is a path where c's Pod container has a mount, and the spec field it comes of.
+type mountPoint struct{ path, field string }
+
+// podMountPoints are the mount points of c's Pod container, as the Pod is built: its
+// volume mounts; in a group (multi.go containerMounts), its tmpfs paths (memory emptyDirs
+// of its own); and, under a read-only root filesystem, the memory emptyDirs keeping
+// runtime.ReadOnlyWritablePaths writable (security.go volumesFor, containerMounts), each
+// unless something else is mounted at its path. runc makes each mount point in whatever
+// is mounted above it, a volume's copy included.
+func podMountPoints(spec *runtime.Spec, c *runtime.Container) []mountPoint {
+	var out []mountPoint
+	taken := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		out = append(out, mountPoint{m.Path, "the mount point (volume_mounts[].mount_path)"})
+		taken[m.Path] = true
+	}
+	if spec.Multi() {
+		for _, p := range c.Tmpfs {
+			if !taken[p] {
+				out = append(out, mountPoint{p, "the tmpfs mount point (tmpfs)"})
+				taken[p] = true
+			}
+		}
+	}
+	if c.Security != nil && c.Security.ReadOnlyRootFS {
+		for _, p := range runtime.ReadOnlyWritablePaths {
+			if !taken[p] {
+				out = append(out, mountPoint{p, "the writable tmpfs mount point a read-only root filesystem keeps (security)"})
+			}
+		}
+	}
+	return out
+}
+
 // planRestores checks spec's restored volumes before anything is made: each has its
-// archive cached and a container mounting its root writable, and no init container
-// (which runs before the restore) mounts it. The archives are marked in use until
-// release.
+// archive cached and is filled either by the agent of a container mounting its root
+// writable (fillsInPlace) or, a GLOBAL copy or a disk scratch volume otherwise, by the
+// filler into the directories the kubelet and runc make (fillDirs, its bounds); a
+// memory scratch volume needing the filler is refused, as is a restored volume an init
+// container (which runs before the restore) mounts, and GLOBAL copies whose sizes add up
+// to more than maxFillerCopiesBytes. The archives are marked in use until release.
 func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func(), err error) {
 	release = func() {}
+	if n := globalCopiesBytes(spec); n > maxFillerCopiesBytes {
+		return nil, release, fmt.Errorf("%w: the GLOBAL volumes' sizes add up to more than %d bytes, the most the runner's filler takes on Kubernetes",
+			runtime.ErrInvalidSpec, int64(maxFillerCopiesBytes))
+	}
 	for i, v := range spec.Volumes {
 		if v.RestoreDigest == "" {
 			continue
@@ -547,9 +642,18 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 			}
 		}
 		var container, path string
-		if filled(&v) {
-			// A GLOBAL copy: through the filler (globalvol.go), whatever the workload's mounts.
+		viaFill := filled(spec, i)
+		if viaFill {
+			// A GLOBAL copy, or a scratch volume no workload agent fills alone
+			// (fillsInPlace): through the filler (globalvol.go), whatever the workload's mounts.
 			container, path = containerFiller, fillerPath(i)
+			if v.Global == nil && v.Medium == runtime.MediumMemory {
+				// Its tmpfs pages would be charged to the filler, and the Pod's memory
+				// limit would have to take the volume's size (the caller's) on top of
+				// the sandbox's memory, with no request behind it.
+				return nil, release, fmt.Errorf("%w: memory volume %q is restored from a snapshot and mounted by sub_path, read-only only, or with a working directory or mount point below its mount: on Kubernetes such a volume is filled by the runner's filler, which a memory volume cannot be (its pages would be charged outside the sandbox's memory); mount it at its root, writable, in one container, with no sub_path mounts of it and no directories below its mount",
+					runtime.ErrInvalidSpec, v.Name)
+			}
 		} else if container, path, err = volumeMount(spec, v.Name, true); err != nil {
 			return nil, release, fmt.Errorf("%w: restore from a snapshot: %w", runtime.ErrInvalidSpec, err)
 		}
@@ -564,17 +668,9 @@ func (b *Backend) planRestores(spec *runtime.Spec) (plan []restore, release func
 			limits.MaxBytes = v.SizeBytes
 		}
 		r := restore{volume: v.Name, digest: v.RestoreDigest, container: container, path: path, limits: limits}
-		if filled(&v) {
-			if r.subDirs, r.waitFor, err = subPaths(spec, v.Name); err != nil {
+		if viaFill {
+			if r.subDirs, r.waitFor, err = fillDirs(spec, v.Name); err != nil {
 				return nil, release, err
-			}
-			if len(r.subDirs) > fsarchive.MaxExisting {
-				return nil, release, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
-					runtime.ErrInvalidSpec, v.Name, len(r.subDirs), fsarchive.MaxExisting)
-			}
-			if err := fsarchive.CheckExisting(r.subDirs); err != nil {
-				return nil, release, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path): %w",
-					runtime.ErrInvalidSpec, v.Name, err)
 			}
 		}
 		plan = append(plan, r)

@@ -166,9 +166,10 @@ func TestPrepareSnapshotCache(t *testing.T) {
 	}
 }
 
-// Restores are refused before anything is made when no container mounts the volume's
-// root writable, an init container mounts it, or its archive is not prepared; a
-// sidecar's mount is used when the primary has none.
+// Restores are refused before anything is made when no container mounts the volume,
+// an init container mounts it, or its archive is not prepared; a sidecar's mount is
+// used when the primary has none (one mounted only by sub-path or read-only goes
+// through the filler: TestScratchRestoreThroughFiller).
 func TestPlanRestores(t *testing.T) {
 	b := snapBackend(t, 0)
 	d := digestOfBytes([]byte("x"))
@@ -183,8 +184,6 @@ func TestPlanRestores(t *testing.T) {
 		spec runtime.Spec
 		want string
 	}{
-		"sub-path":  {runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d", SubPath: "s"}}}, Volumes: vols}, "sub-path"},
-		"read-only": {runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d", ReadOnly: true}}}, Volumes: vols}, "read-only"},
 		"unmounted": {runtime.Spec{Volumes: vols}, "no container mounts it"},
 		"init": {runtime.Spec{Container: runtime.Container{VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d"}}}, Volumes: vols,
 			InitContainers: []runtime.Container{{Name: "setup", VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/d"}}}}}, "init container setup"},
