@@ -749,7 +749,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 		default:
 		}
 		b.mu.Unlock()
-		if err := startError(pod); err != nil {
+		if err := startError(pod, &s.spec); err != nil {
 			return runtime.Info{}, err
 		}
 		if ended {

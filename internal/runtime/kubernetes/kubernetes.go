@@ -850,6 +850,13 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 				// Not yet running (a Create cut short by the restart): report it as
 				// vanished and let the runner destroy it.
 				ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's Pod was not running when the runner started", At: time.Now().UTC()}
+				if serr := startError(pod, &s.spec); serr != nil {
+					// One of its containers cannot be created or started (or its image
+					// pulled): it never will be, whatever its agent answers. Said as
+					// Create would have said it.
+					notRunning = false
+					ex = recoveredStartExit(serr)
+				}
 				rec.Exit = &ex
 			}
 		}
@@ -920,6 +927,22 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		b.prepull.cleanup(ctx)
 	}
 	return out, nil
+}
+
+// recoveredStartExit is the exit Recover reports for a Pod that startError says cannot
+// start: the reason the runner gives such a failed Create (StartError for the spec's
+// fault, ImagePullFailed for an image, BackendError for the runner's own) and the
+// error's text.
+func recoveredStartExit(err error) runtime.Exit {
+	reason := "BackendError"
+	switch {
+	case errors.Is(err, runtime.ErrImageNotFound), errors.Is(err, runtime.ErrImageUnauthorized),
+		errors.Is(err, runtime.ErrRegistry), errors.Is(err, runtime.ErrInvalidImageRef):
+		reason = "ImagePullFailed"
+	case errors.Is(err, runtime.ErrInvalidSpec):
+		reason = "StartError"
+	}
+	return runtime.Exit{Reason: reason, Message: err.Error(), At: time.Now().UTC()}
 }
 
 var _ runtime.LateInfoWaiter = (*Backend)(nil)

@@ -525,10 +525,12 @@ func (b *Backend) waitPod(ctx context.Context, s *sandbox, done func(*corev1.Pod
 		pod, ch := s.pod, s.changed
 		b.mu.Unlock()
 		if pod != nil {
-			if ok, err := done(pod); ok || err != nil {
+			// A container that could not be created first: an init container that the
+			// runtime failed to start is terminated too (done would take it for run).
+			if err := startError(pod, &s.spec); err != nil {
 				return pod, err
 			}
-			if err := startError(pod); err != nil {
+			if ok, err := done(pod); ok || err != nil {
 				return pod, err
 			}
 		}
@@ -571,7 +573,7 @@ func (b *Backend) waitAgent(ctx context.Context, s *sandbox, name string) error 
 		b.mu.Lock()
 		pod := s.pod
 		b.mu.Unlock()
-		if serr := startError(pod); serr != nil {
+		if serr := startError(pod, &s.spec); serr != nil {
 			return serr
 		}
 		select {

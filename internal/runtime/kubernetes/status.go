@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 func containerStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
@@ -55,16 +57,102 @@ var pullReasons = map[string]bool{
 	"InvalidImageName": true, "ImageInspectError": true, "RegistryUnavailable": true,
 }
 
-// Waiting reasons that mean the container cannot be created from the spec.
+// Waiting reasons that mean the container could not be created or started: the
+// container runtime refused it (CreateContainerError: CRI-O runs `runc create` here),
+// the kubelet could not build its config (CreateContainerConfigError: a Secret or key
+// of an env var missing, runAsNonRoot with an image that runs as root, a subPath it
+// cannot prepare), the runtime failed to start it (RunContainerError: containerd runs
+// `runc create` here), or a lifecycle hook failed.
 var configReasons = map[string]bool{
 	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
 	"PreStartHookError": true, "PostStartHookError": true,
 }
 
+// retriedReasons are the waiting reasons of a container that was never created: the
+// kubelet tries again at every sync of the Pod, so a cause that goes away by itself
+// (transientCreate) is not a failure. Every other reason is final under the Pods'
+// restartPolicy Never: a container that was created is never created again.
+var retriedReasons = map[string]bool{"CreateContainerConfigError": true, "CreateContainerError": true}
+
+// transientMarkers are parts of a CreateContainerConfigError / CreateContainerError
+// message whose cause the kubelet resolves in the normal course on a later sync: its
+// watch of a Secret or ConfigMap not synced yet, a CreateContainer that timed out and
+// still holds the name in containerd ("failed to reserve container name"), the CRI
+// socket restarting. A missing Secret or key ("secret \"x\" not found") is not among
+// them: the runner creates its own Secret before the Pod and checks a SecretRef's
+// Secret and key before it (CheckSecretRefs), so one missing now was deleted since,
+// and waiting for it would hold the create until StartTimeout.
+var transientMarkers = []string{
+	"failed to sync secret cache", "failed to sync configmap cache", "timed out waiting for the condition",
+	"failed to reserve container name", "is reserved for",
+	"context deadline exceeded", "deadlineexceeded",
+	"code = unavailable", "transport is closing", "error while dialing",
+}
+
+// startFailedReasons are the reasons of a container that terminated without having
+// started: the container runtime could not start it (containerd's StartError, exit
+// code 128, with `runc create`'s error as the message; docker's ContainerCannotRun).
+// Under restartPolicy Never the kubelet does not try again.
+var startFailedReasons = map[string]bool{"StartError": true, "ContainerCannotRun": true}
+
+// hostFaultMarkers are parts of a runtime's message that blame the node, not the spec:
+// such a create failure is the runner's (BackendError), not the caller's (StartError).
+var hostFaultMarkers = []string{
+	"cgroup", "no space left on device", "cannot allocate memory", "resource temporarily unavailable",
+	"too many open files", "deadline exceeded", "code = unavailable", "transport is closing",
+}
+
+// maxStartMessage bounds the kubelet's or the container runtime's message quoted in a
+// start failure: a Waiting message has no bound of its own, and a runtime's error quotes
+// paths from the spec and the image.
+const maxStartMessage = 1024
+
+// runtimeText is a message of the kubelet or the container runtime fit to quote: at most
+// maxStartMessage bytes of valid UTF-8 (cut with textclip's marker), every character
+// that is not printable (a newline of a multi-line runtime error, an escape sequence
+// from a path in the spec) a space.
+func runtimeText(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return ' '
+	}, textclip.Clip(s, maxStartMessage))
+}
+
+// containsAny reports whether the lower-cased s holds one of markers.
+func containsAny(s string, markers []string) bool {
+	s = strings.ToLower(s)
+	for _, m := range markers {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// transientCreate reports whether a never-created container's waiting reason and
+// message are one the kubelet resolves by itself (transientMarkers).
+func transientCreate(reason, msg string) bool {
+	return retriedReasons[reason] && containsAny(textclip.Clip(msg, maxStartMessage), transientMarkers)
+}
+
 // startError is a reason the Pod will not start without a change to the spec or the
-// cluster: image pull failures (of the sandbox's or the agent's image) and container
-// creation errors. nil while it may still start.
-func startError(p *corev1.Pod) error {
+// cluster: image pull failures (of the sandbox's or the agent's image) and containers
+// the kubelet or the container runtime could not create or start (a waiting
+// configReasons reason, or a container terminated with a startFailedReasons reason:
+// e.g. runc failing to make the working directory), of any container of the Pod (the
+// sandbox's, a group's sidecars and init containers, the runner's gate, install and
+// filler). nil while it may still start, also while the kubelet retries a transient
+// cause (transientCreate). spec (nil: not known) names a group's containers as the
+// spec does.
+//
+// A create failure of a workload container is the spec's (runtime.ErrInvalidSpec: the
+// runner's StartError) unless the runtime's message blames the node (hostFaultMarkers);
+// one of the runner's own containers, or a node fault, is the runner's (a plain error:
+// BackendError, which counts against the runner's health). The message names the
+// container and quotes the kubelet's reason and the runtime's message (runtimeText).
+func startError(p *corev1.Pod, spec *runtime.Spec) error {
 	if p == nil {
 		return nil
 	}
@@ -72,24 +160,66 @@ func startError(p *corev1.Pod) error {
 	// group's sidecars and init containers.
 	all := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
 	for i := range all {
-		cs := &all[i]
-		name := cs.Name
-		if cs.State.Waiting == nil {
-			continue
-		}
-		w := cs.State.Waiting
-		switch {
-		case pullReasons[w.Reason]:
-			img := cs.Image
-			if helperContainer(name) {
-				img = "agent image " + img
-			}
-			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, w.Message)
-		case configReasons[w.Reason]:
-			return fmt.Errorf("%w: container %s: %s: %s", runtime.ErrInvalidSpec, name, w.Reason, w.Message)
+		if err := containerStartError(&all[i], spec); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// containerStartError is startError of one container.
+func containerStartError(cs *corev1.ContainerStatus, spec *runtime.Spec) error {
+	var reason, msg string
+	switch {
+	case cs.State.Waiting != nil:
+		w := cs.State.Waiting
+		if pullReasons[w.Reason] {
+			img := cs.Image
+			if helperContainer(cs.Name) {
+				img = "agent image " + img
+			}
+			m := runtimeText(w.Message)
+			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, m), w.Reason, m)
+		}
+		if !configReasons[w.Reason] || transientCreate(w.Reason, w.Message) {
+			return nil
+		}
+		reason, msg = w.Reason, runtimeText(w.Message)
+	case cs.State.Terminated != nil && startFailedReasons[cs.State.Terminated.Reason]:
+		t := cs.State.Terminated
+		reason, msg = t.Reason, runtimeText(t.Message)
+		if t.ExitCode != 0 {
+			reason = fmt.Sprintf("%s (exit code %d)", t.Reason, t.ExitCode)
+		}
+	default:
+		return nil
+	}
+	if helperContainer(cs.Name) || containsAny(msg, hostFaultMarkers) {
+		return fmt.Errorf("%s could not be created or started: %s: %s", containerLabel(cs.Name, spec), reason, msg)
+	}
+	return fmt.Errorf("%w: %s could not be created or started: %s: %s", runtime.ErrInvalidSpec, containerLabel(cs.Name, spec), reason, msg)
+}
+
+// containerLabel names Pod container podName for a message: the runner's own ones as
+// such, a group's by their name in the spec, the primary by its spec name.
+func containerLabel(podName string, spec *runtime.Spec) string {
+	if helperContainer(podName) {
+		return fmt.Sprintf("the runner's %s container", podName)
+	}
+	if spec != nil {
+		if !spec.Multi() {
+			if podName == containerMain {
+				return fmt.Sprintf("container %q", spec.ContainerName())
+			}
+		} else {
+			for _, m := range members(spec) {
+				if m.pod == podName {
+					return fmt.Sprintf("container %q", m.name)
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("container %q", podName)
 }
 
 // pullError maps the kubelet's image pull failure to the runtime's sentinels.
@@ -300,13 +430,13 @@ func podSummary(p *corev1.Pod) string {
 	fmt.Fprintf(&b, "phase %s", p.Status.Phase)
 	for _, c := range p.Status.Conditions {
 		if c.Status != corev1.ConditionTrue && c.Reason != "" {
-			fmt.Fprintf(&b, "; %s: %s %s", c.Type, c.Reason, c.Message)
+			fmt.Fprintf(&b, "; %s: %s %s", c.Type, c.Reason, runtimeText(c.Message))
 		}
 	}
 	for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
 		switch {
 		case cs.State.Waiting != nil && cs.State.Waiting.Reason != "":
-			fmt.Fprintf(&b, "; %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
+			fmt.Fprintf(&b, "; %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, runtimeText(cs.State.Waiting.Message))
 		case cs.State.Terminated != nil:
 			fmt.Fprintf(&b, "; %s terminated: %s (exit %d)", cs.Name, cs.State.Terminated.Reason, cs.State.Terminated.ExitCode)
 		}
