@@ -402,7 +402,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		// The containers wait held; they start in the spec's order (init containers:
 		// the kubelet's, in order). A *startseq.Failure names the container.
 		if err := startseq.Run(ctx, spec, groupOps{b: b, s: s}); err != nil {
-			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, groupStartError(err, b.podStartError(s)))
 		}
 	}
 	info, err := b.waitRunning(ctx, s)
@@ -434,6 +434,28 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.startLogs(s)
 	return info, nil
+}
+
+// podStartError is startError of s's Pod as the watch last showed it.
+func (b *Backend) podStartError(s *sandbox) error {
+	b.mu.Lock()
+	pod := s.pod
+	b.mu.Unlock()
+	return startError(pod, &s.spec)
+}
+
+// groupStartError is how a group's failed start sequence (err) is reported when a
+// container of the Pod cannot start (serr, from startError): a *startseq.Failure is
+// always the spec's StartError, which is right for a workload container the runtime
+// could not create (serr is runtime.ErrInvalidSpec), but an image that cannot be pulled
+// is ImagePullFailed and the runner's own container or a node fault is BackendError, as
+// for a single-container sandbox. The failing container's name is kept.
+func groupStartError(err, serr error) error {
+	var f *startseq.Failure
+	if serr == nil || errors.Is(serr, runtime.ErrInvalidSpec) || !errors.As(err, &f) {
+		return err
+	}
+	return fmt.Errorf("container %q: %w", f.Container, serr)
 }
 
 // createMade records which objects a Create made.

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/startseq"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
@@ -251,4 +253,72 @@ func TestRecoverCreateFailure(t *testing.T) {
 	if r := recs[0]; r.Alive || r.Exit == nil || r.Exit.Reason != "StartError" || !strings.Contains(r.Exit.Message, `container "app"`) || !strings.Contains(r.Exit.Message, "not a directory") {
 		t.Errorf("recovered %+v (exit %+v), want StartError naming the container", r, r.Exit)
 	}
+}
+
+// TestGroupStartError: a group's start sequence failing on a container that cannot
+// start keeps its StartError when the spec is at fault, and takes the single-container
+// reasons otherwise (an image: ImagePullFailed's sentinels; the runner's or the node's:
+// no sentinel, BackendError), naming the container either way.
+func TestGroupStartError(t *testing.T) {
+	seq := fmt.Errorf("wrapped: %w", &startseq.Failure{Container: "web", Reason: startseq.ReasonStartError, Message: "did not start: x"})
+	var f *startseq.Failure
+	if err := groupStartError(seq, nil); !errors.As(err, &f) {
+		t.Errorf("no start failure: %v", err)
+	}
+	if err := groupStartError(seq, fmt.Errorf("%w: container \"web\" could not be created", runtime.ErrInvalidSpec)); !errors.As(err, &f) {
+		t.Errorf("the spec's fault: %v, want the start sequence's StartError", err)
+	}
+	for _, serr := range []error{
+		fmt.Errorf("pull img: %w: ErrImagePull: nope", runtime.ErrImageNotFound),
+		errors.New("the runner's gate container could not be created or started: StartError: x"),
+	} {
+		err := groupStartError(seq, serr)
+		if errors.As(err, &f) || !errors.Is(err, serr) || !strings.Contains(err.Error(), `container "web"`) {
+			t.Errorf("%v: %v, want it without the start sequence's reason, naming web", serr, err)
+		}
+	}
+}
+
+// TestWarmPodCreateFailure: a warm Pod is made by Create, so one whose container the
+// runtime cannot create fails its refill at once with the reason (and its Pod is
+// deleted), not after StartTimeout.
+func TestWarmPodCreateFailure(t *testing.T) {
+	b, cs := newFakeBackend(t, Config{MaxPrepull: -1, StartTimeout: time.Minute})
+	spec := warmSpec("org-a")
+	spec.ID = "warmcf01"
+	spec.WorkingDir = "/etc/passwd"
+	type result struct {
+		w   *warmPod
+		err error
+	}
+	res := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		w, err := b.warm.make(&spec, "k1")
+		res <- result{w, err}
+	}()
+	waitFor(t, "the warm pod", func() bool {
+		_, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+		return err == nil
+	})
+	pod, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = podWith(startFailedState(runcCwdFile), runningState, corev1.PodRunning).Status
+	if _, err := cs.CoreV1().Pods("sbx").UpdateStatus(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-res:
+		if r.err == nil || !errors.Is(r.err, runtime.ErrInvalidSpec) || !strings.Contains(r.err.Error(), "not a directory") {
+			t.Errorf("make = %v, want the create failure", r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("make still waiting after %s", time.Since(start))
+	}
+	waitFor(t, "the warm pod's deletion", func() bool {
+		_, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+		return err != nil
+	})
 }
