@@ -448,7 +448,7 @@ func (b *Backend) podStartError(s *sandbox) error {
 // container of the Pod cannot start (serr, from startError): a *startseq.Failure is
 // always the spec's StartError, which is right for a workload container the runtime
 // could not create (serr is runtime.ErrInvalidSpec), but an image that cannot be pulled
-// is ImagePullFailed and the runner's own container or a node fault is BackendError, as
+// is ImagePullFailed and the runner's own container's failure is BackendError, as
 // for a single-container sandbox. The failing container's name is kept.
 func groupStartError(err, serr error) error {
 	var f *startseq.Failure

@@ -95,13 +95,6 @@ var transientMarkers = []string{
 // Under restartPolicy Never the kubelet does not try again.
 var startFailedReasons = map[string]bool{"StartError": true, "ContainerCannotRun": true}
 
-// hostFaultMarkers are parts of a runtime's message that blame the node, not the spec:
-// such a create failure is the runner's (BackendError), not the caller's (StartError).
-var hostFaultMarkers = []string{
-	"cgroup", "no space left on device", "cannot allocate memory", "resource temporarily unavailable",
-	"too many open files", "deadline exceeded", "code = unavailable", "transport is closing",
-}
-
 // maxStartMessage bounds the kubelet's or the container runtime's message quoted in a
 // start failure: a Waiting message has no bound of its own, and a runtime's error quotes
 // paths from the spec and the image.
@@ -148,10 +141,16 @@ func transientCreate(reason, msg string) bool {
 // spec does.
 //
 // A create failure of a workload container is the spec's (runtime.ErrInvalidSpec: the
-// runner's StartError) unless the runtime's message blames the node (hostFaultMarkers);
-// one of the runner's own containers, or a node fault, is the runner's (a plain error:
-// BackendError, which counts against the runner's health). The message names the
-// container and quotes the kubelet's reason and the runtime's message (runtimeText).
+// runner's StartError); one of the runner's own containers is the runner's (a plain
+// error: BackendError, which counts against the runner's health). Which container
+// decides, never the message: it quotes the spec's paths (a working_dir, a mount), so a
+// caller could word its own failure as a node fault ("cgroup", "no space left on
+// device") and make it count against the runner. A node fault shows on the gate too,
+// which the kubelet creates first. The message names the container and quotes the
+// kubelet's reason and the runtime's message (runtimeText).
+//
+// The transient markers are read in the message too, and a caller's path can hold one:
+// that only keeps its own sandbox waiting until StartTimeout, as before this check.
 func startError(p *corev1.Pod, spec *runtime.Spec) error {
 	if p == nil {
 		return nil
@@ -194,7 +193,7 @@ func containerStartError(cs *corev1.ContainerStatus, spec *runtime.Spec) error {
 	default:
 		return nil
 	}
-	if helperContainer(cs.Name) || containsAny(msg, hostFaultMarkers) {
+	if helperContainer(cs.Name) {
 		return fmt.Errorf("%s could not be created or started: %s: %s", containerLabel(cs.Name, spec), reason, msg)
 	}
 	return fmt.Errorf("%w: %s could not be created or started: %s: %s", runtime.ErrInvalidSpec, containerLabel(cs.Name, spec), reason, msg)
