@@ -62,10 +62,14 @@ var pullReasons = map[string]bool{
 // the kubelet could not build its config (CreateContainerConfigError: a Secret or key
 // of an env var missing, runAsNonRoot with an image that runs as root, a subPath it
 // cannot prepare), the runtime failed to start it (RunContainerError: containerd runs
-// `runc create` here), or a lifecycle hook failed.
+// `runc create` here), or its PostStart hook failed. PreStartHookError is not among
+// them: it is the kubelet's resource managers (CPU, memory, topology) failing to admit a
+// created container, a node fault and not final (the container stays Created, and the
+// kubelet starts a Created container again whatever the restartPolicy), so the start
+// waits and a lasting one ends in the StartTimeout, which quotes it (podSummary).
 var configReasons = map[string]bool{
 	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
-	"PreStartHookError": true, "PostStartHookError": true,
+	"PostStartHookError": true,
 }
 
 // retriedReasons are the waiting reasons of a container that was never created: the
@@ -78,13 +82,16 @@ var retriedReasons = map[string]bool{"CreateContainerConfigError": true, "Create
 // message whose cause the kubelet resolves in the normal course on a later sync: its
 // watch of a Secret or ConfigMap not synced yet, a CreateContainer that timed out and
 // still holds the name in containerd ("failed to reserve container name"), the CRI
-// socket restarting. A missing Secret or key ("secret \"x\" not found") is not among
+// socket restarting, CRI-O's "error reserving ctr name ...: name is reserved" (its
+// form of containerd's), a kubelet just restarted that has not listed the Services yet
+// ("services have not yet been read at least once, cannot construct envvars"). A missing Secret or key ("secret \"x\" not found") is not among
 // them: the runner creates its own Secret before the Pod and checks a SecretRef's
 // Secret and key before it (CheckSecretRefs), so one missing now was deleted since,
 // and waiting for it would hold the create until StartTimeout.
 var transientMarkers = []string{
 	"failed to sync secret cache", "failed to sync configmap cache", "timed out waiting for the condition",
-	"failed to reserve container name", "is reserved for",
+	"failed to reserve container name", "is reserved for", "name is reserved",
+	"services have not yet been read at least once",
 	"context deadline exceeded", "deadlineexceeded",
 	"code = unavailable", "transport is closing", "error while dialing",
 }
@@ -145,8 +152,11 @@ func transientCreate(reason, msg string) bool {
 // error: BackendError, which counts against the runner's health). Which container
 // decides, never the message: it quotes the spec's paths (a working_dir, a mount), so a
 // caller could word its own failure as a node fault ("cgroup", "no space left on
-// device") and make it count against the runner. A node fault shows on the gate too,
-// which the kubelet creates first. The message names the container and quotes the
+// device") and make it count against the runner. This errs toward not charging the
+// runner: a node fault that fails only a workload container is reported as the spec's
+// (it often shows on the gate too, which the kubelet creates first, but the workload
+// container's entrypoint is the gate binary from the bin emptyDir, and its own create
+// can fail alone). The message names the container and quotes the
 // kubelet's reason and the runtime's message (runtimeText).
 //
 // The transient markers are read in the message too, and a caller's path can hold one:
@@ -177,8 +187,9 @@ func containerStartError(cs *corev1.ContainerStatus, spec *runtime.Spec) error {
 			if helperContainer(cs.Name) {
 				img = "agent image " + img
 			}
-			m := runtimeText(w.Message)
-			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, m), w.Reason, m)
+			// Classified by the whole message: clipped (for display only), a "not found"
+			// or "401" past the bound would be lost.
+			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, runtimeText(w.Message))
 		}
 		if !configReasons[w.Reason] || transientCreate(w.Reason, w.Message) {
 			return nil
