@@ -234,7 +234,7 @@ func TestWaitPodInitCreateFailure(t *testing.T) {
 	pod := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending,
 		InitContainerStatuses: []corev1.ContainerStatus{{Name: "setup", State: startFailedState(runcCwdFile)}}}}
 	s := &sandbox{id: "x", spec: spec, pod: pod, changed: make(chan struct{}), done: make(chan struct{})}
-	_, err := b.waitPod(context.Background(), s, func(p *corev1.Pod) (bool, error) {
+	_, err := b.waitPod(context.Background(), s, "setup", func(p *corev1.Pod) (bool, error) {
 		cs := podContainerStatus(p.Status.InitContainerStatuses, "setup")
 		return cs != nil && (cs.State.Running != nil || cs.State.Terminated != nil), nil
 	})
@@ -269,22 +269,65 @@ func TestRecoverCreateFailure(t *testing.T) {
 // reasons otherwise (an image: ImagePullFailed's sentinels; the runner's or the node's:
 // no sentinel, BackendError), naming the container either way.
 func TestGroupStartError(t *testing.T) {
+	spec := &runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "img"},
+		Sidecars: []runtime.Container{{Name: "web", Image: "img"}, {Name: "db", Image: "img"}}}
 	seq := fmt.Errorf("wrapped: %w", &startseq.Failure{Container: "web", Reason: startseq.ReasonStartError, Message: "did not start: x"})
 	var f *startseq.Failure
-	if err := groupStartError(seq, nil); !errors.As(err, &f) {
+	if err := groupStartError(seq, nil, spec); !errors.As(err, &f) {
 		t.Errorf("no start failure: %v", err)
 	}
-	if err := groupStartError(seq, fmt.Errorf("%w: container \"web\" could not be created", runtime.ErrInvalidSpec)); !errors.As(err, &f) {
+	if err := groupStartError(seq, &containerFailure{Pod: "web", err: fmt.Errorf("%w: container \"web\" could not be created", runtime.ErrInvalidSpec)}, spec); !errors.As(err, &f) {
 		t.Errorf("the spec's fault: %v, want the start sequence's StartError", err)
 	}
 	for _, serr := range []error{
-		fmt.Errorf("pull img: %w: ErrImagePull: nope", runtime.ErrImageNotFound),
-		errors.New("the runner's gate container could not be created or started: StartError: x"),
+		&containerFailure{Pod: "web", err: fmt.Errorf("pull img: %w: ErrImagePull: nope", runtime.ErrImageNotFound)},
+		&containerFailure{Pod: containerGate, err: errors.New("the runner's gate container could not be created or started: StartError: x")},
 	} {
-		err := groupStartError(seq, serr)
+		err := groupStartError(seq, serr, spec)
 		if errors.As(err, &f) || !errors.Is(err, serr) || !strings.Contains(err.Error(), `container "web"`) {
 			t.Errorf("%v: %v, want it without the start sequence's reason, naming web", serr, err)
 		}
+	}
+	// Another container's failure, or a failure of the sequence that is not web's start
+	// error, keeps the sequence's reason.
+	pullDB := &containerFailure{Pod: "db", err: fmt.Errorf("pull img: %w: ErrImagePull: nope", runtime.ErrImageNotFound)}
+	if err := groupStartError(seq, pullDB, spec); !errors.As(err, &f) || f.Container != "web" {
+		t.Errorf("db's failure swapped web's StartError: %v", err)
+	}
+	pullWeb := &containerFailure{Pod: "web", err: fmt.Errorf("pull img: %w: ErrImagePull: nope", runtime.ErrImageNotFound)}
+	for _, reason := range []string{startseq.ReasonInitFailed, startseq.ReasonProbeFailed, startseq.ReasonDependencyFailed} {
+		other := &startseq.Failure{Container: "web", Reason: reason, Message: "x"}
+		if err := groupStartError(other, pullWeb, spec); !errors.As(err, &f) || f.Reason != reason {
+			t.Errorf("%s swapped for the Pod's error: %v", reason, err)
+		}
+	}
+}
+
+// TestWaitPodInitCompletedBeforeNextFails: init1 completed while init2 failed to start
+// in the same status: waiting for init1 reports it done, not init2's failure.
+func TestWaitPodInitCompletedBeforeNextFails(t *testing.T) {
+	b := &Backend{cfg: Config{StartTimeout: 5 * time.Second}}
+	spec := runtime.Spec{ID: "x", Container: runtime.Container{Name: "app", Image: "img"},
+		InitContainers: []runtime.Container{{Name: "init1", Image: "img"}, {Name: "init2", Image: "img"}}}
+	pod := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending,
+		InitContainerStatuses: []corev1.ContainerStatus{
+			{Name: "init1", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", StartedAt: metav1.Now(), FinishedAt: metav1.Now()}}},
+			{Name: "init2", State: startFailedState(runcCwdFile)}}}}
+	s := &sandbox{id: "x", spec: spec, pod: pod, changed: make(chan struct{}), done: make(chan struct{})}
+	_, err := b.waitPod(context.Background(), s, "init1", func(p *corev1.Pod) (bool, error) {
+		cs := podContainerStatus(p.Status.InitContainerStatuses, "init1")
+		return cs != nil && cs.State.Terminated != nil, nil
+	})
+	if err != nil {
+		t.Errorf("waitPod(init1) = %v, want done", err)
+	}
+	// init2's own wait reports its failure.
+	_, err = b.waitPod(context.Background(), s, "init2", func(p *corev1.Pod) (bool, error) {
+		cs := podContainerStatus(p.Status.InitContainerStatuses, "init2")
+		return cs != nil && cs.State.Terminated != nil, nil
+	})
+	if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), `container "init2"`) {
+		t.Errorf("waitPod(init2) = %v, want its create failure", err)
 	}
 }
 

@@ -176,8 +176,38 @@ func startError(p *corev1.Pod, spec *runtime.Spec) error {
 	return nil
 }
 
-// containerStartError is startError of one container.
+// containerFailure is startError's error: the start failure of one container, Pod its
+// name in the Pod.
+type containerFailure struct {
+	Pod string
+	err error
+}
+
+func (e *containerFailure) Error() string { return e.err.Error() }
+func (e *containerFailure) Unwrap() error { return e.err }
+
+// podContainerStartError is startError of Pod container name alone.
+func podContainerStartError(p *corev1.Pod, name string, spec *runtime.Spec) error {
+	if p == nil {
+		return nil
+	}
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		if cs := podContainerStatus(list, name); cs != nil {
+			return containerStartError(cs, spec)
+		}
+	}
+	return nil
+}
+
+// containerStartError is startError of one container (a *containerFailure).
 func containerStartError(cs *corev1.ContainerStatus, spec *runtime.Spec) error {
+	if err := containerStartCause(cs, spec); err != nil {
+		return &containerFailure{Pod: cs.Name, err: err}
+	}
+	return nil
+}
+
+func containerStartCause(cs *corev1.ContainerStatus, spec *runtime.Spec) error {
 	var reason, msg string
 	switch {
 	case cs.State.Waiting != nil:
