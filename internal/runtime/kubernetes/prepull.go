@@ -663,6 +663,9 @@ func prepullOutcome(pod *corev1.Pod, now, created time.Time, timeout time.Durati
 	}
 	for _, cs := range pod.Status.InitContainerStatuses {
 		if w := cs.State.Waiting; w != nil && strings.Contains(w.Reason, "Err") {
+			if transientCreate(w.Reason, w.Message) {
+				continue // the kubelet tries again (status.go)
+			}
 			return true, false, "agent image: " + w.Reason + ": " + runtimeText(w.Message)
 		}
 	}

@@ -374,3 +374,32 @@ func TestWarmPodCreateFailure(t *testing.T) {
 		return err != nil
 	})
 }
+
+// TestPrepullOutcomeTransientInit: a pre-pull Pod's init container (the agent image)
+// waiting on a transient create cause is not a failure, as for its main container; a
+// final one is.
+func TestPrepullOutcomeTransientInit(t *testing.T) {
+	now := time.Now()
+	pod := func(reason, msg string) *corev1.Pod {
+		return &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending,
+			InitContainerStatuses: []corev1.ContainerStatus{{Name: "install", State: waitingState(reason, msg)}},
+			ContainerStatuses:     []corev1.ContainerStatus{{Name: "noop", State: waitingState("PodInitializing", "")}}}}
+	}
+	for _, msg := range []string{
+		"failed to sync configmap cache: timed out waiting for the condition",
+		"services have not yet been read at least once, cannot construct envvars",
+		"error reserving ctr name k8s_install_x for id 4f1e: name is reserved",
+	} {
+		for _, reason := range []string{"CreateContainerConfigError", "CreateContainerError"} {
+			if done, _, why := prepullOutcome(pod(reason, msg), now, now, time.Minute); done {
+				t.Errorf("%s %q: done (%s), want waiting", reason, msg, why)
+			}
+		}
+	}
+	if done, ok, _ := prepullOutcome(pod("CreateContainerConfigError", "container has runAsNonRoot and image will run as root"), now, now, time.Minute); !done || ok {
+		t.Errorf("a final create failure of the init container: done %v ok %v, want failed", done, ok)
+	}
+	if done, ok, _ := prepullOutcome(pod("ErrImagePull", "not found"), now, now, time.Minute); !done || ok {
+		t.Errorf("the agent image's pull failure: done %v ok %v, want failed", done, ok)
+	}
+}
