@@ -82,6 +82,8 @@ func TestStartErrorCreateFailures(t *testing.T) {
 			[]string{"ErrImagePull"}, false},
 		{"a pull's not found past the quoted bound still classifies", podWith(waitingState("ErrImagePull", "failed to resolve: "+strings.Repeat("x", 2*maxStartMessage)+": not found"), runningState, corev1.PodPending), false, runtime.ErrImageNotFound,
 			[]string{"ErrImagePull"}, false},
+		{"a Pod being deleted: a start the deletion canceled is not the spec's", deleting(podWith(startFailedState("runc create failed: context canceled"), runningState, corev1.PodRunning)), false, nil, nil, true},
+		{"a Pod being deleted: RunContainerError", deleting(podWith(waitingState("RunContainerError", runcCwdFile), runningState, corev1.PodRunning)), false, nil, nil, true},
 		{"CreateContainer timed out", podWith(waitingState("CreateContainerError", "context deadline exceeded"), runningState, corev1.PodPending), false, nil, nil, true},
 		{"ContainerCreating", podWith(waitingState("ContainerCreating", ""), waitingState("ContainerCreating", ""), corev1.PodPending), false, nil, nil, true},
 		{"PodInitializing", podWith(waitingState("PodInitializing", ""), runningState, corev1.PodPending), false, nil, nil, true},
@@ -261,6 +263,26 @@ func TestRecoverCreateFailure(t *testing.T) {
 	}
 	if r := recs[0]; r.Alive || r.Exit == nil || r.Exit.Reason != "StartError" || !strings.Contains(r.Exit.Message, `container "app"`) || !strings.Contains(r.Exit.Message, "not a directory") {
 		t.Errorf("recovered %+v (exit %+v), want StartError naming the container", r, r.Exit)
+	}
+}
+
+// TestRecoverDeletedCreateFailure: a Pod deleted during its Create whose container's
+// start the deletion canceled is not recovered as the spec's StartError.
+func TestRecoverDeletedCreateFailure(t *testing.T) {
+	lb, _ := newFakeBackend(t, Config{})
+	spec := &runtime.Spec{ID: "cf2", Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh"}}
+	objs := recoverWriter(t, lb, spec, []corev1.ContainerStatus{{Name: containerGate, State: runningState}, {Name: containerMain, State: startFailedState("runc create failed: context canceled")}}, nil)
+	deleting(objs[1].(*corev1.Pod))
+	objs[1].(*corev1.Pod).Finalizers = []string{"test/keep"} // the fake keeps a Pod with a DeletionTimestamp only with one
+	b, _ := newFakeBackend(t, Config{StartTimeout: 10 * time.Minute}, objs...)
+	recs, err := b.Recover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.Exit != nil && r.Exit.Reason == "StartError" {
+			t.Errorf("recovered %+v (exit %+v), want no StartError for a Pod being deleted", r, r.Exit)
+		}
 	}
 }
 

@@ -161,8 +161,12 @@ func transientCreate(reason, msg string) bool {
 //
 // The transient markers are read in the message too, and a caller's path can hold one:
 // that only keeps its own sandbox waiting until StartTimeout, as before this check.
+//
+// A Pod being deleted (DeletionTimestamp set: a Destroy or Stop during the Create, the
+// runner's cleanup) has none: the kubelet cancels the starts of its containers, and a
+// start cut short so is not the spec's StartError (the deletion reports the end).
 func startError(p *corev1.Pod, spec *runtime.Spec) error {
-	if p == nil {
+	if p == nil || p.DeletionTimestamp != nil {
 		return nil
 	}
 	// Every container of the Pod: the sandbox's and the agent's (gate, install), and a
@@ -188,7 +192,7 @@ func (e *containerFailure) Unwrap() error { return e.err }
 
 // podContainerStartError is startError of Pod container name alone.
 func podContainerStartError(p *corev1.Pod, name string, spec *runtime.Spec) error {
-	if p == nil {
+	if p == nil || p.DeletionTimestamp != nil {
 		return nil
 	}
 	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
