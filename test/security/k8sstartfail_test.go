@@ -20,7 +20,7 @@ import (
 // device", "context deadline exceeded"), fills it with escape sequences and makes it
 // huge still gets its own failure: reason StartError (the spec's, not BackendError,
 // which would count against the runner's health), a message of at most 1 KiB of
-// printable UTF-8 naming the container. (Recover of such a Pod: the same check Create's
+// printable UTF-8 naming the container (the fixed words, then at most 1 KiB of the runtime's message). (Recover of such a Pod: the same check Create's
 // wait uses.)
 func TestK8sCreateFailureWording(t *testing.T) {
 	const id, runner = "cfword1", "r1"
@@ -61,8 +61,11 @@ func TestK8sCreateFailureWording(t *testing.T) {
 	if ex.Reason != "StartError" {
 		t.Errorf("reason %q, want StartError: the caller's path worded as a node fault made it the runner's", ex.Reason)
 	}
-	if len(ex.Message) > 2048 || !textclip.AllPrintable(ex.Message) || !strings.Contains(ex.Message, `container "app"`) {
-		t.Errorf("message of %d bytes (printable %v), want at most ~1 KiB of printable text naming the container: %.300q",
-			len(ex.Message), textclip.AllPrintable(ex.Message), ex.Message)
+	// The fixed words naming the container and the reason, then the runtime's message
+	// quoted at most kubernetes.MaxStartMessage (1 KiB) bytes.
+	const prefix = `invalid sandbox spec: container "app" could not be created or started: StartError (exit code 128): `
+	if !strings.HasPrefix(ex.Message, prefix) || len(ex.Message) > len(prefix)+kubernetes.MaxStartMessage || !textclip.AllPrintable(ex.Message) {
+		t.Errorf("message of %d bytes (printable %v), want %q and at most %d bytes of printable text: %.300q",
+			len(ex.Message), textclip.AllPrintable(ex.Message), prefix, len(prefix)+kubernetes.MaxStartMessage, ex.Message)
 	}
 }

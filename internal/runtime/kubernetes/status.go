@@ -107,6 +107,9 @@ var startFailedReasons = map[string]bool{"StartError": true, "ContainerCannotRun
 // paths from the spec and the image.
 const maxStartMessage = 1024
 
+// MaxStartMessage is maxStartMessage, for the attack tests (test/security).
+const MaxStartMessage = maxStartMessage
+
 // runtimeText is a message of the kubelet or the container runtime fit to quote: at most
 // maxStartMessage bytes of valid UTF-8 (cut with textclip's marker), every character
 // that is not printable (a newline of a multi-line runtime error, an escape sequence
