@@ -930,19 +930,11 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 }
 
 // recoveredStartExit is the exit Recover reports for a Pod that startError says cannot
-// start: the reason the runner gives such a failed Create (StartError for the spec's
-// fault, ImagePullFailed for an image, BackendError for the runner's own) and the
-// error's text.
+// start: the reason the runner gives such a failed Create (runtime.CreateFailureReason,
+// the one table both use: StartError for the spec's fault, ImagePullFailed for an
+// image, BackendError for the runner's own) and the error's text.
 func recoveredStartExit(err error) runtime.Exit {
-	reason := "BackendError"
-	switch {
-	case errors.Is(err, runtime.ErrImageNotFound), errors.Is(err, runtime.ErrImageUnauthorized),
-		errors.Is(err, runtime.ErrRegistry), errors.Is(err, runtime.ErrInvalidImageRef):
-		reason = "ImagePullFailed"
-	case errors.Is(err, runtime.ErrInvalidSpec):
-		reason = "StartError"
-	}
-	return runtime.Exit{Reason: reason, Message: err.Error(), At: time.Now().UTC()}
+	return runtime.Exit{Reason: runtime.CreateFailureReason(err), Message: err.Error(), At: time.Now().UTC()}
 }
 
 var _ runtime.LateInfoWaiter = (*Backend)(nil)

@@ -425,3 +425,18 @@ func TestPrepullOutcomeTransientInit(t *testing.T) {
 		t.Errorf("the agent image's pull failure: done %v ok %v, want failed", done, ok)
 	}
 }
+
+// TestRecoveredStartExitReason: Recover's reason for a failed create is the runner's
+// (runtime.CreateFailureReason), including the spec faults the runner alone knew of
+// before (an unknown runtime class, an unsupported engine).
+func TestRecoveredStartExitReason(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("x: %w", runtime.ErrInvalidSpec), fmt.Errorf("x: %w", runtime.ErrUnknownRuntime),
+		fmt.Errorf("x: %w", runtime.ErrEngineUnsupported), fmt.Errorf("pull: %w", runtime.ErrImageNotFound),
+		errors.New("the runner's gate container could not be created or started"),
+	} {
+		if got, want := recoveredStartExit(err).Reason, runtime.CreateFailureReason(err); got != want {
+			t.Errorf("recoveredStartExit(%v).Reason = %q, want the runner's %q", err, got, want)
+		}
+	}
+}
