@@ -440,3 +440,22 @@ func TestRecoveredStartExitReason(t *testing.T) {
 		}
 	}
 }
+
+// TestPodSummaryBoundedForAGroup: a group's Pod of many containers, each waiting with a
+// huge message, is summarized in at most maxPodSummary bytes of printable UTF-8.
+func TestPodSummaryBoundedForAGroup(t *testing.T) {
+	p := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}
+	for i := 0; i < 64; i++ {
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
+			Name: fmt.Sprintf("c%d", i), State: waitingState("CreateContainerError", strings.Repeat("\xffx\n", 1<<12))})
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.PodConditionType(fmt.Sprintf("T%d", i)),
+			Status: corev1.ConditionFalse, Reason: "R", Message: strings.Repeat("y", 1<<12)})
+	}
+	got := podSummary(p)
+	if len(got) > maxPodSummary || !utf8.ValidString(got) || strings.ContainsAny(got, "\n") {
+		t.Errorf("podSummary of %d bytes (valid %v), want at most %d of printable UTF-8", len(got), utf8.ValidString(got), maxPodSummary)
+	}
+	if !strings.HasPrefix(got, "phase Pending") {
+		t.Errorf("podSummary = %.80q, want the phase first", got)
+	}
+}

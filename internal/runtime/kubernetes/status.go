@@ -114,13 +114,16 @@ const MaxStartMessage = maxStartMessage
 // maxStartMessage bytes of valid UTF-8 (cut with textclip's marker), every character
 // that is not printable (a newline of a multi-line runtime error, an escape sequence
 // from a path in the spec) a space.
-func runtimeText(s string) string {
+func runtimeText(s string) string { return runtimeTextN(s, maxStartMessage) }
+
+// runtimeTextN is runtimeText of at most n bytes.
+func runtimeTextN(s string, n int) string {
 	return strings.Map(func(r rune) rune {
 		if unicode.IsPrint(r) {
 			return r
 		}
 		return ' '
-	}, textclip.Clip(s, maxStartMessage))
+	}, textclip.Clip(s, n))
 }
 
 // containsAny reports whether the lower-cased s holds one of markers.
@@ -469,6 +472,12 @@ func lastTerminated(cs *corev1.ContainerStatus) *corev1.ContainerStateTerminated
 	return cs.LastTerminationState.Terminated
 }
 
+// maxPodSummary bounds podSummary as a whole: each message in it is bounded
+// (runtimeText), but a group's Pod has many containers and conditions.
+const maxPodSummary = 4096
+
+// podSummary is the Pod's phase, its false conditions and its containers' waiting and
+// terminated states, for a message: at most maxPodSummary bytes of printable UTF-8.
 func podSummary(p *corev1.Pod) string {
 	if p == nil {
 		return "no Pod status yet"
@@ -476,11 +485,17 @@ func podSummary(p *corev1.Pod) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "phase %s", p.Status.Phase)
 	for _, c := range p.Status.Conditions {
+		if b.Len() > maxPodSummary {
+			break
+		}
 		if c.Status != corev1.ConditionTrue && c.Reason != "" {
-			fmt.Fprintf(&b, "; %s: %s %s", c.Type, c.Reason, runtimeText(c.Message))
+			fmt.Fprintf(&b, "; %s: %s %s", c.Type, runtimeText(c.Reason), runtimeText(c.Message))
 		}
 	}
 	for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if b.Len() > maxPodSummary {
+			break
+		}
 		switch {
 		case cs.State.Waiting != nil && cs.State.Waiting.Reason != "":
 			fmt.Fprintf(&b, "; %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, runtimeText(cs.State.Waiting.Message))
@@ -488,7 +503,7 @@ func podSummary(p *corev1.Pod) string {
 			fmt.Fprintf(&b, "; %s terminated: %s (exit %d)", cs.Name, cs.State.Terminated.Reason, cs.State.Terminated.ExitCode)
 		}
 	}
-	return b.String()
+	return runtimeTextN(b.String(), maxPodSummary)
 }
 
 // digestOf turns a container status' imageID (ref@sha256:…, or sha256:… of the config
