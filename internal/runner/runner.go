@@ -1649,13 +1649,9 @@ func createFailureReason(err error) string {
 		return f.Reason // the message (the error's text) names the container
 	case errors.Is(err, context.Canceled):
 		return ReasonDeleted
-	case errors.Is(err, runtime.ErrImageNotFound), errors.Is(err, runtime.ErrImageUnauthorized),
-		errors.Is(err, runtime.ErrRegistry), errors.Is(err, runtime.ErrInvalidImageRef):
-		return ReasonImagePullFailed
-	case errors.Is(err, runtime.ErrInvalidSpec), errors.Is(err, runtime.ErrUnknownRuntime), errors.Is(err, runtime.ErrEngineUnsupported):
-		return ReasonStartError
 	default:
-		return ReasonBackendError
+		// The one table, shared with a backend's re-adoption of a failed create.
+		return runtime.CreateFailureReason(err)
 	}
 }
 

@@ -47,15 +47,15 @@ func (s State) Terminal() bool {
 
 // Reasons for a sandbox's state, as reported in Sandbox.Reason.
 const (
-	ReasonImagePullFailed  = "ImagePullFailed"
-	ReasonStartError       = "StartError"
+	ReasonImagePullFailed  = runtime.FailureImagePull
+	ReasonStartError       = runtime.FailureStart
 	ReasonRestartLimit     = "RestartLimit"
 	ReasonOOMKilled        = "OOMKilled"
 	ReasonLifetimeExceeded = "LifetimeExceeded"
 	ReasonVanished         = "Vanished"
 	ReasonDeleted          = "Deleted"
 	ReasonCompleted        = "Completed"
-	ReasonBackendError     = "BackendError"
+	ReasonBackendError     = runtime.FailureBackend
 	// ReasonForkFailed: a fork (ForkTarget) that the backend could not make.
 	ReasonForkFailed = "ForkFailed"
 	// ReasonCheckpointLost: a paused sandbox whose checkpoint is unusable, ended.

@@ -403,7 +403,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		// The containers wait held; they start in the spec's order (init containers:
 		// the kubelet's, in order). A *startseq.Failure names the container.
 		if err := startseq.Run(ctx, spec, groupOps{b: b, s: s}); err != nil {
-			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, groupStartError(err, b.podStartError(s), spec))
 		}
 	}
 	info, err := b.waitRunning(ctx, s)
@@ -435,6 +435,58 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	b.startLogs(s)
 	return info, nil
+}
+
+// podStartError is startError of s's Pod as the watch last showed it.
+func (b *Backend) podStartError(s *sandbox) error {
+	b.mu.Lock()
+	pod := s.pod
+	b.mu.Unlock()
+	return startError(pod, &s.spec)
+}
+
+// groupStartError is how a group's failed start sequence (err) is reported when a
+// container of the Pod cannot start (serr, from startError): a *startseq.Failure is
+// always the spec's StartError, which is right for a workload container the runtime
+// could not create (serr is runtime.ErrInvalidSpec), but an image that cannot be pulled
+// is ImagePullFailed and the runner's own container's failure is BackendError, as
+// for a single-container sandbox. The failing container's name is kept.
+//
+// Only the sequence's StartError of the very container serr concerns is swapped (or
+// any container's when serr is the runner's own container's: the gate, which every
+// agent is reached through, the install or the filler, without which none starts); an
+// init container that exited non-zero, a failed startup probe or a dependency, and
+// another container's failure keep the sequence's reason.
+func groupStartError(err, serr error, spec *runtime.Spec) error {
+	var f *startseq.Failure
+	var cf *containerFailure
+	if serr == nil || errors.Is(serr, runtime.ErrInvalidSpec) || !errors.As(err, &f) ||
+		f.Reason != startseq.ReasonStartError || !errors.As(serr, &cf) {
+		return err
+	}
+	if !helperContainer(cf.Pod) && cf.Pod != memberPodName(spec, f.Container) {
+		return err
+	}
+	return fmt.Errorf("container %q: %w", f.Container, serr)
+}
+
+// memberPodName is the Pod container name of spec's container name ("" none).
+func memberPodName(spec *runtime.Spec, name string) string {
+	if spec == nil {
+		return ""
+	}
+	if !spec.Multi() {
+		if name == spec.ContainerName() {
+			return containerMain
+		}
+		return ""
+	}
+	for _, m := range members(spec) {
+		if m.name == name {
+			return m.pod
+		}
+	}
+	return ""
 }
 
 // createMade records which objects a Create made.
@@ -751,7 +803,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *sandbox) (runtime.Info, er
 		default:
 		}
 		b.mu.Unlock()
-		if err := startError(pod); err != nil {
+		if err := startError(pod, &s.spec); err != nil {
 			return runtime.Info{}, err
 		}
 		if ended {

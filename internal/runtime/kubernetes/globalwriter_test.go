@@ -491,8 +491,8 @@ func recoverWriter(t *testing.T, b *Backend, spec *runtime.Spec, statuses []core
 // TestGlobalWriterRecover: after a runner restart, a group writer whose primary has
 // ended while a sidecar still runs (its stop grace) is alive, not vanished (its copy is
 // not committed while the sidecar writes); a writer whose workload never started (its
-// image not pulled; the Pod never marked started) is vanished and its copy is never
-// captured for a commit.
+// image not pulled; the Pod never marked started) has ended (ImagePullFailed) and its
+// copy is never captured for a commit.
 func TestGlobalWriterRecover(t *testing.T) {
 	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
 	ended := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: `{"state":"MAIN_STATE_COMPLETED","exit_code":0}`}}
@@ -534,8 +534,9 @@ func TestGlobalWriterRecover(t *testing.T) {
 	if r, ok := got["cut"]; !ok || r.Alive {
 		t.Errorf("group writer whose create was cut short (sidecar running, never marked started): %+v; want not alive", r)
 	}
-	if r, ok := got["pull"]; !ok || r.Alive || r.Exit == nil || r.Exit.Reason != "Vanished" {
-		t.Errorf("writer never started: %+v; want vanished", r)
+	// Its image cannot be pulled: said so (startError), as Create would have.
+	if r, ok := got["pull"]; !ok || r.Alive || r.Exit == nil || r.Exit.Reason != "ImagePullFailed" {
+		t.Errorf("writer never started: %+v; want ended ImagePullFailed", r)
 	}
 	if _, err := b.CaptureVolume(t.Context(), "pull", "g"); err == nil || !strings.Contains(err.Error(), "never started") {
 		t.Errorf("capture of a writer that never started: %v", err)

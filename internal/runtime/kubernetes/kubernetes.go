@@ -861,6 +861,13 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 				// Not yet running (a Create cut short by the restart): report it as
 				// vanished and let the runner destroy it.
 				ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's Pod was not running when the runner started", At: time.Now().UTC()}
+				if serr := startError(pod, &s.spec); serr != nil {
+					// One of its containers cannot be created or started (or its image
+					// pulled): it never will be, whatever its agent answers. Said as
+					// Create would have said it.
+					notRunning = false
+					ex = recoveredStartExit(serr)
+				}
 				rec.Exit = &ex
 			}
 		}
@@ -931,6 +938,14 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		b.prepull.cleanup(ctx)
 	}
 	return out, nil
+}
+
+// recoveredStartExit is the exit Recover reports for a Pod that startError says cannot
+// start: the reason the runner gives such a failed Create (runtime.CreateFailureReason,
+// the one table both use: StartError for the spec's fault, ImagePullFailed for an
+// image, BackendError for the runner's own) and the error's text.
+func recoveredStartExit(err error) runtime.Exit {
+	return runtime.Exit{Reason: runtime.CreateFailureReason(err), Message: err.Error(), At: time.Now().UTC()}
 }
 
 var _ runtime.LateInfoWaiter = (*Backend)(nil)

@@ -397,7 +397,7 @@ func (o groupOps) Start(ctx context.Context, name string) error {
 		return err
 	}
 	if m.init {
-		_, err := o.b.waitPod(ctx, o.s, func(p *corev1.Pod) (bool, error) {
+		_, err := o.b.waitPod(ctx, o.s, m.pod, func(p *corev1.Pod) (bool, error) {
 			cs := podContainerStatus(p.Status.InitContainerStatuses, m.pod)
 			return cs != nil && (cs.State.Running != nil || cs.State.Terminated != nil), nil
 		})
@@ -431,7 +431,7 @@ func (o groupOps) Wait(ctx context.Context, name string) (int32, error) {
 	}
 	if m.init {
 		var code int32
-		_, err := o.b.waitPod(ctx, o.s, func(p *corev1.Pod) (bool, error) {
+		_, err := o.b.waitPod(ctx, o.s, m.pod, func(p *corev1.Pod) (bool, error) {
 			cs := podContainerStatus(p.Status.InitContainerStatuses, m.pod)
 			if cs != nil && cs.State.Terminated != nil {
 				code = cs.State.Terminated.ExitCode
@@ -516,8 +516,12 @@ func (b *Backend) statusClient(s *sandbox, id, name string) agentv1connect.Agent
 }
 
 // waitPod waits until done(pod) holds, the Pod cannot start (startError), the sandbox
-// ends or StartTimeout passes.
-func (b *Backend) waitPod(ctx context.Context, s *sandbox, done func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
+// ends or StartTimeout passes. target ("" none) is the Pod container waited for: its own
+// start failure is checked before done (an init container that the runtime failed to
+// start is terminated too, which done would take for run), the whole Pod's after it (an
+// init container that completed must not be failed by the next one's failure in the
+// same status).
+func (b *Backend) waitPod(ctx context.Context, s *sandbox, target string, done func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
 	timer := time.NewTimer(b.cfg.StartTimeout)
 	defer timer.Stop()
 	for {
@@ -525,10 +529,15 @@ func (b *Backend) waitPod(ctx context.Context, s *sandbox, done func(*corev1.Pod
 		pod, ch := s.pod, s.changed
 		b.mu.Unlock()
 		if pod != nil {
+			if target != "" {
+				if err := podContainerStartError(pod, target, &s.spec); err != nil {
+					return pod, err
+				}
+			}
 			if ok, err := done(pod); ok || err != nil {
 				return pod, err
 			}
-			if err := startError(pod); err != nil {
+			if err := startError(pod, &s.spec); err != nil {
 				return pod, err
 			}
 		}
@@ -555,7 +564,7 @@ func (b *Backend) waitPod(ctx context.Context, s *sandbox, done func(*corev1.Pod
 
 // waitAgent waits until container name's agent answers through the gate.
 func (b *Backend) waitAgent(ctx context.Context, s *sandbox, name string) error {
-	if _, err := b.waitPod(ctx, s, func(p *corev1.Pod) (bool, error) { return p.Status.PodIP != "", nil }); err != nil {
+	if _, err := b.waitPod(ctx, s, "", func(p *corev1.Pod) (bool, error) { return p.Status.PodIP != "", nil }); err != nil {
 		return err
 	}
 	pctx, cancel := context.WithTimeout(ctx, b.cfg.StartTimeout)
@@ -571,7 +580,7 @@ func (b *Backend) waitAgent(ctx context.Context, s *sandbox, name string) error 
 		b.mu.Lock()
 		pod := s.pod
 		b.mu.Unlock()
-		if serr := startError(pod); serr != nil {
+		if serr := startError(pod, &s.spec); serr != nil {
 			return serr
 		}
 		select {

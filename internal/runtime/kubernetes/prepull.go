@@ -651,7 +651,10 @@ func prepullOutcome(pod *corev1.Pod, now, created time.Time, timeout time.Durati
 		if w := cs.State.Waiting; w != nil {
 			switch w.Reason {
 			case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError":
-				return true, false, w.Reason + ": " + w.Message
+				if transientCreate(w.Reason, w.Message) {
+					continue // the kubelet tries again (status.go)
+				}
+				return true, false, w.Reason + ": " + runtimeText(w.Message)
 			}
 		}
 		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
@@ -660,7 +663,10 @@ func prepullOutcome(pod *corev1.Pod, now, created time.Time, timeout time.Durati
 	}
 	for _, cs := range pod.Status.InitContainerStatuses {
 		if w := cs.State.Waiting; w != nil && strings.Contains(w.Reason, "Err") {
-			return true, false, "agent image: " + w.Reason + ": " + w.Message
+			if transientCreate(w.Reason, w.Message) {
+				continue // the kubelet tries again (status.go)
+			}
+			return true, false, "agent image: " + w.Reason + ": " + runtimeText(w.Message)
 		}
 	}
 	if now.Sub(created) > timeout+time.Minute {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 func containerStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
@@ -55,41 +57,219 @@ var pullReasons = map[string]bool{
 	"InvalidImageName": true, "ImageInspectError": true, "RegistryUnavailable": true,
 }
 
-// Waiting reasons that mean the container cannot be created from the spec.
+// Waiting reasons that mean the container could not be created or started: the
+// container runtime refused it (CreateContainerError: CRI-O runs `runc create` here),
+// the kubelet could not build its config (CreateContainerConfigError: a Secret or key
+// of an env var missing, runAsNonRoot with an image that runs as root, a subPath it
+// cannot prepare), the runtime failed to start it (RunContainerError: containerd runs
+// `runc create` here), or its PostStart hook failed. PreStartHookError is not among
+// them: it is the kubelet's resource managers (CPU, memory, topology) failing to admit a
+// created container, a node fault and not final (the container stays Created, and the
+// kubelet starts a Created container again whatever the restartPolicy), so the start
+// waits and a lasting one ends in the StartTimeout, which quotes it (podSummary).
 var configReasons = map[string]bool{
 	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
-	"PreStartHookError": true, "PostStartHookError": true,
+	"PostStartHookError": true,
+}
+
+// retriedReasons are the waiting reasons of a container that was never created: the
+// kubelet tries again at every sync of the Pod, so a cause that goes away by itself
+// (transientCreate) is not a failure. Every other reason is final under the Pods'
+// restartPolicy Never: a container that was created is never created again.
+var retriedReasons = map[string]bool{"CreateContainerConfigError": true, "CreateContainerError": true}
+
+// transientMarkers are parts of a CreateContainerConfigError / CreateContainerError
+// message whose cause the kubelet resolves in the normal course on a later sync: its
+// watch of a Secret or ConfigMap not synced yet, a CreateContainer that timed out and
+// still holds the name in containerd ("failed to reserve container name"), the CRI
+// socket restarting, CRI-O's "error reserving ctr name ...: name is reserved" (its
+// form of containerd's), a kubelet just restarted that has not listed the Services yet
+// ("services have not yet been read at least once, cannot construct envvars"). A missing Secret or key ("secret \"x\" not found") is not among
+// them: the runner creates its own Secret before the Pod and checks a SecretRef's
+// Secret and key before it (CheckSecretRefs), so one missing now was deleted since,
+// and waiting for it would hold the create until StartTimeout.
+var transientMarkers = []string{
+	"failed to sync secret cache", "failed to sync configmap cache", "timed out waiting for the condition",
+	"failed to reserve container name", "is reserved for", "name is reserved",
+	"services have not yet been read at least once",
+	"context deadline exceeded", "deadlineexceeded",
+	"code = unavailable", "transport is closing", "error while dialing",
+}
+
+// startFailedReasons are the reasons of a container that terminated without having
+// started: the container runtime could not start it (containerd's StartError, exit
+// code 128, with `runc create`'s error as the message; docker's ContainerCannotRun).
+// Under restartPolicy Never the kubelet does not try again.
+var startFailedReasons = map[string]bool{"StartError": true, "ContainerCannotRun": true}
+
+// maxStartMessage bounds the kubelet's or the container runtime's message quoted in a
+// start failure: a Waiting message has no bound of its own, and a runtime's error quotes
+// paths from the spec and the image.
+const maxStartMessage = 1024
+
+// MaxStartMessage is maxStartMessage, for the attack tests (test/security).
+const MaxStartMessage = maxStartMessage
+
+// runtimeText is a message of the kubelet or the container runtime fit to quote: at most
+// maxStartMessage bytes of valid UTF-8 (cut with textclip's marker), every character
+// that is not printable (a newline of a multi-line runtime error, an escape sequence
+// from a path in the spec) a space.
+func runtimeText(s string) string { return runtimeTextN(s, maxStartMessage) }
+
+// runtimeTextN is runtimeText of at most n bytes.
+func runtimeTextN(s string, n int) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return ' '
+	}, textclip.Clip(s, n))
+}
+
+// containsAny reports whether the lower-cased s holds one of markers.
+func containsAny(s string, markers []string) bool {
+	s = strings.ToLower(s)
+	for _, m := range markers {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// transientCreate reports whether a never-created container's waiting reason and
+// message are one the kubelet resolves by itself (transientMarkers).
+func transientCreate(reason, msg string) bool {
+	return retriedReasons[reason] && containsAny(textclip.Clip(msg, maxStartMessage), transientMarkers)
 }
 
 // startError is a reason the Pod will not start without a change to the spec or the
-// cluster: image pull failures (of the sandbox's or the agent's image) and container
-// creation errors. nil while it may still start.
-func startError(p *corev1.Pod) error {
-	if p == nil {
+// cluster: image pull failures (of the sandbox's or the agent's image) and containers
+// the kubelet or the container runtime could not create or start (a waiting
+// configReasons reason, or a container terminated with a startFailedReasons reason:
+// e.g. runc failing to make the working directory), of any container of the Pod (the
+// sandbox's, a group's sidecars and init containers, the runner's gate, install and
+// filler). nil while it may still start, also while the kubelet retries a transient
+// cause (transientCreate). spec (nil: not known) names a group's containers as the
+// spec does.
+//
+// A create failure of a workload container is the spec's (runtime.ErrInvalidSpec: the
+// runner's StartError); one of the runner's own containers is the runner's (a plain
+// error: BackendError, which counts against the runner's health). Which container
+// decides, never the message: it quotes the spec's paths (a working_dir, a mount), so a
+// caller could word its own failure as a node fault ("cgroup", "no space left on
+// device") and make it count against the runner. This errs toward not charging the
+// runner: a node fault that fails only a workload container is reported as the spec's
+// (it often shows on the gate too, which the kubelet creates first, but the workload
+// container's entrypoint is the gate binary from the bin emptyDir, and its own create
+// can fail alone). The message names the container and quotes the
+// kubelet's reason and the runtime's message (runtimeText).
+//
+// The transient markers are read in the message too, and a caller's path can hold one:
+// that only keeps its own sandbox waiting until StartTimeout, as before this check.
+//
+// A Pod being deleted (DeletionTimestamp set: a Destroy or Stop during the Create, the
+// runner's cleanup) has none: the kubelet cancels the starts of its containers, and a
+// start cut short so is not the spec's StartError (the deletion reports the end).
+func startError(p *corev1.Pod, spec *runtime.Spec) error {
+	if p == nil || p.DeletionTimestamp != nil {
 		return nil
 	}
 	// Every container of the Pod: the sandbox's and the agent's (gate, install), and a
 	// group's sidecars and init containers.
 	all := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
 	for i := range all {
-		cs := &all[i]
-		name := cs.Name
-		if cs.State.Waiting == nil {
-			continue
-		}
-		w := cs.State.Waiting
-		switch {
-		case pullReasons[w.Reason]:
-			img := cs.Image
-			if helperContainer(name) {
-				img = "agent image " + img
-			}
-			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, w.Message)
-		case configReasons[w.Reason]:
-			return fmt.Errorf("%w: container %s: %s: %s", runtime.ErrInvalidSpec, name, w.Reason, w.Message)
+		if err := containerStartError(&all[i], spec); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// containerFailure is startError's error: the start failure of one container, Pod its
+// name in the Pod.
+type containerFailure struct {
+	Pod string
+	err error
+}
+
+func (e *containerFailure) Error() string { return e.err.Error() }
+func (e *containerFailure) Unwrap() error { return e.err }
+
+// podContainerStartError is startError of Pod container name alone.
+func podContainerStartError(p *corev1.Pod, name string, spec *runtime.Spec) error {
+	if p == nil || p.DeletionTimestamp != nil {
+		return nil
+	}
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		if cs := podContainerStatus(list, name); cs != nil {
+			return containerStartError(cs, spec)
+		}
+	}
+	return nil
+}
+
+// containerStartError is startError of one container (a *containerFailure).
+func containerStartError(cs *corev1.ContainerStatus, spec *runtime.Spec) error {
+	if err := containerStartCause(cs, spec); err != nil {
+		return &containerFailure{Pod: cs.Name, err: err}
+	}
+	return nil
+}
+
+func containerStartCause(cs *corev1.ContainerStatus, spec *runtime.Spec) error {
+	var reason, msg string
+	switch {
+	case cs.State.Waiting != nil:
+		w := cs.State.Waiting
+		if pullReasons[w.Reason] {
+			img := cs.Image
+			if helperContainer(cs.Name) {
+				img = "agent image " + img
+			}
+			// Classified by the whole message: clipped (for display only), a "not found"
+			// or "401" past the bound would be lost.
+			return fmt.Errorf("pull %s: %w: %s: %s", img, pullError(w.Reason, w.Message), w.Reason, runtimeText(w.Message))
+		}
+		if !configReasons[w.Reason] || transientCreate(w.Reason, w.Message) {
+			return nil
+		}
+		reason, msg = w.Reason, runtimeText(w.Message)
+	case cs.State.Terminated != nil && startFailedReasons[cs.State.Terminated.Reason]:
+		t := cs.State.Terminated
+		reason, msg = t.Reason, runtimeText(t.Message)
+		if t.ExitCode != 0 {
+			reason = fmt.Sprintf("%s (exit code %d)", t.Reason, t.ExitCode)
+		}
+	default:
+		return nil
+	}
+	if helperContainer(cs.Name) {
+		return fmt.Errorf("%s could not be created or started: %s: %s", containerLabel(cs.Name, spec), reason, msg)
+	}
+	return fmt.Errorf("%w: %s could not be created or started: %s: %s", runtime.ErrInvalidSpec, containerLabel(cs.Name, spec), reason, msg)
+}
+
+// containerLabel names Pod container podName for a message: the runner's own ones as
+// such, a group's by their name in the spec, the primary by its spec name.
+func containerLabel(podName string, spec *runtime.Spec) string {
+	if helperContainer(podName) {
+		return fmt.Sprintf("the runner's %s container", podName)
+	}
+	if spec != nil {
+		if !spec.Multi() {
+			if podName == containerMain {
+				return fmt.Sprintf("container %q", spec.ContainerName())
+			}
+		} else {
+			for _, m := range members(spec) {
+				if m.pod == podName {
+					return fmt.Sprintf("container %q", m.name)
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("container %q", podName)
 }
 
 // pullError maps the kubelet's image pull failure to the runtime's sentinels.
@@ -292,6 +472,12 @@ func lastTerminated(cs *corev1.ContainerStatus) *corev1.ContainerStateTerminated
 	return cs.LastTerminationState.Terminated
 }
 
+// maxPodSummary bounds podSummary as a whole: each message in it is bounded
+// (runtimeText), but a group's Pod has many containers and conditions.
+const maxPodSummary = 4096
+
+// podSummary is the Pod's phase, its false conditions and its containers' waiting and
+// terminated states, for a message: at most maxPodSummary bytes of printable UTF-8.
 func podSummary(p *corev1.Pod) string {
 	if p == nil {
 		return "no Pod status yet"
@@ -299,19 +485,25 @@ func podSummary(p *corev1.Pod) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "phase %s", p.Status.Phase)
 	for _, c := range p.Status.Conditions {
+		if b.Len() > maxPodSummary {
+			break
+		}
 		if c.Status != corev1.ConditionTrue && c.Reason != "" {
-			fmt.Fprintf(&b, "; %s: %s %s", c.Type, c.Reason, c.Message)
+			fmt.Fprintf(&b, "; %s: %s %s", c.Type, runtimeText(c.Reason), runtimeText(c.Message))
 		}
 	}
 	for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if b.Len() > maxPodSummary {
+			break
+		}
 		switch {
 		case cs.State.Waiting != nil && cs.State.Waiting.Reason != "":
-			fmt.Fprintf(&b, "; %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
+			fmt.Fprintf(&b, "; %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, runtimeText(cs.State.Waiting.Message))
 		case cs.State.Terminated != nil:
 			fmt.Fprintf(&b, "; %s terminated: %s (exit %d)", cs.Name, cs.State.Terminated.Reason, cs.State.Terminated.ExitCode)
 		}
 	}
-	return b.String()
+	return runtimeTextN(b.String(), maxPodSummary)
 }
 
 // digestOf turns a container status' imageID (ref@sha256:…, or sha256:… of the config

@@ -82,7 +82,7 @@ func TestStartError(t *testing.T) {
 		{"agent image", podWith(corev1.ContainerState{}, wait("ErrImageNeverPull", "agent"), corev1.PodPending), runtime.ErrImageNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := startError(tc.pod)
+			err := startError(tc.pod, nil)
 			if tc.want == nil {
 				if err != nil {
 					t.Fatalf("startError = %v, want nil", err)
