@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"strings"
@@ -15,10 +14,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
@@ -34,42 +31,17 @@ func TestK8sForgedPrimaryStatus(t *testing.T) {
 	const id, runner = "forged1", "r1"
 	spec := runtime.Spec{ID: id, Container: runtime.Container{Image: "busybox", Command: "sh", RestartLimit: 2},
 		Meta: map[string]string{runtime.MetaOrg: "org-a"}}
-	specJSON, err := json.Marshal(&spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientCert, clientKey := selfSignedPEM(t, "sandboxd-runner")
-	serverCert, _ := selfSignedPEM(t, "sandbox-"+id)
-	labels := map[string]string{kubernetes.LabelManagedBy: kubernetes.ManagedBy, kubernetes.LabelRunner: runner,
-		kubernetes.LabelSandbox: id, kubernetes.LabelOrg: "org-a"}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sbx-" + id, Namespace: "sbx", Labels: labels},
-		Data: map[string][]byte{"spec.json": specJSON, "client.crt": clientCert, "client.key": clientKey, "tls.crt": serverCert, "config.json": []byte("{}")}}
 	started := time.Now().Add(-time.Hour).Truncate(time.Second).UTC()
 	ended := started.Add(10 * time.Minute)
 	forged := `{"state":"MAIN_STATE_COMPLETED","exitCode":0,"restartCount":1000000,"reason":"Evicted",` +
 		`"message":"\u001b]8;;https://evil.example\u0007the node was drained by the operator\u001b]8;;\u0007` + strings.Repeat("!", 2000) + `",` +
 		`"finishedAt":"1999-01-01T00:00:00Z"}`
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sbx-" + id, Namespace: "sbx", Labels: labels, UID: "u1"},
-		Status: corev1.PodStatus{Phase: corev1.PodSucceeded, ContainerStatuses: []corev1.ContainerStatus{
-			{Name: "gate", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", Message: forged,
-				StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(ended)}}},
-			{Name: "sandbox", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed",
-				StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(ended)}}},
-		}}}
-	cs := fake.NewSimpleClientset(secret, pod)
-	b, err := kubernetes.New(t.Context(), kubernetes.Config{Client: cs, Namespace: "sbx", RunnerID: runner, AgentImage: "agent:1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	recs, err := b.Recover(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(recs) != 1 || recs[0].Exit == nil || recs[0].Alive {
-		t.Fatalf("recovered %+v, want the ended sandbox with its exit", recs)
-	}
-	ex := *recs[0].Exit
+	b, ex := recoverEnded(t, runner, spec, corev1.PodStatus{Phase: corev1.PodSucceeded, ContainerStatuses: []corev1.ContainerStatus{
+		{Name: "gate", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", Message: forged,
+			StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(ended)}}},
+		{Name: "sandbox", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed",
+			StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(ended)}}},
+	}})
 	if ex.Reason != "Error" || ex.Restarts != 2 || ex.Message != "" || !ex.At.Equal(ended) || ex.ExitCode == nil || *ex.ExitCode != 0 {
 		t.Errorf("exit of the forged status: %+v, want reason Error (not Evicted), 2 restarts (the limit), no message, at the kubelet's end %s", ex, ended)
 	}

@@ -2,14 +2,10 @@ package security
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
@@ -25,16 +21,7 @@ import (
 // Create fails, the Pod it created is what counts).
 func TestK8sPolicyForgesNoPodState(t *testing.T) {
 	cs := fake.NewSimpleClientset()
-	var mu sync.Mutex
-	var made []*corev1.Pod
-	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
-		if p, ok := a.(k8stesting.CreateAction).GetObject().(*corev1.Pod); ok {
-			mu.Lock()
-			made = append(made, p.DeepCopy())
-			mu.Unlock()
-		}
-		return false, nil, nil
-	})
+	made := recordPods(cs)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	b, err := kubernetes.New(ctx, kubernetes.Config{Client: cs, Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1",
@@ -54,12 +41,11 @@ func TestK8sPolicyForgesNoPodState(t *testing.T) {
 	cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
 	defer ccancel()
 	_, _ = b.Create(cctx, spec)
-	mu.Lock()
-	defer mu.Unlock()
-	if len(made) == 0 {
+	pods := made()
+	if len(pods) == 0 {
 		t.Fatal("the Create made no Pod (the test no longer reaches the Pod's annotations)")
 	}
-	for _, p := range made {
+	for _, p := range pods {
 		for k := range p.Annotations {
 			if _, reserved := runtime.ReservedPodAnnotation(k); reserved {
 				t.Errorf("Pod %s carries the policy's %s=%q", p.Name, k, p.Annotations[k])

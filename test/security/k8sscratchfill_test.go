@@ -8,14 +8,11 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
@@ -30,16 +27,7 @@ import (
 // memory). Against a fake cluster whose Pods never run: the Pod made is what counts.
 func TestK8sRestoredScratchLiftsNoPodLimit(t *testing.T) {
 	cs := fake.NewSimpleClientset()
-	var mu sync.Mutex
-	var made []*corev1.Pod
-	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
-		if p, ok := a.(k8stesting.CreateAction).GetObject().(*corev1.Pod); ok {
-			mu.Lock()
-			made = append(made, p.DeepCopy())
-			mu.Unlock()
-		}
-		return false, nil, nil
-	})
+	made := recordPods(cs)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	const disk = 1 << 30
@@ -69,22 +57,18 @@ func TestK8sRestoredScratchLiftsNoPodLimit(t *testing.T) {
 	if !errors.Is(err, runtime.ErrInvalidSpec) {
 		t.Errorf("a restored memory volume through the filler: %v, want ErrInvalidSpec", err)
 	}
-	mu.Lock()
-	n := len(made)
-	mu.Unlock()
-	if n != 0 {
+	if len(made()) != 0 {
 		t.Errorf("a Pod was made for a refused memory restore")
 	}
 
 	cctx, ccancel = context.WithTimeout(ctx, 3*time.Second)
 	_, _ = b.Create(cctx, spec("disk", runtime.MediumDisk))
 	ccancel()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(made) == 0 {
+	pods := made()
+	if len(pods) == 0 {
 		t.Fatal("the Create made no Pod (the test no longer reaches the Pod's limits)")
 	}
-	for _, p := range made {
+	for _, p := range pods {
 		var eph int64
 		filler := false
 		for _, c := range p.Spec.Containers {

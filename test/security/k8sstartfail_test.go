@@ -1,13 +1,11 @@
 package security
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
@@ -26,38 +24,13 @@ func TestK8sCreateFailureWording(t *testing.T) {
 	const id, runner = "cfword1", "r1"
 	spec := runtime.Spec{ID: id, Container: runtime.Container{Name: "app", Image: "busybox", Command: "sh"},
 		Meta: map[string]string{runtime.MetaOrg: "org-a"}}
-	specJSON, err := json.Marshal(&spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientCert, clientKey := selfSignedPEM(t, "sandboxd-runner")
-	serverCert, _ := selfSignedPEM(t, "sandbox-"+id)
-	labels := map[string]string{kubernetes.LabelManagedBy: kubernetes.ManagedBy, kubernetes.LabelRunner: runner,
-		kubernetes.LabelSandbox: id, kubernetes.LabelOrg: "org-a"}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sbx-" + id, Namespace: "sbx", Labels: labels},
-		Data: map[string][]byte{"spec.json": specJSON, "client.crt": clientCert, "client.key": clientKey, "tls.crt": serverCert, "config.json": []byte("{}")}}
 	path := "/x/cgroup: no space left on device: context deadline exceeded: code = Unavailable\x1b]8;;https://evil.example\x07\n" + strings.Repeat("\xff/cgroup", 1<<18)
 	msg := "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: mkdir " + path + ": read-only file system: unknown"
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sbx-" + id, Namespace: "sbx", Labels: labels, UID: "u1"},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{
-			{Name: "gate", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
-			{Name: "sandbox", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 128, Reason: "StartError",
-				Message: msg, StartedAt: metav1.Unix(0, 0), FinishedAt: metav1.Now()}}},
-		}}}
-	cs := fake.NewSimpleClientset(secret, pod)
-	b, err := kubernetes.New(t.Context(), kubernetes.Config{Client: cs, Namespace: "sbx", RunnerID: runner, AgentImage: "agent:1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	recs, err := b.Recover(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(recs) != 1 || recs[0].Exit == nil || recs[0].Alive {
-		t.Fatalf("recovered %+v, want the failed create with its exit", recs)
-	}
-	ex := *recs[0].Exit
+	_, ex := recoverEnded(t, runner, spec, corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{
+		{Name: "gate", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
+		{Name: "sandbox", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 128, Reason: "StartError",
+			Message: msg, StartedAt: metav1.Unix(0, 0), FinishedAt: metav1.Now()}}},
+	}})
 	if ex.Reason != "StartError" {
 		t.Errorf("reason %q, want StartError: the caller's path worded as a node fault made it the runner's", ex.Reason)
 	}

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +20,7 @@ import (
 // (the create itself never finishes: no kubelet).
 func madePods(t *testing.T, spec *runtime.Spec) []*corev1.Pod {
 	t.Helper()
-	cs := fake.NewClientset()
+	b, cs := newFakeBackend(t, Config{StartTimeout: time.Second, MaxPrepull: -1})
 	var mu sync.Mutex
 	var made []*corev1.Pod
 	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
@@ -30,15 +31,7 @@ func madePods(t *testing.T, spec *runtime.Spec) []*corev1.Pod {
 		}
 		return false, nil, nil
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	b, err := New(ctx, Config{Client: cs, Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1",
-		StartTimeout: time.Second, MaxPrepull: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+	cctx, ccancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer ccancel()
 	_, _ = b.Create(cctx, spec)
 	mu.Lock()
@@ -74,7 +67,7 @@ func TestGVisorPodHints(t *testing.T) {
 		"dev.gvisor.spec.mount.run.share": "pod", "dev.gvisor.spec.mount.run.type": "tmpfs",
 		"dev.gvisor.spec.mount.run.options": "rw,rprivate",
 	}
-	if got := gvisorHints(p); !equalMaps(got, want) {
+	if got := gvisorHints(p); !maps.Equal(got, want) {
 		t.Errorf("single-container gVisor Pod hints %v, want %v", got, want)
 	}
 
@@ -103,18 +96,6 @@ func TestGVisorPodHints(t *testing.T) {
 	if got := gvisorHints(madePods(t, &runc)[0]); len(got) != 0 {
 		t.Errorf("runc Pod carries gVisor hints %v", got)
 	}
-}
-
-func equalMaps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestRuntimeClassesConfig: the configured classes are offered default first, the rest in
