@@ -186,8 +186,8 @@ func newBuildService(s *Server, cfg BuildOptions, ctx context.Context) *buildSer
 		running: make([]int, len(s.runners)), poke: make(chan struct{}, 1)}
 	if bs.st != nil {
 		bs.failUnfinished(ctx)
-		go bs.dispatchLoop(ctx)
-		go bs.sweepLoop(ctx)
+		s.loops.Go(func() { bs.dispatchLoop(ctx) })
+		s.loops.Go(func() { bs.sweepLoop(ctx) })
 	}
 	return bs
 }

@@ -50,5 +50,6 @@ func (s *Server) wireSnapshots(ctx context.Context, cfg Config) {
 		placement.PreferCached(cands, s.views.snapshot(ctx), digests)
 		return cands
 	}
-	go newFSSGC(s.blobs, s.snaps.SnapshotKeyExists, s.fss.GC, s.log).run(ctx)
+	gc := newFSSGC(s.blobs, s.snaps.SnapshotKeyExists, s.fss.GC, s.log)
+	s.loops.Go(func() { gc.run(ctx) })
 }

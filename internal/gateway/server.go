@@ -244,6 +244,9 @@ type Server struct {
 	// bg ends with the server (Close): the probe judges (health.go) stop with it.
 	bg           context.Context
 	probeWatches sync.WaitGroup
+	// loops are the background loops New starts (views, warm pools, reconciliation, snapshot
+	// GC, build dispatch and retention, audit pruning); Close waits for them.
+	loops sync.WaitGroup
 	// attempts are the create requests to runners in flight (runnerCreate); detached
 	// bounds those whose callers went away.
 	attempts                       sync.WaitGroup
@@ -346,29 +349,32 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ViewInterval <= 0 {
 		cfg.ViewInterval = DefaultViewInterval
 	}
-	go s.views.run(ctx, cfg.ViewInterval)
+	s.loops.Go(func() { s.views.run(ctx, cfg.ViewInterval) })
 	if s.templates != nil {
 		if cfg.WarmInterval <= 0 {
 			cfg.WarmInterval = DefaultWarmInterval
 		}
 		s.warmPoke = make(chan struct{}, 1)
-		go s.warmLoop(ctx, cfg.WarmInterval)
+		s.loops.Go(func() { s.warmLoop(ctx, cfg.WarmInterval) })
 	}
 	s.wireSnapshots(ctx, cfg)
 	s.builds = newBuildService(s, cfg.Builds, ctx)
 	if s.audit != nil {
-		go s.audit.Run(ctx, cfg.Audit.Config)
+		s.loops.Go(func() { s.audit.Run(ctx, cfg.Audit.Config) })
 	}
 	if cfg.ReconcileInterval > 0 && (cfg.Index != nil || cfg.Snapshots != nil) {
-		go s.reconcileLoop(ctx, cfg.ReconcileInterval)
+		s.loops.Go(func() { s.reconcileLoop(ctx, cfg.ReconcileInterval) })
 	}
 	return s, nil
 }
 
-// Close stops the server's background work (runner probes, reconciliation) and waits for
-// the health probe watches and the create requests to runners to end.
+// Close stops the server's background work (runner probes, warm pools, reconciliation,
+// snapshot GC, build dispatch, audit pruning) and waits for those loops, the health probe
+// watches and the create requests to runners to end: once it returns, nothing of the
+// server's still reads or writes its stores.
 func (s *Server) Close() {
 	s.stop()
+	s.loops.Wait()
 	s.probeWatches.Wait()
 	s.attempts.Wait()
 }

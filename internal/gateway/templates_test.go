@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -580,4 +581,50 @@ func FuzzDisplayName(f *testing.F) {
 			t.Fatalf("accepted %q", name)
 		}
 	})
+}
+
+// blockingLive is a template store whose ListLive (the warm loop's read) waits for release.
+type blockingLive struct {
+	store.Templates
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingLive) ListLive(ctx context.Context, limit int) ([]store.Template, error) {
+	select {
+	case b.entered <- struct{}{}:
+	default:
+	}
+	<-b.release
+	return b.Templates.ListLive(ctx, limit)
+}
+
+// TestCloseWaitsForLoops: Close returns only once the background loops (here the warm
+// pools' read of the templates) have ended, so a caller may close the store right after
+// (a test's TempDir removal once raced the warm loop's SQLite files).
+func TestCloseWaitsForLoops(t *testing.T) {
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "sandboxd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	keys, err := auth.OpenKeyring(filepath.Join(t.TempDir(), "keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blockingLive{Templates: st.Templates(), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s, err := New(Config{Auth: keys, Runners: []runner.Handle{&acceptingRunner{id: "r1"}}, Index: st.Sandboxes(), Orgs: st.Orgs(), Templates: b, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-b.entered
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while the warm loop was still reading the store")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(b.release)
+	<-closed
 }
