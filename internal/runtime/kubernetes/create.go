@@ -77,6 +77,10 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			return runtime.Info{}, fmt.Errorf("container %q: %w: secrets from the built-in secret store on the kubernetes backend (use a KUBERNETES store)", c.ContainerName(), errdefs.ErrNotImplemented)
 		}
 	}
+	// A working directory the image sets below a restored volume's mount: the fill must
+	// know it (snapshot.go imageWorkDirs), so Create, its Pod and the persisted spec use
+	// it as the spec's.
+	spec = b.imageWorkDirs(ctx, spec)
 	// Checked before anything is made: a Secret that does not grant the organization's
 	// store refuses the spec.
 	if err := b.CheckSecretRefs(ctx, spec); err != nil {

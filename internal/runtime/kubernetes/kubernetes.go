@@ -433,7 +433,7 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 		// A GLOBAL volume writer's Pod outlives its workload (globalvol.go): the sandbox
 		// ends with the last workload container, not with the Pod.
 		writer := commits(&s.spec)
-		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && s.spec.Multi() && primaryEnded(s.pod) {
+		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && primaryDone(&s.spec, s.pod) {
 			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit, writer)
 			close(s.done)
 			dropSpareLocked(s)
@@ -454,10 +454,11 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 				}
 			}()
 		}
-		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {
+		if !s.deleted && !s.stopping && (s.spec.Multi() && primaryEnded(s.pod) || !writer && primaryDone(&s.spec, s.pod)) && !podEnded(s.pod) {
 			// The primary's end ends the sandbox: the other containers get the grace
 			// period (the Pod's deletion sends them SIGTERM; a writer's, their agents'
-			// Stop, so the Pod stays for the commit).
+			// Stop, so the Pod stays for the commit), and so does a filler kept for
+			// captures (keepsFillerForCaptures).
 			s.stopping = true
 			var rest []string
 			if writer {
@@ -478,6 +479,18 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	}
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// primaryDone reports whether a Pod that runs on without its primary has ended as a
+// sandbox (not a GLOBAL writer's: workloadEnded): a group's once its primary (or gate)
+// has terminated; a single container's whose filler stays for captures
+// (keepsFillerForCaptures) once its gate has, which it does after the primary's agent
+// ended, its final status copied into its termination message (exitOf).
+func primaryDone(spec *runtime.Spec, p *corev1.Pod) bool {
+	if spec.Multi() {
+		return primaryEnded(p)
+	}
+	return keepsFillerForCaptures(spec) && gateEnded(p)
 }
 
 func podEnded(p *corev1.Pod) bool {
