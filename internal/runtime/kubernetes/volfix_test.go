@@ -25,7 +25,7 @@ import (
 func TestImageWorkDirs(t *testing.T) {
 	b := snapBackend(t, 0)
 	d := prepareEmpty(t, b)
-	wds := map[string]string{"deep": "/w/src/../app/work/", "rel": "app", "nul": "/w/a\x00b", "long": "/w/" + strings.Repeat("x", maxImageWorkDir), "root": "/", "dotdot": "/w/../etc/x"}
+	wds := map[string]string{"deep": "/w/src/../app/work/", "rel": "app", "nul": "/w/a\x00b", "long": "/w/" + strings.Repeat("x", maxImageWorkDir), "root": "/", "dotdot": "/w/../etc/x", "hugename": "/w/" + strings.Repeat("n", 300)}
 	var asked []string
 	b.cfg.ImageConfig = func(_ context.Context, ref string, _ *runtime.Credentials) (image.Config, error) {
 		asked = append(asked, ref)
@@ -68,6 +68,15 @@ func TestImageWorkDirs(t *testing.T) {
 	ro.Image = "deep"
 	if _, rel, err := b.planRestores(b.imageWorkDirs(context.Background(), ro)); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "image's working directory") || !strings.Contains(err.Error(), "/w/app/work") {
 		t.Errorf("below a read-only mount: %v, want ErrInvalidSpec naming the image's working directory", err)
+	} else {
+		rel()
+	}
+
+	// A name fsarchive would not take (the image is the caller's): refused before the Pod.
+	huge := scratchSpec(d, "", wm("/w", "", false))
+	huge.Image = "hugename"
+	if _, rel, err := b.planRestores(b.imageWorkDirs(context.Background(), huge)); !errors.Is(err, runtime.ErrInvalidSpec) {
+		t.Errorf("a 300-byte name below the mount: %v, want ErrInvalidSpec", err)
 	} else {
 		rel()
 	}
