@@ -43,25 +43,20 @@ func TestVolumeSnapshotImageWorkDir(t *testing.T) {
 	if res := exec(t, r, sb.ID, "sh", "-c", "echo top > "+testimage.VolumeParent+"/top && echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
 		t.Fatalf("write: %q %q", res.Stdout, res.Stderr)
 	}
-	snap := func(name string) runner.SnapshotSource {
-		t.Helper()
-		key := "fss/org/" + name + ".tar.zst"
-		if _, err := r.SnapshotVolume(ctx, sb.ID, runner.SnapshotTarget{Volume: "work", SnapshotID: name, BlobKey: key, MaxSizeBytes: 64 << 20}); err != nil {
-			t.Fatal(err)
-		}
-		return sourceOf(waitSnapshot(t, r, name), key)
-	}
-	without := snap("imgwd-without")
+	without := snapshotOf(t, r, sb.ID, "imgwd-without")
 	script := "set -e; mkdir -p " + testimage.DeepWorkDir + "; echo wd > " + testimage.DeepWorkDir + "/f; chown 1234:1234 " + testimage.DeepWorkDir + "; chmod 0770 " + testimage.DeepWorkDir + "; echo ok"
 	if res := exec(t, r, sb.ID, "sh", "-c", script); strings.TrimSpace(string(res.Stdout)) != "ok" {
 		t.Fatalf("write: %q %q", res.Stdout, res.Stderr)
 	}
-	with := snap("imgwd-with")
+	with := snapshotOf(t, r, sb.ID, "imgwd-with")
 
 	spec := func(mounts ...runtime.VolumeMount) runtime.Spec {
 		sp := volumeSpec("")
 		sp.Image = deepWorkDirImage
 		sp.VolumeMounts = mounts
+		// The main command's working directory, as it started (/proc/1/cwd is the
+		// agent's).
+		sp.Command, sp.Args = "sh", []string{"-c", "pwd > /tmp/main-cwd; exec sleep 3600"}
 		return sp
 	}
 	root := runtime.VolumeMount{Volume: "work", Path: testimage.VolumeParent}
@@ -85,11 +80,17 @@ func TestVolumeSnapshotImageWorkDir(t *testing.T) {
 			if got := waitState(t, r, sb.ID, 2*time.Minute, running); got.State != runner.StateRunning {
 				t.Fatalf("%s (%s: %s)", got.State, got.Reason, got.Message)
 			}
-			// The main command's working directory (its /proc/1/cwd is the agent's: the
-			// sleep's is what the image gives), and an exec's.
+			// The main command's working directory, and an exec's.
+			main := ""
+			for end := time.Now().Add(30 * time.Second); main == "" && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+				main = string(exec(t, r, sb.ID, "sh", "-c", "cat /tmp/main-cwd 2>/dev/null; true").Stdout)
+			}
+			if want := testimage.DeepWorkDir + "\n"; main != want {
+				t.Errorf("main command's working directory %q, want %q", main, want)
+			}
 			res := exec(t, r, sb.ID, "sh", "-c", "pwd; cat f 2>/dev/null; cat ../../top; stat -c '%u %a' .")
 			if got := string(res.Stdout); got != tc.want {
-				t.Errorf("got %q, want %q (stderr %q)", got, tc.want, res.Stderr)
+				t.Errorf("exec: got %q, want %q (stderr %q)", got, tc.want, res.Stderr)
 			}
 		})
 	}
@@ -145,14 +146,6 @@ func TestVolumeSnapshotSubPathRecapture(t *testing.T) {
 		}
 		return sb.ID
 	}
-	snap := func(id, name string) runner.SnapshotSource {
-		t.Helper()
-		key := "fss/org/" + name + ".tar.zst"
-		if _, err := r.SnapshotVolume(ctx, id, runner.SnapshotTarget{Volume: "work", SnapshotID: name, BlobKey: key, MaxSizeBytes: 64 << 20}); err != nil {
-			t.Fatalf("snapshot %s of %s: %v", name, id, err)
-		}
-		return sourceOf(waitSnapshot(t, r, name), key)
-	}
 	write := func(id, script string) {
 		t.Helper()
 		if res := exec(t, r, id, "sh", "-c", "set -e; "+script+"; echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
@@ -161,16 +154,16 @@ func TestVolumeSnapshotSubPathRecapture(t *testing.T) {
 	}
 	src := up("source", volumeSpec(""), nil)
 	write(src, "mkdir -p /work/a/b; echo inner > /work/a/b/f; echo top > /work/top")
-	s1 := snap(src, "recap1")
+	s1 := snapshotOf(t, r, src, "recap1")
 
 	only := volumeSpec("")
 	only.VolumeMounts = []runtime.VolumeMount{{Volume: "work", Path: "/ab", SubPath: "a/b"}}
 	a := up("sub_path only", only, &s1)
 	write(a, "echo g > /ab/g")
-	s2 := snap(a, "recap2")
+	s2 := snapshotOf(t, r, a, "recap2")
 	b := up("sub_path only, again", only, &s2)
 	write(b, "test \"$(cat /ab/g)\" = g; echo h > /ab/h")
-	s3 := snap(b, "recap3")
+	s3 := snapshotOf(t, r, b, "recap3")
 	c := up("at the root", volumeSpec(""), &s3)
 	res := exec(t, r, c, "sh", "-c", "cat /work/top /work/a/b/f /work/a/b/g /work/a/b/h")
 	if got, want := string(res.Stdout), "top\ninner\ng\nh\n"; got != want {

@@ -248,6 +248,12 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 	}
+	if keepsFillerForCaptures(spec) {
+		// Kept for the sandbox's life, its archive compression runs while the workload
+		// does, and its CPU is not the sandbox's (helperContainer: left out of usage): a
+		// limit of its own, one core or the sandbox's own limit when smaller.
+		res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(keptFillerMilliCPU(spec), resource.DecimalSI)
+	}
 	if copies := globalCopiesBytes(spec); copies > 0 && podLimitsEphemeral(pod) {
 		// The kubelet evicts a Pod whose ephemeral storage (its containers' writable
 		// layers and logs, and its disk emptyDirs, the copies included) exceeds the sum
@@ -291,6 +297,21 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		SecurityContext:          fillerSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	})
+}
+
+// maxKeptFillerMilliCPU is the CPU limit of a filler kept for captures
+// (keepsFillerForCaptures) in a sandbox without a CPU limit, or with a larger one.
+const maxKeptFillerMilliCPU = 1000
+
+// keptFillerMilliCPU is the CPU limit of spec's filler kept for captures: the
+// sandbox's own (all its containers', TotalResources) when below maxKeptFillerMilliCPU,
+// else that; at least the filler's 10m request.
+func keptFillerMilliCPU(spec *runtime.Spec) int64 {
+	m := int64(maxKeptFillerMilliCPU)
+	if own := spec.TotalResources().MilliCPU; own > 0 {
+		m = min(m, own)
+	}
+	return max(m, 10)
 }
 
 // maxFillerCopiesBytes bounds the GLOBAL copies' sizes the filler's ephemeral-storage

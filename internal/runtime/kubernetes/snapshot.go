@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sync/singleflight"
+	corev1 "k8s.io/api/core/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
@@ -133,14 +134,13 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 	if i := globalIndex(&s.spec, volume); i >= 0 {
 		return b.captureGlobal(s, volume, i)
 	}
-	container, path, err := volumeMount(&s.spec, volume, false)
+	var container, path string
 	filler := false
 	if i := capturedIndex(&s.spec, volume); i >= 0 {
 		// Mounted by sub_path only, filled through the filler, which stays for this
 		// (keepsFillerForCaptures) and mounts its root.
-		container, path, filler, err = containerFiller, fillerPath(i), true, nil
-	}
-	if err != nil {
+		container, path, filler = containerFiller, fillerPath(i), true
+	} else if container, path, err = volumeMount(&s.spec, volume, false); err != nil {
 		if errors.Is(err, runtime.ErrVolumeNotFound) {
 			return nil, err
 		}
@@ -153,11 +153,28 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 		return nil, fmt.Errorf("capture volume %q of %s: the sandbox has ended, and its emptyDirs with its Pod", volume, id)
 	default:
 	}
+	if filler {
+		if cs := podContainerStatus(statusesOf(s.pod), containerFiller); cs != nil && cs.State.Terminated != nil {
+			// Nothing else mounts the volume's root: with the filler gone (OOM-killed at its
+			// memory limit, crashed, or ended after the fill by an older runner), nothing
+			// can read the whole volume while the sandbox runs.
+			return nil, fmt.Errorf("%w: volume %q is mounted by sub_path only, and the runner's filler container, the one container mounting its root, has terminated (%s): it cannot be captured while the sandbox runs", errdefs.ErrNotImplemented, volume, fillerEnd(cs.State.Terminated))
+		}
+	}
 	if s.captures == 0 {
 		s.capturesIdle = make(chan struct{})
 	}
 	s.captures++
 	return &capture{b: b, s: s, container: container, path: path, filler: filler}, nil
+}
+
+// fillerEnd says how the filler terminated, from the kubelet's view (its reason and
+// exit code; never its message, which the filler's agent writes).
+func fillerEnd(t *corev1.ContainerStateTerminated) string {
+	if t.Reason != "" {
+		return fmt.Sprintf("%s, exit code %d", runtimeText(t.Reason), t.ExitCode)
+	}
+	return fmt.Sprintf("exit code %d", t.ExitCode)
 }
 
 // CapturesStoppedGlobals implements runtime.StoppedGlobalCapturer: a GLOBAL writer's
@@ -481,11 +498,11 @@ func fillDirs(spec *runtime.Spec, volume string) (dirs, waitFor []string, err er
 		return nil, nil, err
 	}
 	if len(dirs) > fsarchive.MaxExisting {
-		return nil, nil, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
+		return nil, nil, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir (or, when unset, the image's working directory), containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
 			runtime.ErrInvalidSpec, volume, len(dirs), fsarchive.MaxExisting)
 	}
 	if err := fsarchive.CheckExisting(dirs); err != nil {
-		return nil, nil, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path): %w",
+		return nil, nil, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir (or, when unset, the image's working directory), containers[].volume_mounts[].mount_path): %w",
 			runtime.ErrInvalidSpec, volume, err)
 	}
 	return dirs, waitFor, nil

@@ -3,14 +3,18 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -75,8 +79,8 @@ func TestImageWorkDirs(t *testing.T) {
 	// A name fsarchive would not take (the image is the caller's): refused before the Pod.
 	huge := scratchSpec(d, "", wm("/w", "", false))
 	huge.Image = "hugename"
-	if _, rel, err := b.planRestores(b.imageWorkDirs(context.Background(), huge)); !errors.Is(err, runtime.ErrInvalidSpec) {
-		t.Errorf("a 300-byte name below the mount: %v, want ErrInvalidSpec", err)
+	if _, rel, err := b.planRestores(b.imageWorkDirs(context.Background(), huge)); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "containers[].working_dir (or, when unset, the image's working directory)") {
+		t.Errorf("a 300-byte name below the mount: %v, want ErrInvalidSpec naming the image's working directory too", err)
 	} else {
 		rel()
 	}
@@ -142,15 +146,57 @@ func TestSubPathOnlyCapture(t *testing.T) {
 		}
 	}
 
-	b, _ := newFakeBackend(t, Config{})
-	for name, spec := range map[string]*runtime.Spec{"only": only, "both": both, "fresh": fresh} {
-		sp := *spec
-		sp.ID = name
-		b.mu.Lock()
-		b.sandboxes[name] = &sandbox{id: name, spec: sp, changed: make(chan struct{}), done: make(chan struct{})}
-		b.mu.Unlock()
+	b, cs := newFakeBackend(t, Config{})
+	var dials atomic.Int32
+	b.cfg.Dial = func(context.Context, string, string) (net.Conn, error) {
+		dials.Add(1)
+		return nil, errors.New("refused")
 	}
 	ctx := context.Background()
+	add := func(name string, spec *runtime.Spec) *sandbox {
+		t.Helper()
+		sp := *spec
+		sp.ID = name
+		s := &sandbox{id: name, spec: sp, helloIP: "10.0.0.9", changed: make(chan struct{}), done: make(chan struct{})}
+		b.mu.Lock()
+		b.sandboxes[name] = s
+		b.mu.Unlock()
+		// Its Pod in the cluster (unlabelled: the informer leaves it to the test).
+		if _, err := cs.CoreV1().Pods(b.cfg.Namespace).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(name), Namespace: b.cfg.Namespace}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	sOnly, sBoth := add("only", only), add("both", both)
+	add("fresh", fresh)
+
+	// The fill done, the kept filler is not started with noop (no agent dialled); a
+	// filler not kept is.
+	if err := b.endFiller(ctx, sOnly); err != nil || dials.Load() != 0 {
+		t.Errorf("endFiller of a filler kept for captures: %v, %d dials, want nothing started", err, dials.Load())
+	}
+	if err := b.endFiller(ctx, sBoth); err == nil || dials.Load() == 0 {
+		t.Errorf("endFiller of a filler not kept: %v, %d dials, want its noop start tried", err, dials.Load())
+	}
+
+	// The kept filler's CPU limit: one core, or the sandbox's own when smaller; a filler
+	// not kept has none.
+	sc, _ := securityFor(nil, "")
+	for _, tc := range []struct {
+		spec *runtime.Spec
+		cpu  int64
+		want string
+	}{{only, 0, "1"}, {only, 250, "250m"}, {only, 4000, "1"}, {both, 0, ""}} {
+		sp := *tc.spec
+		sp.Resources.MilliCPU = tc.cpu
+		pod := b.podFor(&sp, "", b.labels(&sp), nil, sc)
+		b.addFiller(pod, &sp)
+		q, has := containerNamed(pod, containerFiller).Resources.Limits[corev1.ResourceCPU]
+		if got := map[bool]string{true: q.String()}[has]; got != tc.want {
+			t.Errorf("filler's CPU limit %q for a sandbox of %dm (kept %v), want %q", got, tc.cpu, keepsFillerForCaptures(&sp), tc.want)
+		}
+	}
+
 	c, err := b.CaptureVolume(ctx, "only", "w")
 	if err != nil {
 		t.Fatalf("sub_path only, restored: %v", err)
@@ -164,53 +210,101 @@ func TestSubPathOnlyCapture(t *testing.T) {
 	} else {
 		_ = c.Close()
 	}
-	if _, err := b.CaptureVolume(ctx, "fresh", "w"); err == nil || !strings.Contains(err.Error(), "sub-path") {
+	if _, err := b.CaptureVolume(ctx, "fresh", "w"); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "sub-path") {
 		t.Errorf("fresh sub_path only: %v, want refused naming the sub-path", err)
 	}
 
-	// The end: the gate ended (after the primary's agent, its status copied), the
-	// filler still running, the Pod Running: the sandbox has ended with the agent's exit.
-	term := func(msg string) corev1.ContainerState {
-		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: msg, FinishedAt: metav1.Now()}}
+	term := func(code int32, reason, msg string) corev1.ContainerState {
+		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: msg, FinishedAt: metav1.Now()}}
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName("only")}, Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.9", ContainerStatuses: []corev1.ContainerStatus{
-		{Name: containerMain, State: term("")},
-		{Name: containerFiller, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
-		{Name: containerGate, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
-	}}}
-	b.mu.Lock()
-	s := b.sandboxes["only"]
-	s.pod = pod
-	b.evaluateLocked(s)
-	b.mu.Unlock()
-	select {
-	case <-s.done:
-		t.Fatal("ended before its gate copied the agent's final status")
-	default:
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	podOf := func(name string, main, filler, gate corev1.ContainerState) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(name)}, Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.9", ContainerStatuses: []corev1.ContainerStatus{
+			{Name: containerMain, State: main}, {Name: containerFiller, State: filler}, {Name: containerGate, State: gate},
+		}}}
 	}
-	ended := pod.DeepCopy()
-	ended.Status.ContainerStatuses[2].State = term(`{"state":"MAIN_STATE_FAILED","exitCode":3}`)
-	b.mu.Lock()
-	s.pod = ended
-	b.evaluateLocked(s)
-	b.mu.Unlock()
-	select {
-	case <-s.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a sub_path-only restored sandbox whose primary and gate ended has not ended (its kept filler holds the Pod up)")
+	observe := func(s *sandbox, p *corev1.Pod) {
+		b.mu.Lock()
+		s.pod = p
+		b.evaluateLocked(s)
+		b.mu.Unlock()
 	}
-	if s.exit.ExitCode == nil || *s.exit.ExitCode != 3 {
-		t.Errorf("exit %+v, want the agent's 3", s.exit)
+	ended := func(s *sandbox) bool {
+		select {
+		case <-s.done:
+			return true
+		default:
+			return false
+		}
 	}
+	podGone := func(name string, within time.Duration) bool {
+		for end := time.Now().Add(within); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := cs.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(name), metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				return true
+			}
+			if time.Now().After(end) {
+				return false
+			}
+		}
+	}
+
+	// The kept filler terminated (OOM-killed at its limit, crashed, or ended by an older
+	// runner): a capture is refused as a precondition, saying so, not dialled.
+	observe(sOnly, podOf("only", running, term(137, "OOMKilled", `{"x":1}`), running))
+	before := dials.Load()
+	if _, err := b.CaptureVolume(ctx, "only", "w"); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "filler container") || !strings.Contains(err.Error(), "has terminated (OOMKilled, exit code 137)") || strings.Contains(err.Error(), `{"x"`) {
+		t.Errorf("capture through a terminated filler: %v, want refused saying the filler terminated", err)
+	}
+	if dials.Load() != before {
+		t.Error("a capture through a terminated filler dialled it")
+	}
+
+	// The end: main terminated, the gate not yet (it copies the agent's final status):
+	// running. The gate terminated while main runs (a crash, or a termination message
+	// exitOf cannot read with main's own termination not reported yet): running, the Pod
+	// kept. Both terminated: ended, with main's exit when the gate's message says nothing
+	// readable, and the Pod deleted (the kept filler held it up).
+	for _, p := range []*corev1.Pod{
+		podOf("only", term(0, "Completed", ""), running, running),
+		podOf("only", running, running, term(2, "Error", "")),
+		podOf("only", running, running, term(0, "Completed", "not a status")),
+		podOf("only", corev1.ContainerState{}, running, term(0, "Completed", "not a status")),
+	} {
+		observe(sOnly, p)
+		if ended(sOnly) {
+			t.Fatalf("ended with main %+v, gate %+v: %+v", p.Status.ContainerStatuses[0].State, p.Status.ContainerStatuses[2].State, sOnly.exit)
+		}
+	}
+	if podGone("only", 200*time.Millisecond) {
+		t.Fatal("the Pod was deleted while its main container runs")
+	}
+	observe(sOnly, podOf("only", term(5, "Error", ""), running, term(0, "Completed", "not a status")))
+	if !ended(sOnly) {
+		t.Fatal("a sub_path-only restored sandbox whose main container and gate terminated has not ended (its kept filler holds the Pod up)")
+	}
+	if sOnly.exit.ExitCode == nil || *sOnly.exit.ExitCode != 5 || sOnly.exit.Reason == "Vanished" {
+		t.Errorf("exit %+v, want main's 5", sOnly.exit)
+	}
+	if !podGone("only", 5*time.Second) {
+		t.Error("the Pod of an ended sandbox whose filler was kept was not deleted")
+	}
+
+	// The gate's copy of the agent's final status is the exit.
+	s2 := add("only2", only)
+	observe(s2, podOf("only2", term(0, "Completed", ""), running, term(0, "Completed", `{"state":"MAIN_STATE_FAILED","exitCode":3}`)))
+	if !ended(s2) || s2.exit.ExitCode == nil || *s2.exit.ExitCode != 3 {
+		t.Errorf("ended %v, exit %+v, want the agent's 3", ended(s2), s2.exit)
+	}
+	if !podGone("only2", 5*time.Second) {
+		t.Error("the Pod of an ended sandbox whose filler was kept was not deleted")
+	}
+
 	// Not so for a single sandbox without a kept filler: its Pod's end ends it.
-	b.mu.Lock()
-	s2 := b.sandboxes["both"]
-	s2.pod = ended.DeepCopy()
-	b.evaluateLocked(s2)
-	b.mu.Unlock()
-	select {
-	case <-s2.done:
+	observe(sBoth, podOf("both", term(0, "Completed", ""), term(0, "Completed", ""), term(0, "Completed", `{"state":"MAIN_STATE_FAILED","exitCode":3}`)))
+	if ended(sBoth) {
 		t.Error("a single sandbox without a kept filler ended before its Pod")
-	default:
+	}
+	if podGone("both", 200*time.Millisecond) {
+		t.Error("the Pod of a single sandbox without a kept filler was deleted before it ended")
 	}
 }
