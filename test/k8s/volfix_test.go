@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/testimage"
@@ -168,6 +169,13 @@ func TestVolumeSnapshotSubPathRecapture(t *testing.T) {
 	res := exec(t, r, c, "sh", "-c", "cat /work/top /work/a/b/f /work/a/b/g /work/a/b/h")
 	if got, want := string(res.Stdout), "top\ninner\ng\nh\n"; got != want {
 		t.Errorf("after two sub_path-only generations: %q, want %q (stderr %q)", got, want, res.Stderr)
+	}
+
+	// Not restored: no filler, nothing mounting the root: refused, saying why.
+	fresh := up("fresh sub_path only", only, nil)
+	_, err := r.SnapshotVolume(ctx, fresh, runner.SnapshotTarget{Volume: "work", SnapshotID: "recap-fresh", BlobKey: "fss/org/recap-fresh.tar.zst"})
+	if apierr.Reason(err) != apierr.FSSNotSupported || !strings.Contains(err.Error(), "no container mounts its root") || !strings.Contains(err.Error(), `sub-path "a/b"`) {
+		t.Errorf("a fresh volume mounted by sub_path only: %v, want FSS_NOT_SUPPORTED saying no container mounts its root", err)
 	}
 
 	// Its main command's end ends it (the filler kept for captures does not hold it).
