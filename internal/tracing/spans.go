@@ -124,7 +124,7 @@ func spanName(procedure string) string { return strings.TrimPrefix(procedure, "/
 
 // procSpans is what the spans of one procedure start with: its name and its rpc.*
 // attributes, made once per procedure rather than on every call. The attributes are set
-// on a span after its start (Start.set): given as a start option, the SDK would first copy
+// on a span after its start (procSpans.start): given as a start option, the SDK would copy
 // them into the span's start config (an allocation per span) and only then into the span.
 // The sampler (ParentBased over a trace-ID ratio) does not look at attributes.
 type procSpans struct {
