@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel"
@@ -283,28 +282,19 @@ func inject(sc trace.SpanContext, h http.Header) {
 // 00-<32 hex trace ID>-<16 hex span ID>-<2 hex flags>.
 const traceparentLen = 2 + 1 + 32 + 1 + 16 + 1 + 2
 
-// headerValue is a header's value (the one-element slice an http.Header maps the name to)
-// and the bytes of the string in it: one allocation for both.
-type headerValue struct {
-	vs  [1]string
-	buf [traceparentLen]byte
-}
-
 // traceparent is sc's traceparent header value, as a header's value slice. Only the
 // flags the spec defines (sampled, random) are kept, as propagation.TraceContext does.
 func traceparent(sc trace.SpanContext) []string {
-	v := new(headerValue)
+	var buf [traceparentLen]byte
 	tid, sid := sc.TraceID(), sc.SpanID()
 	flags := [1]byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))}
-	b := append(v.buf[:0], "00-"...)
+	b := append(buf[:0], "00-"...)
 	b = hex.AppendEncode(b, tid[:])
 	b = append(b, '-')
 	b = hex.AppendEncode(b, sid[:])
 	b = append(b, '-')
 	b = hex.AppendEncode(b, flags[:])
-	// The bytes are v's own and never written again: the string can share them.
-	v.vs[0] = unsafe.String(&v.buf[0], len(b))
-	return v.vs[:]
+	return []string{string(b)}
 }
 
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
