@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"strconv"
@@ -146,5 +147,39 @@ func TestInstalledRunnerHello(t *testing.T) {
 	off := parse(t, append(append([]string(nil), c.Args...), "--hello-listen=", "--hello-addr="))
 	if off.helloListen != "" || off.helloAddr != "" {
 		t.Errorf("turned off: %q %q", off.helloListen, off.helloAddr)
+	}
+}
+
+// TestInstalledRunnerRuntimeClasses: the installer's --runtime-classes (the control plane's
+// --install-runtime-classes, as it parses it) is taken by the runner's flags as the same
+// classes; without any, the runner gets no --runtime-classes (runc only).
+func TestInstalledRunnerRuntimeClasses(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "sandboxd-r1")
+	for _, list := range []string{"", "runc=", "gvisor=gvisor,runc=", "runc=,kata=kata-qemu,gvisor=gvisor.example.com"} {
+		cp := new(controlPlaneConfig)
+		fs := flag.NewFlagSet("cp", flag.ContinueOnError)
+		cp.bind(fs)
+		if err := fs.Parse([]string{"--install-runtime-classes=" + list}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cp.validate(); err != nil {
+			t.Fatalf("%q: %v", list, err)
+		}
+		want := cp.installConfig().RuntimeClasses
+		args := install.Args(install.Values{Namespace: "sandboxd-r1", Image: "i", AgentImage: "a", RuntimeClasses: want})
+		cfg := new(runnerConfig)
+		rfs := flag.NewFlagSet("runner", flag.ContinueOnError)
+		rfs.SetOutput(io.Discard)
+		cfg.bind(rfs)
+		if err := rfs.Parse(args[1:]); err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.validate(); err != nil {
+			t.Fatalf("%q: runner validate: %v", list, err)
+		}
+		got, err := parseRuntimeClasses(cfg.kube.runtimeClasses)
+		if err != nil || !maps.Equal(got, want) || (list == "") != (got == nil) {
+			t.Errorf("%q: the runner takes %v (%v), want %v", list, got, err, want)
+		}
 	}
 }

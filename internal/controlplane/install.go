@@ -46,6 +46,9 @@ type InstallConfig struct {
 	// PrepullImages is the runners' --prepull-images (install.Values); nil the chart's
 	// default (64), 0 none (and no ClusterRole).
 	PrepullImages *int
+	// RuntimeClasses is the runners' --runtime-classes (install.Values.RuntimeClasses,
+	// install.CheckRuntimeClasses valid); nil: not passed (runc only).
+	RuntimeClasses map[string]string
 	// ApplyTimeout bounds applying the objects; default 2 minutes.
 	ApplyTimeout time.Duration
 	// HeartbeatTimeout bounds the wait for the first heartbeat after applying; default 10 minutes.
@@ -283,6 +286,7 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
 		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs, PrepullImages: cfg.PrepullImages,
+		RuntimeClasses: cfg.RuntimeClasses,
 	}
 	if err := install.Apply(actx, t, v); err != nil {
 		d := install.Diagnose(err)

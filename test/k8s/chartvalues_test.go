@@ -194,3 +194,58 @@ func TestChartHello(t *testing.T) {
 		}
 	}
 }
+
+// TestChartRuntimeClasses: the chart's runtimeClasses renders the same --runtime-classes
+// as the installer for the same map (runc first, the rest in name order); empty (the
+// default), no flag but the commented example the plain manifest carries (internal/install
+// TestRuntimeClassesCopiesAgree); a value the runner would refuse fails the render naming
+// runtimeClasses. The chart passes helm lint with and without it.
+func TestChartRuntimeClasses(t *testing.T) {
+	helm := chartHelm(t)
+	gvisor := []string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=gvisor"}
+	for _, set := range [][]string{nil, gvisor} {
+		if out, err := osexec.Command(helm, append([]string{"lint", "--strict", chartDir}, set...)...).CombinedOutput(); err != nil {
+			t.Errorf("helm lint %v: %v\n%s", set, err, out)
+		}
+	}
+	for _, c := range []struct {
+		set []string
+		m   map[string]string
+	}{
+		{nil, nil},
+		{[]string{"--set", "runtimeClasses.runc="}, map[string]string{"runc": ""}},
+		{gvisor, map[string]string{"runc": "", "gvisor": "gvisor"}},
+		{[]string{"--set", "runtimeClasses.kata=kata-qemu,runtimeClasses.gvisor=gvisor.example.com,runtimeClasses.runc=runc-rc,runtimeClasses.a=a"},
+			map[string]string{"runc": "runc-rc", "gvisor": "gvisor.example.com", "kata": "kata-qemu", "a": "a"}},
+		// runc: ~ (YAML null) is the cluster's default runtime, as "" is.
+		{[]string{"--set", "runtimeClasses.runc=null,runtimeClasses.gvisor=gvisor"}, map[string]string{"runc": "", "gvisor": "gvisor"}},
+	} {
+		args, err := runnerArgs(t, helm, c.set...)
+		if err != nil {
+			t.Errorf("%v: %v", c.set, err)
+			continue
+		}
+		want := withPrefix(install.Args(install.Values{Namespace: "sandboxd", Image: "i", AgentImage: "a", RuntimeClasses: c.m}), "--runtime-classes")
+		if got := withPrefix(args, "--runtime-classes"); !slices.Equal(got, want) || (c.m != nil) != (len(got) == 1) {
+			t.Errorf("chart %v: %q, installer %q", c.set, got, want)
+		}
+	}
+	for _, c := range []struct {
+		set []string
+		err string
+	}{
+		{[]string{"--set", "runtimeClasses.gvisor=gvisor"}, "runtimeClasses: no entry for runc"},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gVisor=gvisor"}, `runtimeClasses: class "gVisor": want a DNS label`},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses." + strings.Repeat("g", 64) + "=gvisor"}, "want a DNS label"},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=run_sc"}, `runtimeClasses.gvisor: RuntimeClass name "run_sc": want a DNS subdomain`},
+		{[]string{"--set-string", "runtimeClasses.runc=,runtimeClasses.gvisor=a..b"}, `RuntimeClass name "a..b"`},
+		{[]string{"--set-string", "runtimeClasses.runc=x\n- --privileged"}, `runtimeClasses.runc: RuntimeClass name`},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=1"}, "runtimeClasses.gvisor: want a RuntimeClass name (a string"},
+		{[]string{"--set", "runtimeClasses=gvisor"}, "runtimeClasses: want a map"},
+	} {
+		_, err := runnerArgs(t, helm, c.set...)
+		if err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%v: %v, want the render refused with %q", c.set, err, c.err)
+		}
+	}
+}
