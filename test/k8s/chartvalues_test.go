@@ -230,22 +230,28 @@ func TestChartRuntimeClasses(t *testing.T) {
 			t.Errorf("chart %v: %q, installer %q", c.set, got, want)
 		}
 	}
+	// Each refusal with a map of strings (m) is the installer's too (install.CheckRuntimeClasses).
+	long := strings.Repeat("g", 64)
 	for _, c := range []struct {
 		set []string
+		m   map[string]string
 		err string
 	}{
-		{[]string{"--set", "runtimeClasses.gvisor=gvisor"}, "runtimeClasses: no entry for runc"},
-		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gVisor=gvisor"}, `runtimeClasses: class "gVisor": want a DNS label`},
-		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses." + strings.Repeat("g", 64) + "=gvisor"}, "want a DNS label"},
-		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=run_sc"}, `runtimeClasses.gvisor: RuntimeClass name "run_sc": want a DNS subdomain`},
-		{[]string{"--set-string", "runtimeClasses.runc=,runtimeClasses.gvisor=a..b"}, `RuntimeClass name "a..b"`},
-		{[]string{"--set-string", "runtimeClasses.runc=x\n- --privileged"}, `runtimeClasses.runc: RuntimeClass name`},
-		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=1"}, "runtimeClasses.gvisor: want a RuntimeClass name (a string"},
-		{[]string{"--set", "runtimeClasses=gvisor"}, "runtimeClasses: want a map"},
+		{[]string{"--set", "runtimeClasses.gvisor=gvisor"}, map[string]string{"gvisor": "gvisor"}, "runtimeClasses: no entry for runc"},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gVisor=gvisor"}, map[string]string{"runc": "", "gVisor": "gvisor"}, `runtimeClasses: class "gVisor": want a DNS label`},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses." + long + "=gvisor"}, map[string]string{"runc": "", long: "gvisor"}, "want a DNS label"},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=run_sc"}, map[string]string{"runc": "", "gvisor": "run_sc"}, `runtimeClasses.gvisor: RuntimeClass name "run_sc": want a DNS subdomain`},
+		{[]string{"--set-string", "runtimeClasses.runc=,runtimeClasses.gvisor=a..b"}, map[string]string{"runc": "", "gvisor": "a..b"}, `RuntimeClass name "a..b"`},
+		{[]string{"--set-string", "runtimeClasses.runc=x\n- --privileged"}, map[string]string{"runc": "x\n- --privileged"}, `runtimeClasses.runc: RuntimeClass name`},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=1"}, nil, "runtimeClasses.gvisor: want a RuntimeClass name (a string"},
+		{[]string{"--set", "runtimeClasses=gvisor"}, nil, "runtimeClasses: want a map"},
 	} {
 		_, err := runnerArgs(t, helm, c.set...)
 		if err == nil || !strings.Contains(err.Error(), c.err) {
 			t.Errorf("%v: %v, want the render refused with %q", c.set, err, c.err)
+		}
+		if c.m != nil && install.CheckRuntimeClasses(c.m) == nil {
+			t.Errorf("%v: the chart refuses it, the installer takes %v", c.set, c.m)
 		}
 	}
 }
