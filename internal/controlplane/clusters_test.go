@@ -599,6 +599,11 @@ func TestInstallFailures(t *testing.T) {
 		{"rejected deployment", installCfg, false, "Deployment", apierrors.NewBadRequest("bad image"), "CWSANDBOX_INSTALL_REJECTED", "--install-runner-image"},
 		{"not configured", controlplane.InstallConfig{}, false, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-control-plane-url"},
 		{"no CA", installCfg, true, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-runner-image"},
+		{"runtime classes without runc", func() controlplane.InstallConfig {
+			c := installCfg
+			c.RuntimeClasses = map[string]string{"gvisor": "gvisor"}
+			return c
+		}(), false, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-runtime-classes"},
 		{"no heartbeat", func() controlplane.InstallConfig {
 			c := installCfg
 			c.HeartbeatTimeout = 200 * time.Millisecond
@@ -618,6 +623,17 @@ func TestInstallFailures(t *testing.T) {
 			}
 			if tc.failErr != nil && !strings.Contains(e.GetMessage(), tc.failErr.Error()) {
 				t.Fatalf("message %q does not quote the Kubernetes error", e.GetMessage())
+			}
+			if tc.reason == "CWSANDBOX_INSTALL_NOT_CONFIGURED" {
+				b.target.mu.Lock()
+				applied := slices.Clone(b.target.applied)
+				b.target.mu.Unlock()
+				if len(applied) > 0 {
+					t.Fatalf("not configured, yet applied %v", applied)
+				}
+			}
+			if tc.cfg.RuntimeClasses != nil && !strings.Contains(e.GetMessage(), "--install-runtime-classes: runtime classes: no entry for runc") {
+				t.Fatalf("message %q does not say what is wrong with the runtime classes", e.GetMessage())
 			}
 			// Deleting it: a failure to create the namespace left nothing to remove.
 			b.target.deleteErr = tc.failErr

@@ -46,8 +46,9 @@ type InstallConfig struct {
 	// PrepullImages is the runners' --prepull-images (install.Values); nil the chart's
 	// default (64), 0 none (and no ClusterRole).
 	PrepullImages *int
-	// RuntimeClasses is the runners' --runtime-classes (install.Values.RuntimeClasses,
-	// install.CheckRuntimeClasses valid); nil: not passed (runc only).
+	// RuntimeClasses is the runners' --runtime-classes (install.Values.RuntimeClasses);
+	// nil: not passed (runc only). Installs fail with CWSANDBOX_INSTALL_NOT_CONFIGURED
+	// while install.CheckRuntimeClasses refuses it.
 	RuntimeClasses map[string]string
 	// ApplyTimeout bounds applying the objects; default 2 minutes.
 	ApplyTimeout time.Duration
@@ -257,6 +258,13 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		err := errors.New("the control plane is not configured to install runners")
 		in.fail(ctx, rec, reasonNotConfigured, err.Error(), []string{
 			"start `sandboxd controlplane` with --install-runner-image, --install-agent-image and --install-control-plane-url (the address the cluster reaches the control plane at)"})
+		return err
+	}
+	// The flag was checked at start (--install-runtime-classes); a runner given classes it
+	// refuses would only crash-loop until CWSANDBOX_INSTALL_NO_HEARTBEAT.
+	if err := install.CheckRuntimeClasses(cfg.RuntimeClasses); err != nil {
+		in.fail(ctx, rec, reasonNotConfigured, "--install-runtime-classes: "+err.Error(), []string{
+			"start `sandboxd controlplane` with --install-runtime-classes as the runner's --runtime-classes takes it (e.g. runc=,gvisor=gvisor), or without it (runc only)"})
 		return err
 	}
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)

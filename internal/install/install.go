@@ -107,13 +107,20 @@ type Values struct {
 // RuntimeClassesFlag is the runner flag RuntimeClassesArg writes.
 const RuntimeClassesFlag = "--runtime-classes"
 
+// MaxRuntimeClasses bounds the runtime classes one runner offers (the chart's
+// runtimeClasses, the runner's --runtime-classes): it reports them with its capacity.
+const MaxRuntimeClasses = 16
+
 // CheckRuntimeClasses validates a runtimeClasses value as the runner's --runtime-classes
-// takes it (nil or empty: none, valid): runc among the classes (the runner's default
-// class), each class a DNS label, each RuntimeClass name "" or a DNS subdomain. The
-// errors name the offending class.
+// takes it (nil or empty: none, valid): at most MaxRuntimeClasses, runc among the classes
+// (the runner's default class), each class a DNS label, each RuntimeClass name "" or a
+// DNS subdomain. The errors name the offending class.
 func CheckRuntimeClasses(m map[string]string) error {
 	if len(m) == 0 {
 		return nil
+	}
+	if len(m) > MaxRuntimeClasses {
+		return fmt.Errorf("runtime classes: %d classes, want at most %d", len(m), MaxRuntimeClasses)
 	}
 	if _, ok := m["runc"]; !ok {
 		return errors.New("runtime classes: no entry for runc, the runner's default class (runc= for the cluster's default runtime)")
@@ -146,6 +153,9 @@ func ParseRuntimeClasses(list string) (map[string]string, error) {
 		}
 		if _, dup := m[class]; dup {
 			return nil, fmt.Errorf("runtime classes: class %q given twice", class)
+		}
+		if len(m) == MaxRuntimeClasses {
+			return nil, fmt.Errorf("runtime classes: more than %d classes", MaxRuntimeClasses)
 		}
 		m[class] = name
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -321,6 +322,22 @@ func TestRuntimeClasses(t *testing.T) {
 	}
 	if err := install.CheckRuntimeClasses(nil); err != nil {
 		t.Errorf("CheckRuntimeClasses(nil): %v", err)
+	}
+	// At most MaxRuntimeClasses: that many pass, one more is refused, as a map and as a list.
+	many := map[string]string{"runc": ""}
+	for i := 1; len(many) < install.MaxRuntimeClasses; i++ {
+		many[fmt.Sprintf("c%d", i)] = fmt.Sprintf("rc%d", i)
+	}
+	list := strings.TrimPrefix(install.RuntimeClassesArg(many), install.RuntimeClassesFlag+"=")
+	if got, err := install.ParseRuntimeClasses(list); err != nil || !maps.Equal(got, many) {
+		t.Errorf("%d classes: %v, %v", len(many), got, err)
+	}
+	if _, err := install.ParseRuntimeClasses(list + ",one-more=x"); err == nil || !strings.Contains(err.Error(), "more than 16 classes") {
+		t.Errorf("%d classes: %v, want refused", len(many)+1, err)
+	}
+	many["one-more"] = "x"
+	if err := install.CheckRuntimeClasses(many); err == nil || !strings.Contains(err.Error(), "17 classes, want at most 16") {
+		t.Errorf("CheckRuntimeClasses of %d classes: %v, want refused", len(many), err)
 	}
 }
 

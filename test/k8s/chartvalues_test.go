@@ -3,6 +3,7 @@ package k8s
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -232,6 +233,19 @@ func TestChartRuntimeClasses(t *testing.T) {
 	}
 	// Each refusal with a map of strings (m) is the installer's too (install.CheckRuntimeClasses).
 	long := strings.Repeat("g", 64)
+	// install.MaxRuntimeClasses classes render; one more does not.
+	most, mostSet := map[string]string{"runc": ""}, []string{"runtimeClasses.runc="}
+	for i := 1; len(most) < install.MaxRuntimeClasses; i++ {
+		most[fmt.Sprintf("c%d", i)] = fmt.Sprintf("rc%d", i)
+		mostSet = append(mostSet, fmt.Sprintf("runtimeClasses.c%d=rc%d", i, i))
+	}
+	if args, err := runnerArgs(t, helm, "--set", strings.Join(mostSet, ",")); err != nil {
+		t.Errorf("%d classes: %v", len(most), err)
+	} else if got, want := withPrefix(args, "--runtime-classes"), []string{install.RuntimeClassesArg(most)}; !slices.Equal(got, want) {
+		t.Errorf("%d classes: chart %q, installer %q", len(most), got, want)
+	}
+	tooMany := maps.Clone(most)
+	tooMany["one-more"] = "x"
 	for _, c := range []struct {
 		set []string
 		m   map[string]string
@@ -245,6 +259,7 @@ func TestChartRuntimeClasses(t *testing.T) {
 		{[]string{"--set-string", "runtimeClasses.runc=x\n- --privileged"}, map[string]string{"runc": "x\n- --privileged"}, `runtimeClasses.runc: RuntimeClass name`},
 		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=1"}, nil, "runtimeClasses.gvisor: want a RuntimeClass name (a string"},
 		{[]string{"--set", "runtimeClasses=gvisor"}, nil, "runtimeClasses: want a map"},
+		{[]string{"--set", strings.Join(mostSet, ",") + ",runtimeClasses.one-more=x"}, tooMany, "runtimeClasses: 17 classes, want at most 16"},
 	} {
 		_, err := runnerArgs(t, helm, c.set...)
 		if err == nil || !strings.Contains(err.Error(), c.err) {
