@@ -142,7 +142,8 @@ func TestTenantRunnerForgedSandboxID(t *testing.T) {
 // ID, answeredID, refuses it: the store takes a new ID, the index knows none). A tenant's
 // runner is never asked to choose (only a platform runner's warm sandboxes may answer
 // under their own ID): taken, the runner would name the sandbox, e.g. the ID another
-// organization's next create is given. The create fails CWSANDBOX_PLACEMENT_REJECTED, the
+// organization's next create is given. The create fails UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE
+// (the runner's fault: it answered wrongly), the
 // runner is told to delete what it answered, and org-b has no sandbox of that ID.
 func TestTenantRunnerChosenSandboxID(t *testing.T) {
 	p, ctx := newTenantPlatform(t, time.Minute, "chosen id test CA", "org-a", "org-b")
@@ -184,7 +185,7 @@ func TestTenantRunnerChosenSandboxID(t *testing.T) {
 	if err == nil {
 		t.Fatalf("org-b's create answered under the runner's own ID %s succeeded", chosen)
 	}
-	wantReason(t, "org-b's create answered under the runner's own ID", err, connect.CodeInvalidArgument, apierr.PlacementRejected)
+	wantReason(t, "org-b's create answered under the runner's own ID", err, connect.CodeUnavailable, apierr.RunnerUnavailable)
 	if !slices.Contains(deleted, chosen) {
 		t.Errorf("the runner was not told to delete %s (deletes %q)", chosen, deleted)
 	}
