@@ -41,6 +41,7 @@ type replyRunner struct {
 	ref      *runnerv1.CheckpointRef
 	capacity *runnerv1.CapacityResponse
 	volume   *runnerv1.EnsureVolumeResponse
+	build    []*runnerv1.BuildResponse
 }
 
 func (r *replyRunner) sb(id string) *runnerv1.Sandbox {
@@ -152,6 +153,32 @@ func (r *replyRunner) EnsureVolume(context.Context, *connect.Request[runnerv1.En
 	return connect.NewResponse(&runnerv1.EnsureVolumeResponse{CapacityBytes: 1 << 30}), nil
 }
 
+func (r *replyRunner) Build(_ context.Context, _ *connect.Request[runnerv1.BuildRequest], stream *connect.ServerStream[runnerv1.BuildResponse]) error {
+	r.rmu.Lock()
+	msgs := r.build
+	r.rmu.Unlock()
+	for _, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildReply is a build's stream of n step events (numbered from first, of total) and
+// a result of results steps.
+func buildReply(n int, first, total int32, results int) []*runnerv1.BuildResponse {
+	var out []*runnerv1.BuildResponse
+	for i := range n {
+		out = append(out, &runnerv1.BuildResponse{Message: &runnerv1.BuildResponse_Step{Step: &runnerv1.BuildStep{Number: first + int32(i), Total: total, Instruction: "RUN x"}}}) //nolint:gosec // small
+	}
+	res := &runnerv1.BuildResult{ImageDigest: "sha256:" + strings.Repeat("0", 64)}
+	for i := range results {
+		res.Steps = append(res.Steps, &runnerv1.BuildStep{Number: int32(i + 1), Total: int32(results), Instruction: "RUN x"}) //nolint:gosec // small
+	}
+	return append(out, &runnerv1.BuildResponse{Message: &runnerv1.BuildResponse_Result{Result: res}})
+}
+
 // serveReplyRunner serves r as org-b's runner b-runner (its certificate naming org-b)
 // and returns the gateway's client of it.
 func serveReplyRunner(t *testing.T, p *tenantPlatform, r *replyRunner) *runnerapi.Client {
@@ -179,7 +206,9 @@ func wantBadReply(t *testing.T, what string, err error, wire bool) {
 // calls with replies that cannot be right: about another sandbox or snapshot than asked,
 // with negative counts and sizes, unknown states, timestamps no store can keep, a
 // negative lifetime, huge texts, more container statuses than a sandbox has, sandboxes
-// without an ID or listed twice, more or fewer forks and snapshot jobs than asked. The
+// without an ID or listed twice, more or fewer forks and snapshot jobs than asked, more
+// build steps than a build has (each kept by the gateway as a build log event) or steps
+// numbered outside their total. The
 // gateway's client of the runner takes none of them: each fails its one call, UNAVAILABLE
 // CWSANDBOX_RUNNER_UNAVAILABLE "answered wrongly" (the runner's fault, not the caller's),
 // and the next well-formed reply is taken. Without the checks each was taken as true
@@ -202,6 +231,10 @@ func TestTenantRunnerWrongReplies(t *testing.T) {
 		}
 	}
 	get := func(ctx context.Context, c *runnerapi.Client) error { _, err := c.Get(ctx, id); return err }
+	build := func(ctx context.Context, c *runnerapi.Client) error {
+		_, err := c.Build(ctx, runner.BuildRequest{}, nil)
+		return err
+	}
 	farTime := &timestamppb.Timestamp{Seconds: math.MaxInt64}
 	cases := []struct {
 		name string
@@ -368,6 +401,10 @@ func TestTenantRunnerWrongReplies(t *testing.T) {
 		{"capacity: edge port out of range", func(r *replyRunner) {
 			r.capacity = &runnerv1.CapacityResponse{MilliCpu: 1000, MemoryBytes: 1 << 30, EdgeDomain: "e.example", EdgePort: 70000}
 		}, func(ctx context.Context, c *runnerapi.Client) error { _, err := c.Capacity(ctx); return err }},
+		{"build: more step events than a build has", func(r *replyRunner) { r.build = buildReply(5000, 1, 5000, 1) }, build},
+		{"build: a step past its total", func(r *replyRunner) { r.build = buildReply(1, 7, 2, 1) }, build},
+		{"build: a negative step", func(r *replyRunner) { r.build = buildReply(1, -3, 2, 1) }, build},
+		{"build: a result of more steps than a build has", func(r *replyRunner) { r.build = buildReply(0, 1, 1, 5000) }, build},
 		{"ensure volume: negative capacity", func(r *replyRunner) { r.volume = &runnerv1.EnsureVolumeResponse{CapacityBytes: -1} },
 			func(ctx context.Context, c *runnerapi.Client) error {
 				_, err := c.EnsureVolume(ctx, runner.RegisteredVolume{Org: "org-b", ClaimName: "v"})
@@ -377,7 +414,7 @@ func TestTenantRunnerWrongReplies(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r.rmu.Lock()
-			r.sandbox, r.list, r.forks, r.job, r.jobs, r.ref, r.capacity, r.volume = nil, nil, nil, nil, nil, nil, nil, nil
+			r.sandbox, r.list, r.forks, r.job, r.jobs, r.ref, r.capacity, r.volume, r.build = nil, nil, nil, nil, nil, nil, nil, nil, nil
 			tc.set(r)
 			r.rmu.Unlock()
 			wantBadReply(t, tc.name, tc.call(ctx, c), false)
@@ -385,13 +422,16 @@ func TestTenantRunnerWrongReplies(t *testing.T) {
 	}
 	// The runner answering well again: taken.
 	r.rmu.Lock()
-	r.sandbox, r.list, r.forks, r.job, r.jobs, r.ref, r.capacity, r.volume = nil, nil, nil, nil, nil, nil, nil, nil
+	r.sandbox, r.list, r.forks, r.job, r.jobs, r.ref, r.capacity, r.volume, r.build = nil, nil, nil, nil, nil, nil, nil, nil, nil
 	r.rmu.Unlock()
 	if sb, err := c.Get(ctx, id); err != nil || sb.ID != id {
 		t.Errorf("a well-formed Get reply: %+v, %v", sb.ID, err)
 	}
-	if _, err := c.Get(ctx, id); err != nil {
-		t.Fatal(err)
+	r.rmu.Lock()
+	r.build = buildReply(3, 1, 3, 3)
+	r.rmu.Unlock()
+	if res, err := c.Build(ctx, runner.BuildRequest{}, nil); err != nil || len(res.Steps) != 3 {
+		t.Errorf("a well-formed build: %v", err)
 	}
 }
 
