@@ -137,10 +137,12 @@ bench-sdk: build images pydeps
 # (with its agent) is left, and the package at its end that none of its cgroups,
 # processes in them or bridges is (stacktest.Env.HostLeftovers, removed then); bench/sdk
 # purges its sandboxes and waits for them to go before it stops its server, and that its
-# server's cgroup parent went (what stayed is killed and removed).
+# server's cgroup parent went (what stayed is killed and removed); bench/sdk/test_run.py
+# checks that a run leaves no file in the temp dir but a failed run's log.
 BENCH_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^func Benchmark' bench internal)))
 bench-smoke: build images runsc pydeps jaeger
 	EDGE_BENCH_DURATION=200ms BENCH_DENSITY_N=12 BENCH_PEER_IDLE=3 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m $(addprefix ./,$(BENCH_PKGS))
+	python3 -m pytest -q -p no:cacheprovider bench/sdk/test_run.py
 	BENCH_SDK_SMOKE=1 python3 bench/sdk/run.py
 
 # Brings sandboxd dev up on loopback and runs a Python sandbox through the official client.

@@ -10,23 +10,21 @@
 # Usage: build-agent-sandbox.sh     Environment: SANDBOXD_CACHE, SANDBOXD_AGENT_SANDBOX_VERSION, GO.
 set -euo pipefail
 . "$(dirname "$0")/lib/go-install-cached.sh"
+. "$(dirname "$0")/lib/cached-build.sh"
 VERSION="${SANDBOXD_AGENT_SANDBOX_VERSION:-v1.0.1}"
 MOD=sigs.k8s.io/agent-sandbox
 dir="${SANDBOXD_CACHE:-/var/cache/sandboxd}/agent-sandbox/$VERSION"
-go_install_cached agent-sandbox "$VERSION" "$MOD/cmd/agent-sandbox-controller" \
-  "-s -w -X $MOD/internal/version.gitVersion=$VERSION" >/dev/null
-if [ ! -s "$dir/crds/.complete" ]; then
-  exec 9>"$dir/.lock"
-  flock 9
-  if [ ! -s "$dir/crds/.complete" ]; then
-    src=$(cd / && GOFLAGS= "${GO:-go}" mod download -json "$MOD@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-    [ -d "$src/k8s/crds" ] || { echo "build-agent-sandbox: no k8s/crds in $src" >&2; exit 1; }
-    rm -rf "$dir/crds.tmp" && mkdir -p "$dir/crds.tmp"
-    cp "$src"/k8s/crds/*.yaml "$dir/crds.tmp/"
-    chmod 644 "$dir/crds.tmp/"*.yaml
-    ls "$dir/crds.tmp" >"$dir/crds.tmp/.complete"
-    rm -rf "$dir/crds" && mv "$dir/crds.tmp" "$dir/crds"
-    echo "build-agent-sandbox: CRDs from $src/k8s/crds" >&2
-  fi
+# In a subshell: its lock (fd 9) and its EXIT trap end with it.
+(go_install_cached agent-sandbox "$VERSION" "$MOD/cmd/agent-sandbox-controller" \
+  "-s -w -X $MOD/internal/version.gitVersion=$VERSION") >/dev/null
+if cached_build_begin build-agent-sandbox "$dir/crds" test -s "$dir/crds/.complete"; then
+  src=$(cd / && GOFLAGS= "${GO:-go}" mod download -json "$MOD@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$src/k8s/crds" ] || { echo "build-agent-sandbox: no k8s/crds in $src" >&2; exit 1; }
+  mkdir "$CACHED_BUILD_TMP/crds"
+  cp "$src"/k8s/crds/*.yaml "$CACHED_BUILD_TMP/crds/"
+  chmod 644 "$CACHED_BUILD_TMP/crds/"*.yaml
+  ls "$CACHED_BUILD_TMP/crds" >"$CACHED_BUILD_TMP/crds/.complete"
+  cached_build_install build-agent-sandbox "$CACHED_BUILD_TMP/crds" "$dir/crds"
+  echo "build-agent-sandbox: CRDs from $src/k8s/crds" >&2
 fi
 echo "$dir"

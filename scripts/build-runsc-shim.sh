@@ -22,29 +22,18 @@
 # A node whose containerd is 1.7+ and whose root has CAP_SYS_RESOURCE runs the stock shim.
 # Usage: build-runsc-shim.sh     Environment: SANDBOXD_CACHE, SANDBOXD_RUNSC_VERSION, GO.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib/cached-build.sh"
 VERSION="${SANDBOXD_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 # Bump when scripts/runsc-shim changes.
 PATCHES=patches3
-here=$(cd "$(dirname "$0")" && pwd)
 go="${GO:-go}"
-dir="${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc-shim/$VERSION+$PATCHES"
-out="$dir/containerd-shim-runsc-v1"
-if [ -x "$out" ]; then
-  echo "build-runsc-shim: cached: $out" >&2
+out="${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc-shim/$VERSION+$PATCHES/containerd-shim-runsc-v1"
+if ! cached_build_begin build-runsc-shim "$out"; then
   echo "$out"
   exit 0
 fi
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-flock 9
-if [ -x "$out" ]; then
-  echo "build-runsc-shim: cached: $out" >&2
-  echo "$out"
-  exit 0
-fi
-t0=$(date +%s)
-tmp=$(mktemp -d "$dir/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+tmp=$CACHED_BUILD_TMP
 echo "build-runsc-shim: building gvisor.dev/gvisor/shim@$VERSION with scripts/runsc-shim patches" >&2
 moddir() { (cd "$tmp" && GOFLAGS= "$go" mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p'); }
 src=$(moddir "gvisor.dev/gvisor@$VERSION")
@@ -65,6 +54,5 @@ printf 'module sandboxd.local/runsc-shim\n\ngo %s\n\nrequire gvisor.dev/gvisor %
   "${gover:-1.25}" "$VERSION" >"$tmp/go.mod"
 (cd "$tmp" && CGO_ENABLED=0 GOFLAGS=-mod=mod "$go" build -trimpath -ldflags='-s -w' -o containerd-shim-runsc-v1 gvisor.dev/gvisor/shim)
 "$tmp/containerd-shim-runsc-v1" -v >/dev/null
-mv -f "$tmp/containerd-shim-runsc-v1" "$out"
-echo "build-runsc-shim: built $out ($(du -h "$out" | cut -f1)) in $(( $(date +%s) - t0 ))s" >&2
+cached_build_install build-runsc-shim "$tmp/containerd-shim-runsc-v1" "$out"
 echo "$out"

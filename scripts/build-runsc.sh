@@ -24,29 +24,18 @@
 # precompiled builds its filter as before. A cold build takes ~2-4 min on 2 cores.
 # Usage: build-runsc.sh          Environment: SANDBOXD_CACHE, SANDBOXD_RUNSC_VERSION, GO.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib/cached-build.sh"
 VERSION="${SANDBOXD_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 # Bump when scripts/runsc-seccomp changes (keep equal to local.RunscBuild's suffix).
 SECCOMP=seccomp1
-here=$(cd "$(dirname "$0")" && pwd)
 go="${GO:-go}"
-dir="${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/$VERSION+$SECCOMP"
-out="$dir/runsc"
-if [ -x "$out" ]; then
-  echo "build-runsc: cached: $out" >&2
+out="${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc/$VERSION+$SECCOMP/runsc"
+if ! cached_build_begin build-runsc "$out"; then
   echo "$out"
   exit 0
 fi
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-flock 9
-if [ -x "$out" ]; then
-  echo "build-runsc: cached: $out" >&2
-  echo "$out"
-  exit 0
-fi
-t0=$(date +%s)
-tmp=$(mktemp -d "$dir/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+tmp=$CACHED_BUILD_TMP
 echo "build-runsc: building gvisor.dev/gvisor/runsc@$VERSION with precompiled seccomp programs" >&2
 # Outside any module, so the clone's go.mod and GOFLAGS=-mod=... play no part.
 src=$(cd "$tmp" && GOFLAGS= "$go" mod download -json "gvisor.dev/gvisor@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
@@ -64,6 +53,5 @@ mv "$tmp/gofer.gen" "$tmp/gvisor/runsc/fsgofer/filter/filter_precompiled.go"
 rm "$tmp/gvisor/runsc/boot/filter/config/zz_sandboxd_subset.go"
 (cd "$tmp" && CGO_ENABLED=0 GOFLAGS=-mod=mod "$go" build -trimpath -ldflags='-s -w' -o runsc gvisor.dev/gvisor/runsc)
 "$tmp/runsc" --version >/dev/null
-mv -f "$tmp/runsc" "$out"
-echo "build-runsc: built $out ($(du -h "$out" | cut -f1)) in $(( $(date +%s) - t0 ))s" >&2
+cached_build_install build-runsc "$tmp/runsc" "$out"
 echo "$out"

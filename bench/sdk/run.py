@@ -1,7 +1,8 @@
 """make bench-sdk: API call -> first command as users measure it, in the manner of
 ComputeSDK's benchmark, through the official Python client (bench_sdk.py) and the Go SDK
 (gosdk), against a `sandboxd dev` this script starts on loopback (its own ports, bridge,
-subnet and cgroup parent, a fresh data dir; all removed afterwards).
+subnet and cgroup parent, a fresh data dir, a temp dir for the Go SDK's binary and the
+server's log; all removed afterwards, but a failed run's log, whose path it prints).
 
 Modes: sequential (BENCH_SDK_RUNS runs one after another, default 100), staggered (the
 same number started BENCH_SDK_STAGGER_MS apart, default 100) and bursts (all at once,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -195,11 +197,46 @@ def main() -> int:
     return rc
 
 
+class RunFiles:
+    """A run's own files, the Go SDK's binary and the server's log, in one temp dir that
+    close removes; a failed run's log is kept there (the rest removed) and its path printed."""
+
+    def __init__(self) -> None:
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="bench-sdk-"))
+        self.gosdk = self.dir / "gosdk"
+        self.log = self.dir / "sandboxd-dev.log"
+        self.failed = False  # set by the run: what it measured failed, or the server did
+
+    def close(self, ok: bool) -> None:
+        if ok and not self.failed:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        for p in self.dir.iterdir():
+            if p == self.log:
+                continue
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        print(f"bench-sdk: the run failed; the server's log is kept: {self.log}", flush=True)
+
+
 def run(leaked: list[str]) -> int:
     binary = REPO / "bin" / "sandboxd"
     if not binary.exists():
         raise SystemExit("bin/sandboxd missing: make build")
-    gosdk = pathlib.Path(tempfile.mkdtemp(prefix="bench-sdk-")) / "gosdk"
+    files = RunFiles()
+    ok = False
+    try:
+        rc = run_with(binary, files, leaked)
+        ok = rc == 0 and not leaked
+        return rc
+    finally:
+        files.close(ok)
+
+
+def run_with(binary: pathlib.Path, files: RunFiles, leaked: list[str]) -> int:
+    gosdk = files.gosdk
     subprocess.run(["go", "build", "-o", str(gosdk), "./bench/sdk/gosdk"], cwd=REPO, check=True)
     data_dir = pathlib.Path(tempfile.mkdtemp(prefix="sandboxd-bench-sdk-"))
     listen = f"127.0.0.1:{free_port()}"
@@ -207,7 +244,7 @@ def run(leaked: list[str]) -> int:
     bridge = f"sbxbs{pid & 0xffff:04x}"
     subnet = f"10.{150 + pid % 50}.{pid // 50 % 256}.0/24"
     cgroup_parent = f"sandboxd-bench-sdk-{pid}"
-    log_path = data_dir.parent / f"{data_dir.name}.log"
+    log_path = files.log
     metrics = f"127.0.0.1:{free_port()}"
     cmd = [str(binary), "dev", "--data-dir", str(data_dir), "--listen", listen,
            "--data-plane-listen", f"127.0.0.1:{free_port()}", "--edge-listen", f"127.0.0.1:{free_port()}",
@@ -268,12 +305,14 @@ def run(leaked: list[str]) -> int:
             print(line("official-python", f"burst {n} warm", p, floor, ppool), flush=True)
             failed = failed or bool(first["fails"] or g["fails"] or p["fails"])
         failed = fairness(binary, data_dir, gosdk, env, metrics, envs) or failed
+        files.failed = files.failed or failed
         return 1 if failed and SMOKE else 0
     finally:
         still = purge(gosdk, envs, data_dir, proc) if envs else []
         rc = stop(proc)
         log_f.close()
         if rc not in (0, -15):
+            files.failed = True
             print(f"sandboxd dev exited with {rc}; log {log_path}:\n{tail(log_path, lines=40)}")
         remove_network(bridge, cgroup_parent)
         # The server's cgroup parent went (remove_network) unless a sandbox's cgroup (its

@@ -452,6 +452,7 @@ type controlPlaneConfig struct {
 	install         controlplane.InstallConfig
 	installArgs     listFlag
 	installPrepull  int
+	installClasses  string
 	installTimeouts struct{ apply, heartbeat time.Duration }
 	// secretKeyFile: the secret stores' key ring, made here at first start so that
 	// gateways sharing the PKI dir find it (default PKI-DIR/secret-store.key).
@@ -486,6 +487,7 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.install.BaseDomain, "install-base-domain", "", "base domain of installed runners' edges (default: the runner's)")
 	fs.Var(&c.installArgs, "install-runner-arg", "extra argument of installed runners (repeatable)")
 	fs.IntVar(&c.installPrepull, "install-prepull-images", install.DefaultPrepullImages, "images installed runners pre-pull onto their cluster's nodes (their --prepull-images); 0: none, and no ClusterRole (list on nodes) is installed")
+	fs.StringVar(&c.installClasses, "install-runtime-classes", "", "runtime classes installed runners offer (their --runtime-classes): comma-separated class=RuntimeClass pairs, runc among them, e.g. 'runc=,gvisor=gvisor' (an empty RuntimeClass: the cluster's default runtime); default: not passed, runc only")
 	fs.DurationVar(&c.installTimeouts.apply, "install-apply-timeout", 2*time.Minute, "how long an install may take to apply a runner's objects")
 	fs.DurationVar(&c.installTimeouts.heartbeat, "install-heartbeat-timeout", 10*time.Minute, "how long an installed runner has to heartbeat before its install is FAILED")
 }
@@ -536,6 +538,9 @@ func (c controlPlaneConfig) validate() error {
 	if c.installPrepull < 0 {
 		return fmt.Errorf("--install-prepull-images must be 0 or more (got %d)", c.installPrepull)
 	}
+	if _, err := install.ParseRuntimeClasses(c.installClasses); err != nil {
+		return fmt.Errorf("--install-runtime-classes: %w", err)
+	}
 	if c.installTimeouts.apply <= 0 || c.installTimeouts.heartbeat <= 0 {
 		return errors.New("--install-apply-timeout and --install-heartbeat-timeout must be positive")
 	}
@@ -554,6 +559,7 @@ func (c controlPlaneConfig) installConfig() controlplane.InstallConfig {
 	ic.ExtraArgs = c.installArgs
 	n := c.installPrepull
 	ic.PrepullImages = &n
+	ic.RuntimeClasses, _ = install.ParseRuntimeClasses(c.installClasses) // validated
 	ic.ApplyTimeout, ic.HeartbeatTimeout = c.installTimeouts.apply, c.installTimeouts.heartbeat
 	return ic
 }

@@ -131,6 +131,12 @@ func TestControlPlaneConfigValidate(t *testing.T) {
 		{args: []string{"--listen", "cp.example"}, err: "--listen"},
 		{args: []string{"--install-prepull-images", "0"}},
 		{args: []string{"--install-prepull-images", "-1"}, err: "--install-prepull-images"},
+		{args: []string{"--install-runtime-classes", "runc=,gvisor=gvisor"}},
+		{args: []string{"--install-runtime-classes", "gvisor=gvisor"}, err: "--install-runtime-classes: runtime classes: no entry for runc"},
+		{args: []string{"--install-runtime-classes", "runc=,gVisor=gvisor"}, err: `--install-runtime-classes: runtime class "gVisor"`},
+		{args: []string{"--install-runtime-classes", "runc=,gvisor=run_sc"}, err: `RuntimeClass name "run_sc"`},
+		{args: []string{"--install-runtime-classes", "runc=,gvisor"}, err: `"gvisor": want class=RuntimeClass`},
+		{args: []string{"--install-runtime-classes", "runc=,runc=x"}, err: `class "runc" given twice`},
 		{args: []string{"--audit-retention", "8760h"}},
 		{args: []string{"--audit-retention", "59m"}, err: "--audit-retention"},
 	})

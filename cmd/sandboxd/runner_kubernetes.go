@@ -17,6 +17,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandboxd/sandboxd/internal/install"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -159,6 +160,9 @@ func (k kubernetesFlags) validate() error {
 	if (k.helloListen == "") != (k.helloAddr == "") {
 		return fmt.Errorf("--hello-listen and --hello-addr go together")
 	}
+	if _, err := k.runtimeClassMap(); err != nil {
+		return err
+	}
 	_, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
 	return err
 }
@@ -179,7 +183,7 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 			return nil, err
 		}
 	}
-	classes, err := parseRuntimeClasses(k.runtimeClasses)
+	classes, err := k.runtimeClassMap()
 	if err != nil {
 		return nil, err
 	}
@@ -194,22 +198,13 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	})
 }
 
-// parseRuntimeClasses reads --runtime-classes ("" = nil: runc only): class=RuntimeClass
-// pairs, each class once; the backend validates the names.
-func parseRuntimeClasses(list string) (map[string]string, error) {
-	if strings.TrimSpace(list) == "" {
-		return nil, nil
-	}
-	m := map[string]string{}
-	for pair := range strings.SplitSeq(list, ",") {
-		class, name, ok := strings.Cut(strings.TrimSpace(pair), "=")
-		if !ok || class == "" {
-			return nil, fmt.Errorf("--runtime-classes: %q: want class=RuntimeClass (an empty RuntimeClass for the cluster's default runtime)", pair)
-		}
-		if _, dup := m[class]; dup {
-			return nil, fmt.Errorf("--runtime-classes: class %q given twice", class)
-		}
-		m[class] = name
+// runtimeClassMap reads --runtime-classes ("" = nil: runc only) as the chart and the
+// installer check it (install.ParseRuntimeClasses: class=RuntimeClass pairs, each class
+// once, runc among them, at most install.MaxRuntimeClasses; names as Kubernetes takes them).
+func (k *kubernetesFlags) runtimeClassMap() (map[string]string, error) {
+	m, err := install.ParseRuntimeClasses(k.runtimeClasses)
+	if err != nil {
+		return nil, fmt.Errorf("--runtime-classes: %w", err)
 	}
 	return m, nil
 }

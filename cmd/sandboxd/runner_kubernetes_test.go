@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"strconv"
@@ -146,5 +147,81 @@ func TestInstalledRunnerHello(t *testing.T) {
 	off := parse(t, append(append([]string(nil), c.Args...), "--hello-listen=", "--hello-addr="))
 	if off.helloListen != "" || off.helloAddr != "" {
 		t.Errorf("turned off: %q %q", off.helloListen, off.helloAddr)
+	}
+}
+
+// TestInstalledRunnerRuntimeClasses: the installer's --runtime-classes (the control plane's
+// --install-runtime-classes, as it parses it) is taken by the runner's flags as the same
+// classes; without any, the runner gets no --runtime-classes (runc only).
+func TestInstalledRunnerRuntimeClasses(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "sandboxd-r1")
+	for _, list := range []string{"", "runc=", "gvisor=gvisor,runc=", "runc=,kata=kata-qemu,gvisor=gvisor.example.com"} {
+		cp := new(controlPlaneConfig)
+		fs := flag.NewFlagSet("cp", flag.ContinueOnError)
+		cp.bind(fs)
+		if err := fs.Parse([]string{"--install-runtime-classes=" + list}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cp.validate(); err != nil {
+			t.Fatalf("%q: %v", list, err)
+		}
+		want := cp.installConfig().RuntimeClasses
+		args := install.Args(install.Values{Namespace: "sandboxd-r1", Image: "i", AgentImage: "a", RuntimeClasses: want})
+		cfg := new(runnerConfig)
+		rfs := flag.NewFlagSet("runner", flag.ContinueOnError)
+		rfs.SetOutput(io.Discard)
+		cfg.bind(rfs)
+		if err := rfs.Parse(args[1:]); err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.validate(); err != nil {
+			t.Fatalf("%q: runner validate: %v", list, err)
+		}
+		got, err := cfg.kube.runtimeClassMap()
+		if err != nil || !maps.Equal(got, want) || (list == "") != (got == nil) {
+			t.Errorf("%q: the runner takes %v (%v), want %v", list, got, err, want)
+		}
+	}
+}
+
+// TestRuntimeClassesFlag: the runner's --runtime-classes is checked when its flags are
+// (validate, before it starts anything), as the chart and the installer check it
+// (install.ParseRuntimeClasses), each refusal naming the flag; what validates is what the
+// backend gets.
+func TestRuntimeClassesFlag(t *testing.T) {
+	many := "runc="
+	for i := 1; i <= install.MaxRuntimeClasses; i++ { // one more than the bound
+		many += ",c" + strconv.Itoa(i) + "=rc"
+	}
+	for _, c := range []struct {
+		list string
+		want map[string]string
+		err  string
+	}{
+		{list: ""},
+		{list: "runc=", want: map[string]string{"runc": ""}},
+		{list: " runc= ,gvisor=gvisor", want: map[string]string{"runc": "", "gvisor": "gvisor"}},
+		{list: "gvisor=gvisor", err: "--runtime-classes: runtime classes: no entry for runc"},
+		{list: "runc=,gVisor=gvisor", err: `--runtime-classes: runtime class "gVisor": want a DNS label`},
+		{list: "runc=,gvisor=run_sc", err: `--runtime-classes: runtime class "gvisor": RuntimeClass name "run_sc"`},
+		{list: "runc=,gvisor", err: `--runtime-classes: runtime classes: "gvisor": want class=RuntimeClass`},
+		{list: "runc=,runc=x", err: `--runtime-classes: runtime classes: class "runc" given twice`},
+		{list: many, err: "--runtime-classes: runtime classes: more than 16 classes"},
+	} {
+		k := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent", runtimeClasses: c.list}
+		err := k.validate()
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: validate %v, want %q", c.list, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: validate %v", c.list, err)
+			continue
+		}
+		if got, err := k.runtimeClassMap(); err != nil || !maps.Equal(got, c.want) || (got == nil) != (c.want == nil) {
+			t.Errorf("%q: the backend gets %v (%v), want %v", c.list, got, err, c.want)
+		}
 	}
 }

@@ -240,7 +240,7 @@ var table = []reasonCode{
 	{ContainerNotFound, connect.CodeNotFound, "the sandbox has no container of that name (metadata container)"},
 	{PlacementRejected, connect.CodeInvalidArgument, "the one runner that may take the sandbox rejects it (policy)"},
 	{NoSuitableRunner, connect.CodeFailedPrecondition, "no runner can take the sandbox; BadRequest names each runner's reasons"},
-	{RunnerUnavailable, connect.CodeUnavailable, "the sandbox's runner cannot be reached now; retry"},
+	{RunnerUnavailable, connect.CodeUnavailable, "the sandbox's runner cannot be reached now, or answered a call wrongly (the message says how); retry"},
 	{RunnerNotFound, connect.CodeNotFound, "no such runner"},
 	{CommandTimeout, connect.CodeDeadlineExceeded, "the command ran past its timeout"},
 	{FileNotFound, connect.CodeNotFound, "no such file in the sandbox (metadata filepath)"},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -222,6 +224,7 @@ type fakeTarget struct {
 	namespaces map[string]map[string]string // name -> labels
 	objects    map[string]map[string]string // cluster-scoped Kind/name -> labels
 	objDeleted []string                     // cluster-scoped Kind/name
+	runnerArgs []string                     // the last applied Deployment's runner args
 }
 
 func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
@@ -237,6 +240,9 @@ func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
 	}
 	if kind == "ClusterRole" || kind == "ClusterRoleBinding" {
 		f.setObject(kind+"/"+m.GetName(), m.GetLabels())
+	}
+	if d, ok := obj.(*appsv1.Deployment); ok {
+		f.runnerArgs = slices.Clone(d.Spec.Template.Spec.Containers[0].Args)
 	}
 	f.applied = append(f.applied, kind+"/"+m.GetName())
 	return nil
@@ -593,6 +599,11 @@ func TestInstallFailures(t *testing.T) {
 		{"rejected deployment", installCfg, false, "Deployment", apierrors.NewBadRequest("bad image"), "CWSANDBOX_INSTALL_REJECTED", "--install-runner-image"},
 		{"not configured", controlplane.InstallConfig{}, false, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-control-plane-url"},
 		{"no CA", installCfg, true, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-runner-image"},
+		{"runtime classes without runc", func() controlplane.InstallConfig {
+			c := installCfg
+			c.RuntimeClasses = map[string]string{"gvisor": "gvisor"}
+			return c
+		}(), false, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-runtime-classes"},
 		{"no heartbeat", func() controlplane.InstallConfig {
 			c := installCfg
 			c.HeartbeatTimeout = 200 * time.Millisecond
@@ -612,6 +623,17 @@ func TestInstallFailures(t *testing.T) {
 			}
 			if tc.failErr != nil && !strings.Contains(e.GetMessage(), tc.failErr.Error()) {
 				t.Fatalf("message %q does not quote the Kubernetes error", e.GetMessage())
+			}
+			if tc.reason == "CWSANDBOX_INSTALL_NOT_CONFIGURED" {
+				b.target.mu.Lock()
+				applied := slices.Clone(b.target.applied)
+				b.target.mu.Unlock()
+				if len(applied) > 0 {
+					t.Fatalf("not configured, yet applied %v", applied)
+				}
+			}
+			if tc.cfg.RuntimeClasses != nil && !strings.Contains(e.GetMessage(), "--install-runtime-classes: runtime classes: no entry for runc") {
+				t.Fatalf("message %q does not say what is wrong with the runtime classes", e.GetMessage())
 			}
 			// Deleting it: a failure to create the namespace left nothing to remove.
 			b.target.deleteErr = tc.failErr
@@ -654,4 +676,47 @@ func TestResumeInstalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitInstall(t, b.platform, "r1", controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED)
+}
+
+// TestInstallRuntimeClasses: InstallConfig.RuntimeClasses (--install-runtime-classes)
+// reaches the installed runner's Deployment as its --runtime-classes, runc first; without
+// it, the runner gets none (runc only).
+func TestInstallRuntimeClasses(t *testing.T) {
+	for _, c := range []struct {
+		classes map[string]string
+		want    []string
+	}{
+		{nil, nil},
+		{map[string]string{"gvisor": "gvisor", "runc": ""}, []string{"--runtime-classes=runc=,gvisor=gvisor"}},
+	} {
+		t.Run(fmt.Sprint(c.classes), func(t *testing.T) {
+			cfg := installCfg
+			cfg.RuntimeClasses = c.classes
+			b := newClusterBed(t, cfg, false)
+			b.add(t, "c1", "")
+			b.createRunner(t, b.platform, "r1", "c1")
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				b.target.mu.Lock()
+				args := b.target.runnerArgs
+				b.target.mu.Unlock()
+				if args != nil {
+					var got []string
+					for _, a := range args {
+						if strings.HasPrefix(a, "--runtime-classes") {
+							got = append(got, a)
+						}
+					}
+					if !slices.Equal(got, c.want) {
+						t.Errorf("%v: the runner's %q, want %q", c.classes, got, c.want)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%v: no Deployment applied", c.classes)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
 }

@@ -46,6 +46,10 @@ type InstallConfig struct {
 	// PrepullImages is the runners' --prepull-images (install.Values); nil the chart's
 	// default (64), 0 none (and no ClusterRole).
 	PrepullImages *int
+	// RuntimeClasses is the runners' --runtime-classes (install.Values.RuntimeClasses);
+	// nil: not passed (runc only). Installs fail with CWSANDBOX_INSTALL_NOT_CONFIGURED
+	// while install.CheckRuntimeClasses refuses it.
+	RuntimeClasses map[string]string
 	// ApplyTimeout bounds applying the objects; default 2 minutes.
 	ApplyTimeout time.Duration
 	// HeartbeatTimeout bounds the wait for the first heartbeat after applying; default 10 minutes.
@@ -256,6 +260,13 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 			"start `sandboxd controlplane` with --install-runner-image, --install-agent-image and --install-control-plane-url (the address the cluster reaches the control plane at)"})
 		return err
 	}
+	// The flag was checked at start (--install-runtime-classes); a runner given classes it
+	// refuses would only crash-loop until CWSANDBOX_INSTALL_NO_HEARTBEAT.
+	if err := install.CheckRuntimeClasses(cfg.RuntimeClasses); err != nil {
+		in.fail(ctx, rec, reasonNotConfigured, "--install-runtime-classes: "+err.Error(), []string{
+			"start `sandboxd controlplane` with --install-runtime-classes as the runner's --runtime-classes takes it (e.g. runc=,gvisor=gvisor), or without it (runc only)"})
+		return err
+	}
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
 	defer cancel()
 	t, err := in.target(actx, rec.Org, rec.ClusterID)
@@ -283,6 +294,7 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
 		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs, PrepullImages: cfg.PrepullImages,
+		RuntimeClasses: cfg.RuntimeClasses,
 	}
 	if err := install.Apply(actx, t, v); err != nil {
 		d := install.Diagnose(err)

@@ -234,7 +234,7 @@ func (s *Server) createOn(ctx context.Context, cands []placement.Candidate, org,
 			release()
 			return r, c.Result, sb, held, nil
 		}
-		if apierr.Reason(err) == apierr.RunnerUnavailable && ctx.Err() == nil {
+		if apierr.Reason(err) == apierr.RunnerUnavailable && !errors.Is(err, runner.ErrBadReply) && ctx.Err() == nil {
 			s.views.markDown(c.Index, err)
 		}
 		// An abandoned attempt keeps its room and quota until the runner has answered.
@@ -298,7 +298,9 @@ func (s *Server) answeredID(ctx context.Context, r runner.Handle, want string, a
 			s.log.Warn("delete a sandbox answered under a foreign ID", "runner", r.ID(), "sandbox", sb.ID, "err", err)
 		}
 	}
-	return apierr.New(apierr.PlacementRejected, fmt.Sprintf("runner %s: %v (asked %s, answered %s)", r.ID(), errForeignID, want, sb.ID), map[string]string{"runner": r.ID()})
+	// The runner's fault, not the request's: as any wrong answer of a runner
+	// (runnerapi's checks of its replies).
+	return runner.BadReply(r.ID(), fmt.Sprintf("%v (asked %s, answered %.63q)", errForeignID, want, sb.ID))
 }
 
 // rejectedByRunner reports whether a runner's Create error means "not here" rather than

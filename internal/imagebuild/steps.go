@@ -35,8 +35,9 @@ type Steps struct {
 	failReason string
 }
 
-// maxSteps bounds what Steps keeps, whatever the output claims.
-const maxSteps = 1000
+// MaxSteps bounds what Steps keeps, whatever the output claims (so the steps of a build:
+// a runner reporting more answered wrongly).
+const MaxSteps = 1000
 
 // Line takes one line of output (without its newline) and reports whether it began a
 // step (then step is the new step).
@@ -45,7 +46,7 @@ func (s *Steps) Line(line string) (step Step, began bool) {
 	if m := stepLine.FindStringSubmatch(line); m != nil {
 		n, _ := strconv.Atoi(m[1])
 		total, _ := strconv.Atoi(m[2])
-		if n < 1 || n > total || len(s.steps) >= maxSteps {
+		if n < 1 || n > total || len(s.steps) >= MaxSteps {
 			return Step{}, false
 		}
 		st := Step{Number: n, Total: total, Instruction: Clip(m[3], MaxInstruction)}

@@ -76,11 +76,11 @@ func TestStepsHostile(t *testing.T) {
 	if !ok || len(st.Instruction) > MaxInstruction || !utf8.ValidString(st.Instruction) {
 		t.Errorf("long instruction: %d bytes, valid %v", len(st.Instruction), utf8.ValidString(st.Instruction))
 	}
-	for i := 0; i < maxSteps+10; i++ {
+	for i := 0; i < MaxSteps+10; i++ {
 		s.Line("STEP 1/1: RUN x")
 	}
-	if n := len(s.All()); n != maxSteps {
-		t.Errorf("kept %d steps, want at most %d", n, maxSteps)
+	if n := len(s.All()); n != MaxSteps {
+		t.Errorf("kept %d steps, want at most %d", n, MaxSteps)
 	}
 }
 

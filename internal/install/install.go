@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -95,6 +97,88 @@ type Values struct {
 	PrepullImages *int
 	// PrepullInFlight is the chart's prepull.inFlight; 0 its default (DefaultPrepullInFlight).
 	PrepullInFlight int
+	// RuntimeClasses is the chart's runtimeClasses: sandbox runtime class -> Kubernetes
+	// RuntimeClass name ("" the cluster's default runtime), the runner's --runtime-classes
+	// (RuntimeClassesArg); empty: the flag is not passed (runc only). CheckRuntimeClasses
+	// validates it.
+	RuntimeClasses map[string]string
+}
+
+// RuntimeClassesFlag is the runner flag RuntimeClassesArg writes.
+const RuntimeClassesFlag = "--runtime-classes"
+
+// MaxRuntimeClasses bounds the runtime classes one runner offers (the chart's
+// runtimeClasses, the runner's --runtime-classes): it reports them with its capacity.
+const MaxRuntimeClasses = 16
+
+// CheckRuntimeClasses validates a runtimeClasses value as the runner's --runtime-classes
+// takes it (nil or empty: none, valid): at most MaxRuntimeClasses, runc among the classes
+// (the runner's default class), each class a DNS label, each RuntimeClass name "" or a
+// DNS subdomain. The errors name the offending class.
+func CheckRuntimeClasses(m map[string]string) error {
+	if len(m) == 0 {
+		return nil
+	}
+	if len(m) > MaxRuntimeClasses {
+		return fmt.Errorf("runtime classes: %d classes, want at most %d", len(m), MaxRuntimeClasses)
+	}
+	if _, ok := m["runc"]; !ok {
+		return errors.New("runtime classes: no entry for runc, the runner's default class (runc= for the cluster's default runtime)")
+	}
+	for _, class := range slices.Sorted(maps.Keys(m)) {
+		if errs := validation.IsDNS1123Label(class); len(errs) > 0 {
+			return fmt.Errorf("runtime class %q: want a DNS label: %s", class, strings.Join(errs, "; "))
+		}
+		if name := m[class]; name != "" {
+			if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+				return fmt.Errorf("runtime class %q: RuntimeClass name %q: want a DNS subdomain or empty: %s", class, name, strings.Join(errs, "; "))
+			}
+		}
+	}
+	return nil
+}
+
+// ParseRuntimeClasses reads a comma-separated class=RuntimeClass list (the runner's
+// --runtime-classes syntax, e.g. "runc=,gvisor=gvisor"; "" none) and validates it
+// (CheckRuntimeClasses): each class once.
+func ParseRuntimeClasses(list string) (map[string]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for pair := range strings.SplitSeq(list, ",") {
+		class, name, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || class == "" {
+			return nil, fmt.Errorf("runtime classes: %q: want class=RuntimeClass (an empty RuntimeClass for the cluster's default runtime)", pair)
+		}
+		if _, dup := m[class]; dup {
+			return nil, fmt.Errorf("runtime classes: class %q given twice", class)
+		}
+		if len(m) == MaxRuntimeClasses {
+			return nil, fmt.Errorf("runtime classes: more than %d classes", MaxRuntimeClasses)
+		}
+		m[class] = name
+	}
+	return m, CheckRuntimeClasses(m)
+}
+
+// RuntimeClassesArg is the runner argument for m, as the chart renders it: "" for an empty
+// m (no argument), else --runtime-classes=class=RuntimeClass,… with runc first and the
+// other classes in name order.
+func RuntimeClassesArg(m map[string]string) string {
+	if len(m) == 0 {
+		return ""
+	}
+	var pairs []string
+	if name, ok := m["runc"]; ok {
+		pairs = append(pairs, "runc="+name)
+	}
+	for _, class := range slices.Sorted(maps.Keys(m)) {
+		if class != "runc" {
+			pairs = append(pairs, class+"="+m[class])
+		}
+	}
+	return RuntimeClassesFlag + "=" + strings.Join(pairs, ",")
 }
 
 // The chart's prepull defaults (values.yaml).
@@ -218,6 +302,9 @@ func Args(v Values) []string {
 		inFlight = DefaultPrepullInFlight
 	}
 	args = append(args, fmt.Sprintf("--prepull-images=%d", v.prepullImages()), fmt.Sprintf("--prepull-in-flight=%d", inFlight))
+	if a := RuntimeClassesArg(v.RuntimeClasses); a != "" {
+		args = append(args, a)
+	}
 	return append(args, v.ExtraArgs...)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -255,5 +256,123 @@ func TestHelloCopiesAgree(t *testing.T) {
 	}
 	if ports["installer"] != install.HelloPort || ports["manifest"] != install.HelloPort {
 		t.Errorf("hello ports %v, want %d in each", ports, install.HelloPort)
+	}
+}
+
+// TestRuntimeClasses: a runtimeClasses value becomes one --runtime-classes argument, runc
+// first and the rest in name order (whatever the map's order), none for an empty value;
+// the list syntax (--install-runtime-classes) parses to the map it renders from; bad values
+// are refused naming what is wrong.
+func TestRuntimeClasses(t *testing.T) {
+	m := map[string]string{"kata": "kata-qemu", "gvisor": "gvisor", "runc": ""}
+	const want = "--runtime-classes=runc=,gvisor=gvisor,kata=kata-qemu"
+	for range 20 { // map order varies between iterations
+		if got := install.RuntimeClassesArg(m); got != want {
+			t.Fatalf("RuntimeClassesArg = %q, want %q", got, want)
+		}
+	}
+	if got := install.RuntimeClassesArg(nil); got != "" {
+		t.Errorf("RuntimeClassesArg(nil) = %q", got)
+	}
+	if got := install.RuntimeClassesArg(map[string]string{"runc": "runc-rc"}); got != "--runtime-classes=runc=runc-rc" {
+		t.Errorf("runc only: %q", got)
+	}
+	args := func(v install.Values) []string {
+		var out []string
+		for _, a := range install.Args(v) {
+			if strings.HasPrefix(a, "--runtime-classes") {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	v := install.Values{Namespace: "sandboxd", Image: "i", AgentImage: "a"}
+	if got := args(v); got != nil {
+		t.Errorf("no runtime classes: args %q", got)
+	}
+	v.RuntimeClasses = m
+	if got := args(v); !slices.Equal(got, []string{want}) {
+		t.Errorf("args %q, want %q", got, want)
+	}
+	v.RuntimeClasses = map[string]string{}
+	if got := args(v); got != nil {
+		t.Errorf("empty runtime classes: args %q", got)
+	}
+
+	got, err := install.ParseRuntimeClasses(" runc= , gvisor=gvisor,kata=kata-qemu")
+	if err != nil || install.RuntimeClassesArg(got) != want {
+		t.Errorf("ParseRuntimeClasses: %v, %v", got, err)
+	}
+	if got, err := install.ParseRuntimeClasses(" "); got != nil || err != nil {
+		t.Errorf(`ParseRuntimeClasses(" "): %v, %v`, got, err)
+	}
+	for _, c := range []struct{ list, err string }{
+		{"gvisor=gvisor", "no entry for runc"},
+		{"runc=,Gvisor=gvisor", `runtime class "Gvisor": want a DNS label`},
+		{"runc=,gvisor=gVisor", `runtime class "gvisor": RuntimeClass name "gVisor": want a DNS subdomain`},
+		{"runc=,gvisor=a..b", `RuntimeClass name "a..b"`},
+		{"runc=,=gvisor", `"=gvisor": want class=RuntimeClass`},
+		{"runc=,gvisor", `"gvisor": want class=RuntimeClass`},
+		{"runc=,gvisor=a,gvisor=b", `class "gvisor" given twice`},
+		{"runc=," + strings.Repeat("g", 64) + "=gvisor", "want a DNS label"},
+	} {
+		if _, err := install.ParseRuntimeClasses(c.list); err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%q: %v, want %q", c.list, err, c.err)
+		}
+	}
+	if err := install.CheckRuntimeClasses(nil); err != nil {
+		t.Errorf("CheckRuntimeClasses(nil): %v", err)
+	}
+	// At most MaxRuntimeClasses: that many pass, one more is refused, as a map and as a list.
+	many := map[string]string{"runc": ""}
+	for i := 1; len(many) < install.MaxRuntimeClasses; i++ {
+		many[fmt.Sprintf("c%d", i)] = fmt.Sprintf("rc%d", i)
+	}
+	list := strings.TrimPrefix(install.RuntimeClassesArg(many), install.RuntimeClassesFlag+"=")
+	if got, err := install.ParseRuntimeClasses(list); err != nil || !maps.Equal(got, many) {
+		t.Errorf("%d classes: %v, %v", len(many), got, err)
+	}
+	if _, err := install.ParseRuntimeClasses(list + ",one-more=x"); err == nil || !strings.Contains(err.Error(), "more than 16 classes") {
+		t.Errorf("%d classes: %v, want refused", len(many)+1, err)
+	}
+	many["one-more"] = "x"
+	if err := install.CheckRuntimeClasses(many); err == nil || !strings.Contains(err.Error(), "17 classes, want at most 16") {
+		t.Errorf("CheckRuntimeClasses of %d classes: %v, want refused", len(many), err)
+	}
+}
+
+// TestRuntimeClassesCopiesAgree: the plain manifest (the chart's default rendering; test/k8s
+// TestChartRuntimeClasses renders the chart itself) passes no --runtime-classes, as the
+// installer does by default, and its commented gVisor example is exactly the argument the
+// installer renders for {runc: "", gvisor: gvisor}.
+func TestRuntimeClassesCopiesAgree(t *testing.T) {
+	raw, err := os.ReadFile("../../deploy/kubernetes/runner.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var manifest *appsv1.Deployment
+	for doc := range bytes.SplitSeq(raw, []byte("\n---")) {
+		var d appsv1.Deployment
+		if err := yaml.Unmarshal(doc, &d); err == nil && d.Kind == "Deployment" {
+			manifest = &d
+		}
+	}
+	if manifest == nil {
+		t.Fatal("no Deployment in the manifest")
+	}
+	for _, a := range manifest.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--runtime-classes") {
+			t.Errorf("the manifest passes %q", a)
+		}
+	}
+	for _, a := range install.Args(install.Values{Namespace: "sandboxd", Image: "i", AgentImage: "a"}) {
+		if strings.HasPrefix(a, "--runtime-classes") {
+			t.Errorf("the installer passes %q by default", a)
+		}
+	}
+	example := regexp.MustCompile(`(?m)^ +# - (--runtime-classes=\S*)$`).FindAllSubmatch(raw, -1)
+	want := install.RuntimeClassesArg(map[string]string{"runc": "", "gvisor": "gvisor"})
+	if len(example) != 1 || string(example[0][1]) != want {
+		t.Errorf("the manifest's commented example %q, want one %q", example, want)
 	}
 }

@@ -165,3 +165,22 @@ func idMeta(id string) map[string]string {
 	}
 	return map[string]string{"sandbox_id": id}
 }
+
+// ErrBadReply: a runner answered a call with a reply that cannot be right (a wrong ID,
+// a negative count, an unknown state, ...). A runner is not trusted (an organization
+// runs its own): such a reply fails the one call, as the runner's fault.
+var ErrBadReply = errors.New("the runner answered wrongly")
+
+// BadReply is the error of a call runner runnerID answered wrongly (why says how):
+// UNAVAILABLE CWSANDBOX_RUNNER_UNAVAILABLE (the runner cannot be used for the call now;
+// not the caller's fault), errors.Is ErrBadReply. It does not take the runner down for
+// placement as a failure to reach it does: it answers.
+func BadReply(runnerID, why string) error {
+	return &badReplyError{apierr.New(apierr.RunnerUnavailable, fmt.Sprintf("runner %s answered wrongly: %s", runnerID, why),
+		map[string]string{"runner_id": runnerID})}
+}
+
+type badReplyError struct{ wire *connect.Error }
+
+func (e *badReplyError) Error() string   { return e.wire.Error() }
+func (e *badReplyError) Unwrap() []error { return []error{ErrBadReply, e.wire} }

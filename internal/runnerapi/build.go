@@ -120,9 +120,18 @@ func (c *Client) Build(ctx context.Context, req runner.BuildRequest, emit func(i
 	if emit == nil {
 		emit = func(imagebuild.Event) {}
 	}
+	steps := 0
 	for stream.Receive() {
 		switch msg := stream.Msg().Message.(type) {
 		case *runnerv1.BuildResponse_Step:
+			// A build has at most imagebuild.MaxSteps steps, each numbered 1 to its total
+			// (imagebuild.Steps): the gateway keeps every step event it is sent.
+			if steps++; steps > imagebuild.MaxSteps {
+				return nil, badReply(c.id, "build: more than %d steps", imagebuild.MaxSteps)
+			}
+			if err := checkStep(msg.Step); err != nil {
+				return nil, badReply(c.id, "build: %v", err)
+			}
 			st := stepFromProto(msg.Step)
 			emit(imagebuild.Event{Step: &st, InStep: st.Number})
 		case *runnerv1.BuildResponse_Line:
@@ -130,6 +139,14 @@ func (c *Client) Build(ctx context.Context, req runner.BuildRequest, emit func(i
 				Line: imagebuild.Clip(msg.Line.GetText(), imagebuild.MaxLine)})
 		case *runnerv1.BuildResponse_Result:
 			r := msg.Result
+			if len(r.GetSteps()) > imagebuild.MaxSteps {
+				return nil, badReply(c.id, "build: a result of %d steps, at most %d", len(r.GetSteps()), imagebuild.MaxSteps)
+			}
+			for _, st := range r.GetSteps() { // (the failed step may be unnumbered: imagebuild.Steps.Failed)
+				if err := checkStep(st); err != nil {
+					return nil, badReply(c.id, "build result: %v", err)
+				}
+			}
 			res := &runner.BuildResult{Result: &imagebuild.Result{ExitCode: r.GetExitCode(), Why: r.GetFailure(), Bases: r.GetBases()}, Digest: r.GetImageDigest()}
 			for _, s := range r.GetSteps() {
 				res.Steps = append(res.Steps, stepFromProto(s))
@@ -145,6 +162,14 @@ func (c *Client) Build(ctx context.Context, req runner.BuildRequest, emit func(i
 		return nil, fromStatus(ctx, c.id, err)
 	}
 	return nil, fmt.Errorf("runner %s: the build ended without a result", c.id)
+}
+
+// checkStep: a step numbered 1 to its total.
+func checkStep(s *runnerv1.BuildStep) error {
+	if n, total := s.GetNumber(), s.GetTotal(); n < 1 || n > total {
+		return fmt.Errorf("step %d of %d", n, total)
+	}
+	return nil
 }
 
 func stepFromProto(s *runnerv1.BuildStep) imagebuild.Step {

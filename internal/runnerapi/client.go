@@ -89,6 +89,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		connect.WithAcceptCompression("gzip", nil, nil),
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
+		connect.WithCodec(boundedCodec{}),          // and at most MaxReplyElements in a message
 		connect.WithInterceptors(tracing.Client()), // the trace goes on in the runner
 	}
 	c := &Client{id: cfg.ID, group: cfg.Group, owner: pin, hc: hc}
@@ -122,7 +123,9 @@ func (c *Client) Create(ctx context.Context, req runner.CreateRequest) (runner.S
 	if err != nil {
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), nil
+	// Any valid ID: the gateway decides whether the runner may take another than it
+	// asked for (gateway answeredID), and deletes what it may not.
+	return c.sandbox("", res.Msg.GetSandbox())
 }
 
 func (c *Client) Get(ctx context.Context, id string) (runner.Sandbox, error) {
@@ -130,7 +133,7 @@ func (c *Client) Get(ctx context.Context, id string) (runner.Sandbox, error) {
 	if err != nil {
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), nil
+	return c.sandbox(id, res.Msg.GetSandbox())
 }
 
 // AwaitStart implements runner.AwaitHandle: the runner waits (runner.Runner.AwaitStart).
@@ -140,7 +143,7 @@ func (c *Client) AwaitStart(ctx context.Context, id string, wait time.Duration) 
 	if err != nil {
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), nil
+	return c.sandbox(id, res.Msg.GetSandbox())
 }
 
 // List returns every sandbox of the runner, oldest first.
@@ -149,9 +152,19 @@ func (c *Client) List(ctx context.Context) ([]runner.Sandbox, error) {
 	if err != nil {
 		return nil, fromStatus(ctx, c.id, err)
 	}
+	if n := len(res.Msg.GetSandboxes()); n > MaxListedSandboxes {
+		return nil, badReply(c.id, "list: %d sandboxes, at most %d", n, MaxListedSandboxes)
+	}
 	out := make([]runner.Sandbox, len(res.Msg.GetSandboxes()))
+	seen := make(map[string]bool, len(out))
 	for i, sb := range res.Msg.GetSandboxes() {
-		out[i] = sandboxFromProto(sb)
+		if sb.GetId() == "" || seen[sb.GetId()] {
+			return nil, badReply(c.id, "list: sandbox %d has no ID or one listed before (%q)", i, clipID(sb.GetId()))
+		}
+		seen[sb.GetId()] = true
+		if out[i], err = c.sandbox("", sb); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -161,7 +174,7 @@ func (c *Client) Delete(ctx context.Context, id string, grace time.Duration) (ru
 	if err != nil {
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), nil
+	return c.sandbox(id, res.Msg.GetSandbox())
 }
 
 // DeleteWithSnapshots is Delete with DeleteRequest.snapshots (none: Delete).
@@ -170,17 +183,28 @@ func (c *Client) DeleteWithSnapshots(ctx context.Context, id string, grace time.
 	if err != nil {
 		return runner.Sandbox{}, nil, fromStatus(ctx, c.id, err)
 	}
-	jobs := jobsFromProto(res.Msg.GetSnapshots())
-	if len(jobs) != len(targets) {
-		return runner.Sandbox{}, nil, fmt.Errorf("runner %s answered %d snapshot jobs for %d snapshots", c.id, len(jobs), len(targets))
+	if n := len(res.Msg.GetSnapshots()); n != len(targets) {
+		return runner.Sandbox{}, nil, badReply(c.id, "%d snapshot jobs for %d snapshots", n, len(targets))
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), jobs, nil
+	for i, j := range res.Msg.GetSnapshots() {
+		if err := checkJob(c.id, targets[i].SnapshotID, j); err != nil {
+			return runner.Sandbox{}, nil, err
+		}
+	}
+	sb, err := c.sandbox(id, res.Msg.GetSandbox())
+	if err != nil {
+		return runner.Sandbox{}, nil, err
+	}
+	return sb, jobsFromProto(res.Msg.GetSnapshots()), nil
 }
 
 func (c *Client) SnapshotVolume(ctx context.Context, sandboxID string, t runner.SnapshotTarget) (runner.SnapshotJob, error) {
 	res, err := c.runner.SnapshotVolume(ctx, connect.NewRequest(&runnerv1.SnapshotVolumeRequest{SandboxId: sandboxID, Target: targetToProto(t)}))
 	if err != nil {
 		return runner.SnapshotJob{}, fromStatus(ctx, c.id, err)
+	}
+	if err := checkJob(c.id, t.SnapshotID, res.Msg); err != nil {
+		return runner.SnapshotJob{}, err
 	}
 	return jobFromProto(res.Msg), nil
 }
@@ -189,6 +213,9 @@ func (c *Client) GetSnapshotJob(ctx context.Context, snapshotID string) (runner.
 	res, err := c.runner.GetSnapshotJob(ctx, connect.NewRequest(&runnerv1.GetSnapshotJobRequest{SnapshotId: snapshotID}))
 	if err != nil {
 		return runner.SnapshotJob{}, fromStatus(ctx, c.id, err)
+	}
+	if err := checkJob(c.id, snapshotID, res.Msg); err != nil {
+		return runner.SnapshotJob{}, err
 	}
 	return jobFromProto(res.Msg), nil
 }
@@ -199,7 +226,7 @@ func (c *Client) UpdateLifetime(ctx context.Context, id string, lifetime time.Du
 	if err != nil {
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), nil
+	return c.sandbox(id, res.Msg.GetSandbox())
 }
 
 // Pause implements runner.PauseHandle.
@@ -212,7 +239,7 @@ func (c *Client) Pause(ctx context.Context, id string, opts runner.PauseOptions)
 		}
 		return runner.Sandbox{}, err
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), nil
+	return c.sandbox(id, res.Msg.GetSandbox())
 }
 
 // Resume implements runner.PauseHandle.
@@ -221,7 +248,7 @@ func (c *Client) Resume(ctx context.Context, id string) (runner.Sandbox, error) 
 	if err != nil {
 		return runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
-	return sandboxFromProto(res.Msg.GetSandbox()), nil
+	return c.sandbox(id, res.Msg.GetSandbox())
 }
 
 // Fork implements runner.PauseHandle.
@@ -236,11 +263,14 @@ func (c *Client) Fork(ctx context.Context, id string, targets []runner.ForkTarge
 // forkResults is a Fork's or ImportFork's answer, one result per target.
 func (c *Client) forkResults(res *runnerv1.ForkResponse, targets []runner.ForkTarget) ([]runner.ForkResult, error) {
 	if len(res.GetResults()) != len(targets) {
-		return nil, fmt.Errorf("runner %s answered %d forks for %d targets", c.id, len(res.GetResults()), len(targets))
+		return nil, badReply(c.id, "%d forks for %d targets", len(res.GetResults()), len(targets))
 	}
 	out := make([]runner.ForkResult, len(targets))
 	for i, r := range res.GetResults() {
-		out[i].Sandbox = sandboxFromProto(r.GetSandbox())
+		var err error
+		if out[i].Sandbox, err = c.sandbox(targets[i].ID, r.GetSandbox()); err != nil {
+			return nil, err
+		}
 		if r.GetError() != nil {
 			out[i].Err = forkErrorFromProto(targets[i].ID, r.GetError())
 		}
@@ -254,7 +284,14 @@ func (c *Client) ExportCheckpoint(ctx context.Context, id string) (runner.Checkp
 	if err != nil {
 		return runner.CheckpointRef{}, runner.Sandbox{}, fromStatus(ctx, c.id, err)
 	}
-	return refFromProto(res.Msg.GetRef()), sandboxFromProto(res.Msg.GetSandbox()), nil
+	sb, err := c.sandbox(id, res.Msg.GetSandbox())
+	if err != nil {
+		return runner.CheckpointRef{}, runner.Sandbox{}, err
+	}
+	if res.Msg.GetRef().GetBytes() < 0 {
+		return runner.CheckpointRef{}, runner.Sandbox{}, badReply(c.id, "checkpoint of %d bytes", res.Msg.GetRef().GetBytes())
+	}
+	return refFromProto(res.Msg.GetRef()), sb, nil
 }
 
 // ImportFork implements runner.PortHandle.
@@ -278,6 +315,9 @@ func (c *Client) EnsureVolume(ctx context.Context, v runner.RegisteredVolume) (r
 	resp, err := c.runner.EnsureVolume(ctx, connect.NewRequest(&runnerv1.EnsureVolumeRequest{Volume: registeredToProto(v)}))
 	if err != nil {
 		return runner.VolumeState{}, fromStatus(ctx, c.id, err)
+	}
+	if resp.Msg.GetCapacityBytes() < 0 {
+		return runner.VolumeState{}, badReply(c.id, "volume capacity %d bytes", resp.Msg.GetCapacityBytes())
 	}
 	return runner.VolumeState{CapacityBytes: resp.Msg.GetCapacityBytes(), AccessModes: resp.Msg.GetAccessModes()}, nil
 }
@@ -307,7 +347,20 @@ func (c *Client) Capacity(ctx context.Context) (runner.Capacity, error) {
 	if err != nil {
 		return runner.Capacity{}, fromStatus(ctx, c.id, err)
 	}
+	if err := checkCapacity(c.id, res.Msg); err != nil {
+		return runner.Capacity{}, err
+	}
 	return capacityFromProto(res.Msg), nil
+}
+
+// sandbox is p, a sandbox the runner answered about want ("" = any), once checked
+// (checkSandbox). An answer without an ID (taken as about want) keeps none: callers
+// fill it in (or take what they had).
+func (c *Client) sandbox(want string, p *runnerv1.Sandbox) (runner.Sandbox, error) {
+	if err := checkSandbox(c.id, want, p); err != nil {
+		return runner.Sandbox{}, err
+	}
+	return sandboxFromProto(p), nil
 }
 
 // Agent returns the sandbox's agent behind the runner's relay. It answers at once: the

@@ -457,6 +457,8 @@ func pauseFromProto(p *runnerv1.PauseStatus) *runner.PauseStatus {
 		PausedAt: timeFromProto(p.GetPausedAt()), CheckpointBytes: p.GetCheckpointBytes()}
 }
 
+// sandboxFromProto is the sandbox a runner answered; nil (a reply without one, which a
+// runner may send: it is not trusted) reads as an empty message does.
 func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 	sb := runner.Sandbox{
 		ID:           p.GetId(),
@@ -476,7 +478,7 @@ func sandboxFromProto(p *runnerv1.Sandbox) runner.Sandbox {
 		ImageDigest:  p.GetImageDigest(),
 		Usage:        usageFromProto(p.GetUsage()),
 	}
-	if p.ExitCode != nil {
+	if p != nil && p.ExitCode != nil {
 		c := p.GetExitCode()
 		sb.ExitCode = &c
 	}

@@ -42,6 +42,9 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 	if ctx.Err() != nil {
 		return err // our own context ended, not the runner
 	}
+	if tooManyElements(err) {
+		return runner.BadReply(runnerID, errTooManyElements.Error())
+	}
 	if !errors.As(err, &ce) || !connect.IsWireError(err) {
 		return transportError(runnerID, err)
 	}
@@ -77,6 +80,9 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 func transportError(runnerID string, err error) error {
 	if err == nil || connect.IsWireError(err) || apierr.Reason(err) != "" {
 		return err
+	}
+	if tooManyElements(err) { // an answer, wrong
+		return runner.BadReply(runnerID, errTooManyElements.Error())
 	}
 	// Not an answer from the runner: a refused or broken connection (a TLS 1.3 handshake
 	// the runner rejects can surface as a broken pipe on the first write, which connect

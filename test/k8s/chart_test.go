@@ -121,7 +121,8 @@ func nodeIP(t *testing.T, ctx context.Context, admin k8s.Interface) string {
 // the `kubernetes` Service and kube-proxy, the chart's RBAC), registered with a bootstrap
 // token at a control plane on this host.
 //   - A gateway on this host reaches it through the chart's Service: a sandbox is created
-//     through the public API, execs, is deleted.
+//     through the public API, execs, is deleted. With the chart's runtimeClasses (runc +
+//     gvisor), a gvisor sandbox runs as a Pod of RuntimeClass gvisor (issue 21).
 //   - The runner's edge (the control plane issued its certificate): a sandbox's public
 //     HTTPS endpoint answers through the Service's edge port (checkEdge).
 //   - :applyAvailableUpdate: the runner rolls its own Deployment to the channel's version
@@ -151,7 +152,7 @@ func TestChartRunner(t *testing.T) {
 	cp := startControlPlane(t, ctx, host, target)
 	runnerID := randomID("chart-")
 	if _, err := cp.api.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-		RunnerId: runnerID, ClusterId: "c-" + runnerID, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
+		RunnerId: runnerID, ClusterId: "c-" + runnerID, Zone: "test", Policy: gvisorPolicy(t)}})); err != nil {
 		t.Fatal(err)
 	}
 	tok, err := cp.api.CreateBootstrapToken(ctx, connect.NewRequest(&controlplanev1.CreateBootstrapTokenRequest{RunnerId: runnerID}))
@@ -202,7 +203,9 @@ func TestChartRunner(t *testing.T) {
 		"--set", "leaderElection.leaseDuration=4s", "--set", "extraArgs={--heartbeat-interval=300ms}",
 		// The platform registry's values: the real runner binary accepts the flags they
 		// become (no sandbox here names an image of it: TestPlatformRegistryPull pulls).
-		"--set", "platformRegistry.host=registry.invalid:5000", "--set", "platformRegistry.plainHTTP=true")
+		"--set", "platformRegistry.host=registry.invalid:5000", "--set", "platformRegistry.plainHTTP=true",
+		// gVisor sandboxes (issue 21): the class gvisor as Pods of up.sh's RuntimeClass gvisor.
+		"--set", "runtimeClasses.runc=", "--set", "runtimeClasses.gvisor=gvisor")
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
@@ -242,6 +245,9 @@ func TestChartRunner(t *testing.T) {
 	t.Logf("runner Pod %s Ready %s after helm install", pod.Name, time.Since(start).Round(time.Millisecond))
 	if args := pod.Spec.Containers[0].Args; !slices.Contains(args, "--platform-registry=registry.invalid:5000") || !slices.Contains(args, "--insecure-registry=registry.invalid:5000") {
 		t.Errorf("runner args %q lack the platform registry's flags", args)
+	}
+	if args := pod.Spec.Containers[0].Args; !slices.Contains(args, "--runtime-classes=runc=,gvisor=gvisor") {
+		t.Errorf("runner args %q lack the chart's runtimeClasses", args)
 	}
 
 	// Registered (the runner ID is the one the token was made for) and heartbeating.
@@ -290,7 +296,7 @@ func TestChartRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rcl.Close)
-	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rcl}})
+	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rcl}, Policies: policyMap{runnerID: gvisorPolicyDoc}})
 
 	// A sandbox made, used and deleted by the in-cluster runner.
 	first := createRunning(t, ctx, api)
@@ -318,6 +324,7 @@ func TestChartRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPublicState(t, ctx, api, first, sandboxv1.State_STATE_TERMINATED)
+	checkGVisorSandbox(t, ctx, api, admin, ns)
 	edgeStart := time.Now()
 	checkEdge(t, ctx, api, svc, runnerID, cp.ca.Pool())
 	t.Logf("a public HTTPS endpoint answers through the Service's edge port %s after its create", time.Since(edgeStart).Round(time.Millisecond))
@@ -487,6 +494,50 @@ func createRunning(t *testing.T, ctx context.Context, api sandboxv1connect.Sandb
 		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep 3600 & wait`},
 			Resources: &sandboxv1.Resources{Cpu: "100m", Memory: "32Mi"}}},
 	})
+}
+
+// gvisorPolicyDoc is a runner policy that lets sandboxes pin the gvisor class
+// (checkGVisorSandbox): a runner that offers a class does not allow it by that. The
+// gateway checks it (its Policies) and the runner gets it from the control plane
+// (gvisorPolicy, the managed runner's policy).
+const gvisorPolicyDoc = `{"constraints": {"security": {"allowed_runtime_classes": ["runc", "gvisor"]}}}`
+
+func gvisorPolicy(t *testing.T) *structpb.Struct {
+	t.Helper()
+	p := new(structpb.Struct)
+	if err := p.UnmarshalJSON([]byte(gvisorPolicyDoc)); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// checkGVisorSandbox: a sandbox of runtime_class gvisor, created through the public API on
+// a runner offering it (--runtime-classes runc=,gvisor=gvisor from the chart's
+// runtimeClasses or the installer's RuntimeClasses) and allowing it (gvisorPolicy), runs as a Pod of RuntimeClass gvisor in
+// namespace ns under gVisor's kernel (dmesg), and is deleted again.
+func checkGVisorSandbox(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxServiceClient, admin k8s.Interface, ns string) {
+	t.Helper()
+	start := time.Now()
+	id := createRunningSpec(t, ctx, api, &sandboxv1.SandboxSpec{
+		RuntimeClass: "gvisor",
+		Containers: []*sandboxv1.Container{{Name: "main", Image: busybox, Command: "/bin/sh", Args: []string{"-c", `trap "exit 0" TERM; sleep 3600 & wait`},
+			Resources: &sandboxv1.Resources{Cpu: "100m", Memory: "32Mi"}}},
+	})
+	p, err := admin.CoreV1().Pods(ns).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the gvisor sandbox's Pod in %s: %v", ns, err)
+	}
+	if rc := p.Spec.RuntimeClassName; rc == nil || *rc != "gvisor" {
+		t.Errorf("the gvisor sandbox's Pod runtimeClassName %v, want gvisor", rc)
+	}
+	if out := execOK(t, ctx, api, id, "dmesg"); !strings.Contains(out, "gVisor") {
+		t.Errorf("dmesg in the gvisor sandbox %q, want gVisor's boot messages", out)
+	}
+	t.Logf("gvisor sandbox: create -> RUNNING and exec %s", time.Since(start).Round(time.Millisecond))
+	if _, err := api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id, GracePeriodSeconds: 2})); err != nil {
+		t.Fatal(err)
+	}
+	waitPublicState(t, ctx, api, id, sandboxv1.State_STATE_TERMINATED)
 }
 
 // createRunningSpec creates a sandbox through the public API and waits until it runs.

@@ -3,6 +3,7 @@ package k8s
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -191,6 +192,81 @@ func TestChartHello(t *testing.T) {
 		}
 		if got := helloShape(ctr); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("chart %v: hello %v, want %v", c.set, got, c.want)
+		}
+	}
+}
+
+// TestChartRuntimeClasses: the chart's runtimeClasses renders the same --runtime-classes
+// as the installer for the same map (runc first, the rest in name order); empty (the
+// default), no flag but the commented example the plain manifest carries (internal/install
+// TestRuntimeClassesCopiesAgree); a value the runner would refuse fails the render naming
+// runtimeClasses. The chart passes helm lint with and without it.
+func TestChartRuntimeClasses(t *testing.T) {
+	helm := chartHelm(t)
+	gvisor := []string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=gvisor"}
+	for _, set := range [][]string{nil, gvisor} {
+		if out, err := osexec.Command(helm, append([]string{"lint", "--strict", chartDir}, set...)...).CombinedOutput(); err != nil {
+			t.Errorf("helm lint %v: %v\n%s", set, err, out)
+		}
+	}
+	for _, c := range []struct {
+		set []string
+		m   map[string]string
+	}{
+		{nil, nil},
+		{[]string{"--set", "runtimeClasses.runc="}, map[string]string{"runc": ""}},
+		{gvisor, map[string]string{"runc": "", "gvisor": "gvisor"}},
+		{[]string{"--set", "runtimeClasses.kata=kata-qemu,runtimeClasses.gvisor=gvisor.example.com,runtimeClasses.runc=runc-rc,runtimeClasses.a=a"},
+			map[string]string{"runc": "runc-rc", "gvisor": "gvisor.example.com", "kata": "kata-qemu", "a": "a"}},
+		// runc: ~ (YAML null) is the cluster's default runtime, as "" is.
+		{[]string{"--set", "runtimeClasses.runc=null,runtimeClasses.gvisor=gvisor"}, map[string]string{"runc": "", "gvisor": "gvisor"}},
+	} {
+		args, err := runnerArgs(t, helm, c.set...)
+		if err != nil {
+			t.Errorf("%v: %v", c.set, err)
+			continue
+		}
+		want := withPrefix(install.Args(install.Values{Namespace: "sandboxd", Image: "i", AgentImage: "a", RuntimeClasses: c.m}), "--runtime-classes")
+		if got := withPrefix(args, "--runtime-classes"); !slices.Equal(got, want) || (c.m != nil) != (len(got) == 1) {
+			t.Errorf("chart %v: %q, installer %q", c.set, got, want)
+		}
+	}
+	// Each refusal with a map of strings (m) is the installer's too (install.CheckRuntimeClasses).
+	long := strings.Repeat("g", 64)
+	// install.MaxRuntimeClasses classes render; one more does not.
+	most, mostSet := map[string]string{"runc": ""}, []string{"runtimeClasses.runc="}
+	for i := 1; len(most) < install.MaxRuntimeClasses; i++ {
+		most[fmt.Sprintf("c%d", i)] = fmt.Sprintf("rc%d", i)
+		mostSet = append(mostSet, fmt.Sprintf("runtimeClasses.c%d=rc%d", i, i))
+	}
+	if args, err := runnerArgs(t, helm, "--set", strings.Join(mostSet, ",")); err != nil {
+		t.Errorf("%d classes: %v", len(most), err)
+	} else if got, want := withPrefix(args, "--runtime-classes"), []string{install.RuntimeClassesArg(most)}; !slices.Equal(got, want) {
+		t.Errorf("%d classes: chart %q, installer %q", len(most), got, want)
+	}
+	tooMany := maps.Clone(most)
+	tooMany["one-more"] = "x"
+	for _, c := range []struct {
+		set []string
+		m   map[string]string
+		err string
+	}{
+		{[]string{"--set", "runtimeClasses.gvisor=gvisor"}, map[string]string{"gvisor": "gvisor"}, "runtimeClasses: no entry for runc"},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gVisor=gvisor"}, map[string]string{"runc": "", "gVisor": "gvisor"}, `runtimeClasses: class "gVisor": want a DNS label`},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses." + long + "=gvisor"}, map[string]string{"runc": "", long: "gvisor"}, "want a DNS label"},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=run_sc"}, map[string]string{"runc": "", "gvisor": "run_sc"}, `runtimeClasses.gvisor: RuntimeClass name "run_sc": want a DNS subdomain`},
+		{[]string{"--set-string", "runtimeClasses.runc=,runtimeClasses.gvisor=a..b"}, map[string]string{"runc": "", "gvisor": "a..b"}, `RuntimeClass name "a..b"`},
+		{[]string{"--set-string", "runtimeClasses.runc=x\n- --privileged"}, map[string]string{"runc": "x\n- --privileged"}, `runtimeClasses.runc: RuntimeClass name`},
+		{[]string{"--set", "runtimeClasses.runc=,runtimeClasses.gvisor=1"}, nil, "runtimeClasses.gvisor: want a RuntimeClass name (a string"},
+		{[]string{"--set", "runtimeClasses=gvisor"}, nil, "runtimeClasses: want a map"},
+		{[]string{"--set", strings.Join(mostSet, ",") + ",runtimeClasses.one-more=x"}, tooMany, "runtimeClasses: 17 classes, want at most 16"},
+	} {
+		_, err := runnerArgs(t, helm, c.set...)
+		if err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%v: %v, want the render refused with %q", c.set, err, c.err)
+		}
+		if c.m != nil && install.CheckRuntimeClasses(c.m) == nil {
+			t.Errorf("%v: the chart refuses it, the installer takes %v", c.set, c.m)
 		}
 	}
 }

@@ -120,7 +120,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 //     it through the API: the control plane installs it (server-side apply), it heartbeats
 //     (INSTALLED), and a sandbox runs on it through a gateway, as TestChartRunner's does.
 //   - What it installed matches what the Helm chart renders for the same values (image,
-//     args, env, security contexts, volumes, RBAC rules, Service ports).
+//     args, env, security contexts, volumes, RBAC rules, Service ports), the runtime
+//     classes among them (InstallConfig.RuntimeClasses runc + gvisor, the chart's
+//     runtimeClasses): a runtime_class gvisor sandbox runs on it as a Pod of RuntimeClass
+//     gvisor (issue 21).
 //   - A second cluster registered with a service-account token that has no RBAC: its
 //     runner's install is FAILED with CWSANDBOX_INSTALL_FORBIDDEN and a hint on namespaces.
 //   - A namespace of a runner's name that the control plane did not create for it (no
@@ -150,7 +153,8 @@ func TestInstalledRunner(t *testing.T) {
 	cp := startInstallPlane(t, ctx, host, controlplane.InstallConfig{
 		RunnerImage: runnerImage, AgentImage: c.agentImage, PullPolicy: "Never", SandboxPullPolicy: "Never",
 		StorageClass: class, ExtraArgs: []string{"--heartbeat-interval=300ms"},
-		ApplyTimeout: time.Minute, HeartbeatTimeout: 3 * time.Minute,
+		RuntimeClasses: map[string]string{"runc": "", "gvisor": "gvisor"}, // --install-runtime-classes runc=,gvisor=gvisor
+		ApplyTimeout:   time.Minute, HeartbeatTimeout: 3 * time.Minute,
 	})
 
 	// The apiserver's CA: the kubeconfig skips verification, which a registered cluster may
@@ -194,7 +198,7 @@ func TestInstalledRunner(t *testing.T) {
 
 	start := time.Now()
 	created, err := cp.runners.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-		RunnerId: runnerID, ClusterId: clusterID, Zone: "test", Policy: &structpb.Struct{}}}))
+		RunnerId: runnerID, ClusterId: clusterID, Zone: "test", Policy: gvisorPolicy(t)}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +240,7 @@ func TestInstalledRunner(t *testing.T) {
 	}
 	t.Cleanup(rcl.Close)
 	// The runner was registered to the platform organization: it serves org-a's keys.
-	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rcl}, PlatformOrg: "platform"})
+	_, api, _ := serveGateway(t, gateway.Config{Runners: []runner.Handle{rcl}, PlatformOrg: "platform", Policies: policyMap{runnerID: gvisorPolicyDoc}})
 	sb := createRunning(t, ctx, api)
 	if _, err := admin.CoreV1().Pods(ns).Get(ctx, "sbx-"+sb, metav1.GetOptions{}); err != nil {
 		t.Fatalf("the sandbox's Pod in %s: %v", ns, err)
@@ -247,6 +251,8 @@ func TestInstalledRunner(t *testing.T) {
 	if _, err := api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: sb, GracePeriodSeconds: 1})); err != nil {
 		t.Fatal(err)
 	}
+	// The installer's RuntimeClasses: the installed runner runs gvisor sandboxes.
+	checkGVisorSandbox(t, ctx, api, admin, ns)
 
 	// A credential without rights: a service account's token with no RBAC at all.
 	sa := randomID("nobody-")
@@ -460,7 +466,8 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 		"--set", "controlPlane.address="+string(sec.Data["address"]), "--set", "controlPlane.bootstrapToken="+string(sec.Data["bootstrap-token"]),
 		"--set-file", "controlPlane.caPEM="+caFile, "--set", "persistence.storageClass="+class,
 		// prepull.* at the chart's defaults: the install pre-pulls (64 images, 4 in flight) with its ClusterRole.
-		"--set", "extraArgs={--heartbeat-interval=300ms}")
+		"--set", "extraArgs={--heartbeat-interval=300ms}",
+		"--set", "runtimeClasses.runc=", "--set", "runtimeClasses.gvisor=gvisor")
 	chart := map[string]*unstructured.Unstructured{}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
 	for {
