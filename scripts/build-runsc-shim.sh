@@ -37,7 +37,7 @@
 set -euo pipefail
 VERSION="${SANDBOXD_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 # Bump when scripts/runsc-shim changes.
-PATCHES=patches4
+PATCHES=patches5
 here=$(cd "$(dirname "$0")" && pwd)
 go="${GO:-go}"
 dir="${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc-shim/$VERSION+$PATCHES"

@@ -108,8 +108,11 @@ func (c *Client) Checkpoint(ctx context.Context, r CheckpointRequest) error {
 	return err
 }
 
-// WaitCheckpoint waits for the checkpoint of containerID to finish (Wait with wait type
-// CHECKPOINT) and returns runsc's exit status of it.
+// WaitCheckpoint waits for the next checkpoint of containerID's sandbox to finish (Wait
+// with wait type CHECKPOINT: `runsc wait --checkpoint`) and returns the exit status of
+// that wait. It returns only after a checkpoint that began after it was called: call it
+// first, on another Client (calls on one Client are serialized), then Checkpoint. A
+// sandbox that a checkpoint ended (LeaveRunning false) has nothing to wait on: an error.
 func (c *Client) WaitCheckpoint(ctx context.Context, containerID string) (int32, error) {
 	if err := ValidContainerID(containerID); err != nil {
 		return 0, err

@@ -67,8 +67,16 @@ func SocketPath(shimRoot, sandboxID string) (string, error) {
 	if err := ValidContainerID(sandboxID); err != nil {
 		return "", err
 	}
-	return filepath.Join(shimRoot, sandboxID+"_sandbox.sock"), nil
+	p := filepath.Join(shimRoot, sandboxID+"_sandbox.sock")
+	if len(p) > maxSocketPath {
+		// The shim could not have listened there either (it logs it and serves nothing).
+		return "", fmt.Errorf("%w socket path %s: longer than a unix socket's %d bytes (a shorter shim root)", ErrInvalid, clip(p), maxSocketPath)
+	}
+	return p, nil
 }
+
+// maxSocketPath is the longest path a Linux sockaddr_un holds (108 bytes with the NUL).
+const maxSocketPath = 107
 
 // ImageDir is the image directory of checkpoint id under root, as the shim resolves it
 // for a restore, with the shim's checks: root and <root>/<id> are directories (not

@@ -43,6 +43,11 @@ func TestSocketPath(t *testing.T) {
 	if err != nil || p != "/run/containerd/runsc/"+sb+"_sandbox.sock" {
 		t.Fatalf("%q %v", p, err)
 	}
+	// A root that leaves no room for a 64-digit ID in a unix socket path (the shim could
+	// not listen there either).
+	if p, err := SocketPath("/var/lib/sandboxd-k8s/run/runsc", sb); !errors.Is(err, ErrInvalid) {
+		t.Errorf("over-long socket path %q accepted", p)
+	}
 	for _, c := range [][2]string{{"run/runsc", sb}, {"/run/../etc", sb}, {"/run/runsc/", sb}, {"/run/runsc", "../" + sb}, {"/run/runsc", "x/y"}} {
 		if p, err := SocketPath(c[0], c[1]); !errors.Is(err, ErrInvalid) {
 			t.Errorf("SocketPath(%q, %q) = %q, %v", c[0], c[1], p, err)
