@@ -168,7 +168,9 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 	}
 
 	// The sandbox ended with the checkpoint: the Pod's container is no longer running.
-	waitPod(t, ctx, pods, a, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded })
+	waitPod(t, ctx, pods, a, func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+	})
 	last := waitTicks(t, ctx, pods, a, "", 1)
 	lastN := last[len(last)-1].n
 	if err := pods.Delete(ctx, a, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
@@ -185,8 +187,8 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 	tRunning := time.Since(t1)
 	after := waitTicks(t, ctx, pods, b, secret, lastN+1)
 	tTick := time.Since(t1)
-	t.Logf("restore: Pod created -> container running %s, -> first tick after %d %s (tick %d, value %s)",
-		tRunning.Round(time.Millisecond), lastN, tTick.Round(time.Millisecond), after[len(after)-1].n, after[len(after)-1].secret)
+	t.Logf("restore: Pod created -> container running %s, -> a tick after %d %s (ticks %d..%d, value %s)",
+		tRunning.Round(time.Millisecond), lastN, tTick.Round(time.Millisecond), after[0].n, after[len(after)-1].n, after[len(after)-1].secret)
 	for _, tk := range after {
 		if tk.secret != secret {
 			t.Fatalf("restored Pod printed %q: value %s, not the checkpointed %s (started afresh?)", tk.line, tk.secret, secret)
@@ -310,6 +312,11 @@ func waitTicks(t *testing.T, ctx context.Context, pods corev1client.PodInterface
 				if m := tickLine.FindStringSubmatch(sc.Text()); m != nil {
 					n, _ := strconv.Atoi(m[1])
 					ticks = append(ticks, tick{line: sc.Text(), n: n, secret: m[2]})
+				}
+			}
+			for _, tk := range ticks {
+				if secret != "" && tk.secret != secret {
+					t.Fatalf("pod %s printed %q: value %s, not the checkpointed %s (it started afresh)", name, tk.line, tk.secret, secret)
 				}
 			}
 			if len(ticks) > 0 {

@@ -114,19 +114,28 @@ func (c *Client) Checkpoint(ctx context.Context, r CheckpointRequest) error {
 // first, on another Client (calls on one Client are serialized), then Checkpoint. A
 // sandbox that a checkpoint ended (LeaveRunning false) has nothing to wait on: an error.
 func (c *Client) WaitCheckpoint(ctx context.Context, containerID string) (int32, error) {
-	if err := ValidContainerID(containerID); err != nil {
+	req, err := waitRequest(containerID)
+	if err != nil {
 		return 0, err
 	}
-	var req []byte
-	req = appendString(req, 1, containerID)
-	req = protowire.AppendTag(req, 2, protowire.VarintType)
-	req = protowire.AppendVarint(req, waitCheckpoint)
 	resp, err := c.call(ctx, methodWait, req)
 	if err != nil {
 		return 0, err
 	}
 	v, err := varintField(resp, 1) // WaitResponse.exit_status
 	return int32(v), err
+}
+
+// waitRequest is gvisor.task.WaitRequest{id, wait_type: CHECKPOINT}.
+func waitRequest(containerID string) ([]byte, error) {
+	if err := ValidContainerID(containerID); err != nil {
+		return nil, err
+	}
+	var req []byte
+	req = appendString(req, 1, containerID)
+	req = protowire.AppendTag(req, 2, protowire.VarintType)
+	req = protowire.AppendVarint(req, waitCheckpoint)
+	return req, nil
 }
 
 // Version returns the shim's version string (a liveness check of the server).

@@ -135,7 +135,7 @@ const (
 	goldenCheckpoint  = "0a06616263313233120b2f7661722f782f63702d31180120013210666c6174652d626573742d7370656564"
 	goldenWait        = "0a066162633132331001"
 	goldenRequest     = "0a17677669736f722e7461736b2e5461736b53657276696365120a436865636b706f696e741a2b" + goldenCheckpoint
-	goldenRespWait    = "12020807"           // Response{payload: WaitResponse{exit_status: 7}}
+	goldenRespWait    = "12020807"             // Response{payload: WaitResponse{exit_status: 7}}
 	goldenRespErr     = "0a0808021204626f6f6d" // Response{status: {code: 2, message: "boom"}}
 	goldenRespVersion = "12080a06762d74657374" // Response{payload: VersionResponse{version: "v-test"}}
 )
@@ -145,6 +145,9 @@ func TestMarshal(t *testing.T) {
 	b, err := req.marshal()
 	if err != nil || hex.EncodeToString(b) != goldenCheckpoint {
 		t.Fatalf("CheckpointRequest: %x %v, want %s", b, err, goldenCheckpoint)
+	}
+	if w, err := waitRequest("abc123"); err != nil || hex.EncodeToString(w) != goldenWait {
+		t.Fatalf("WaitRequest: %x %v, want %s", w, err, goldenWait)
 	}
 	m, err := marshalRequest(context.Background(), methodCheckpoint, b)
 	if err != nil || hex.EncodeToString(m) != goldenRequest {
