@@ -25,7 +25,13 @@
 #   restored (`runsc restore`) from <sandboxd_checkpoint_root>/<id> instead of started. The
 #   id is pattern-checked ([a-z0-9][a-z0-9-]{0,62}); the root comes from the shim's config
 #   file (key sandboxd_checkpoint_root), and it and the image directory must be real
-#   directories owned by root, writable only by it. The patch also lets
+#   directories owned by root, writable only by it (the root's parents root's and not
+#   writable by others unless sticky), and the image complete: its marker file
+#   sandboxd-complete (hibernate.MarkComplete, after a successful checkpoint) a regular file
+#   of root's; all checked at Create (errdefs InvalidArgument/NotFound/FailedPrecondition).
+#   A sandbox whose restore still fails is killed, force-deleted (runsc delete --force) and
+#   marked stopped (pkg/shim/v1/proc/init_state.go; stock, a failed root container stays
+#   created and its delete hangs). The patch also lets
 #   $SANDBOXD_RUNSC_SHIM_CONFIG (in containerd's environment) name that config file ahead of
 #   /run/containerd/runsc/config.toml and /etc/containerd/runsc/config.toml: test/k8s keeps
 #   it in its data dir. The stock shim never restores on start (its Task API has no
@@ -37,7 +43,7 @@
 set -euo pipefail
 VERSION="${SANDBOXD_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 # Bump when scripts/runsc-shim changes.
-PATCHES=patches5
+PATCHES=patches6
 here=$(cd "$(dirname "$0")" && pwd)
 go="${GO:-go}"
 dir="${SANDBOXD_CACHE:-/var/cache/sandboxd}/runsc-shim/$VERSION+$PATCHES"

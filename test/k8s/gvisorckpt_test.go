@@ -35,8 +35,10 @@ var tickLine = regexp.MustCompile(`^tick ([0-9]+) ([0-9a-f]{16})$`)
 // sandbox ending (leave_running=false); the Pod is deleted; a new Pod with the same spec and
 // the annotation dev.sandboxd.restore.checkpoint-id on the same node is restored from the
 // image by the patched shim (scripts/runsc-shim/gvisor-0003) and goes on with the state
-// the first one held only in memory. Pods naming a checkpoint id that is not one (a path)
-// or that does not exist fail to start, with the shim's reason in their events.
+// the first one held only in memory. Pods naming a checkpoint id that is not one (a path),
+// that does not exist, or whose image directory is empty (a failed checkpoint's: no
+// hibernate.CompleteMarker) fail to start, with the shim's reason in their events, and are
+// deleted within a bound.
 func TestGVisorCheckpointRestore(t *testing.T) {
 	c := needCluster(t)
 	if os.Geteuid() != 0 {
@@ -77,10 +79,30 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 		return p
 	}
 
-	// The invalid restores first (they fail while the rest runs): a path, and an ID with
-	// no image.
+	// The invalid restores first (they fail while the rest runs): a path, an ID with no
+	// image, and an image directory a checkpoint never completed (empty, no marker).
 	create("gvckpt-bad-"+tag, "../../etc", "")
 	create("gvckpt-none-"+tag, "none-"+tag, "")
+	emptyImage, err := hibernate.CreateImageDir(ckptRoot, "e2e-empty-"+tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(emptyImage) })
+	create("gvckpt-empty-"+tag, "e2e-empty-"+tag, "")
+	// A marked image that is garbage passes the shim's checks and fails in `runsc restore`:
+	// the patched shim kills, force-deletes and stops that sandbox, so the Pod can go.
+	corruptImage, err := hibernate.CreateImageDir(ckptRoot, "e2e-corrupt-"+tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(corruptImage) })
+	if err := os.WriteFile(filepath.Join(corruptImage, "checkpoint.img"), []byte("not a checkpoint"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := hibernate.MarkComplete(corruptImage); err != nil {
+		t.Fatal(err)
+	}
+	create("gvckpt-corrupt-"+tag, "e2e-corrupt-"+tag, "")
 
 	// 1. The Pod runs and holds its state.
 	a := "gvckpt-a-" + tag
@@ -114,7 +136,10 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(forkImage) })
 	// Wait{CHECKPOINT} waits for the sandbox's next checkpoint (runsc wait --checkpoint), on
-	// a connection of its own, started a second ahead.
+	// a connection of its own. When the wait reached the sandbox is unknown (the shim's
+	// `runsc wait` registers "checkpoint count + 1" when it gets there): a checkpoint that
+	// finished before is missed, so when the wait has not returned 5 s after a checkpoint,
+	// another leave-running checkpoint (into a scratch dir) is taken, a few times.
 	wc, err := hibernate.Dial(ctx, sock)
 	if err != nil {
 		t.Fatal(err)
@@ -132,17 +157,41 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 		st, err := wc.WaitCheckpoint(wctx, sandboxID)
 		waitDone <- waited{st, err, time.Now()}
 	}()
-	time.Sleep(time.Second)
 	t0 := time.Now()
 	if err := hc.Checkpoint(ctx, hibernate.CheckpointRequest{ContainerID: sandboxID, ImagePath: forkImage, LeaveRunning: true}); err != nil {
 		t.Fatalf("checkpoint (leave_running): %v", err)
 	}
 	tFork := time.Since(t0)
-	w := <-waitDone
+	if err := hibernate.MarkComplete(forkImage); err != nil {
+		t.Fatal(err)
+	}
+	var w waited
+	tLast := t0
+	for extra := 0; ; extra++ {
+		select {
+		case w = <-waitDone:
+		case <-time.After(5 * time.Second):
+			if extra == 3 {
+				t.Fatalf("Wait{CHECKPOINT} did not return after %d checkpoints", extra+1)
+			}
+			scratch, err := hibernate.CreateImageDir(ckptRoot, fmt.Sprintf("e2e-scratch-%s-%d", tag, extra))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(scratch) })
+			t.Logf("Wait{CHECKPOINT} not back 5 s after checkpoint %d: another", extra+1)
+			tLast = time.Now()
+			if err := hc.Checkpoint(ctx, hibernate.CheckpointRequest{ContainerID: sandboxID, ImagePath: scratch, LeaveRunning: true}); err != nil {
+				t.Fatalf("checkpoint (leave_running, scratch): %v", err)
+			}
+			continue
+		}
+		break
+	}
 	if w.err != nil || w.st != 0 {
 		t.Fatalf("Wait{CHECKPOINT}: exit %d, %v", w.st, w.err)
 	}
-	t.Logf("Wait{CHECKPOINT} returned %s after the checkpoint began", w.at.Sub(t0).Round(time.Millisecond))
+	t.Logf("Wait{CHECKPOINT} returned %s after the last checkpoint began", w.at.Sub(tLast).Round(time.Millisecond))
 	forkTicks := waitTicks(t, ctx, pods, a, "", 1)
 	forkN := forkTicks[len(forkTicks)-1].n
 	// It runs on.
@@ -161,9 +210,12 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 		t.Fatalf("checkpoint: %v", err)
 	}
 	tCkpt := time.Since(t0)
+	if err := hibernate.MarkComplete(image); err != nil {
+		t.Fatal(err)
+	}
 	size, files := dirSize(t, image)
 	t.Logf("checkpoint (leave_running=false): %s; image %s: %d files, %d KiB", tCkpt.Round(time.Millisecond), image, files, size>>10)
-	if files == 0 {
+	if files <= 1 {
 		t.Fatal("the checkpoint wrote no image")
 	}
 
@@ -216,10 +268,13 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 		t.Errorf("forked Pod starts at tick %d, after the pause's checkpoint (%d), not from the fork's (%d)", forked[0].n, lastN, forkN)
 	}
 
-	// 4. The invalid restores never ran, and say why.
+	// 4. The invalid restores never ran, say why, and are deleted within a bound (a
+	// sandbox left "created" by a failed restore hangs its delete).
 	for name, want := range map[string]string{
-		"gvckpt-bad-" + tag:  "invalid checkpoint id",
-		"gvckpt-none-" + tag: "no such file or directory",
+		"gvckpt-bad-" + tag:     "invalid checkpoint id",
+		"gvckpt-none-" + tag:    "no such file or directory",
+		"gvckpt-empty-" + tag:   "incomplete image",
+		"gvckpt-corrupt-" + tag: "restore failed",
 	} {
 		msg := waitEvent(t, ctx, client, c.namespace, name, want)
 		t.Logf("pod %s: %s", name, msg)
@@ -230,6 +285,14 @@ func TestGVisorCheckpointRestore(t *testing.T) {
 		if p.Status.Phase == corev1.PodRunning || containerRunning(p) {
 			t.Errorf("pod %s with a bad restore annotation runs", name)
 		}
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			t.Fatal(err)
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 90*time.Second)
+		t0 := time.Now()
+		waitPodGone(t, dctx, pods, name)
+		dcancel()
+		t.Logf("pod %s deleted in %s", name, time.Since(t0).Round(time.Millisecond))
 	}
 }
 
@@ -274,7 +337,7 @@ func waitPod(t *testing.T, ctx context.Context, pods corev1client.PodInterface, 
 		if ctx.Err() != nil {
 			t.Fatalf("pod %s: %v (last: %v)", name, ctx.Err(), err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(150 * time.Millisecond)
 	}
 }
 
@@ -288,7 +351,7 @@ func waitPodGone(t *testing.T, ctx context.Context, pods corev1client.PodInterfa
 		if ctx.Err() != nil {
 			t.Fatalf("pod %s still there: %v", name, ctx.Err())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(150 * time.Millisecond)
 	}
 }
 
@@ -332,7 +395,7 @@ func waitTicks(t *testing.T, ctx context.Context, pods corev1client.PodInterface
 		if ctx.Err() != nil {
 			t.Fatalf("pod %s: no tick >= %d (value %q) in its log: %v (last: %q)", name, min, secret, ctx.Err(), last)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(150 * time.Millisecond)
 	}
 }
 

@@ -30,7 +30,7 @@ const (
 	typeRequest     = 0x1
 	typeResponse    = 0x2
 	maxRequestLen   = 64 << 10 // our requests are a few hundred bytes
-	maxResponseLen  = 64 << 10 // the server's answers are tiny; ttrpc's own cap is 4 MiB
+	maxResponseLen  = 4 << 20  // ttrpc's own cap: an error reply carries runsc's output (clipped to maxErrorMessage)
 	waitCheckpoint  = 1        // gvisor.task.WaitRequest.WaitType CHECKPOINT
 	maxErrorMessage = 1 << 10
 )
@@ -113,6 +113,12 @@ func (c *Client) Checkpoint(ctx context.Context, r CheckpointRequest) error {
 // that wait. It returns only after a checkpoint that began after it was called: call it
 // first, on another Client (calls on one Client are serialized), then Checkpoint. A
 // sandbox that a checkpoint ended (LeaveRunning false) has nothing to wait on: an error.
+//
+// The caller cannot know when the wait is registered: the shim runs `runsc wait
+// --checkpoint`, which waits for "the sandbox's checkpoint count + 1" only once it has
+// reached the sandbox (on a loaded host, seconds after this call was sent). A checkpoint
+// that finishes before then is not waited for: bound the call with ctx, and when it has
+// not returned a while after a Checkpoint, take another (LeaveRunning) checkpoint.
 func (c *Client) WaitCheckpoint(ctx context.Context, containerID string) (int32, error) {
 	req, err := waitRequest(containerID)
 	if err != nil {
@@ -154,6 +160,10 @@ func (c *Client) call(ctx context.Context, method string, payload []byte) ([]byt
 	if c.broken != nil {
 		return nil, c.broken
 	}
+	// A context already done never touches the connection (it stays usable).
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("hibernate %s: %w", method, err)
+	}
 	sid := c.next
 	c.next += 2
 	msg, err := marshalRequest(ctx, method, payload)
@@ -163,8 +173,18 @@ func (c *Client) call(ctx context.Context, method string, payload []byte) ([]byt
 	// The deadline bounds the exchange; a cancelled context interrupts it.
 	dl, hasDL := ctx.Deadline()
 	_ = c.conn.SetDeadline(dl)
-	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = c.conn.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	// A callback that started runs to its end before the next call sets its own deadline
+	// (which replaces this one): it never leaks into that call.
+	defer func() {
+		if !stop() {
+			<-fired
+		}
+	}()
 	resp, err := c.exchange(sid, msg)
 	if err != nil {
 		// The connection is out of step (a half-written request, an unread answer).

@@ -78,14 +78,28 @@ func SocketPath(shimRoot, sandboxID string) (string, error) {
 // maxSocketPath is the longest path a Linux sockaddr_un holds (108 bytes with the NUL).
 const maxSocketPath = 107
 
+// CompleteMarker is the file MarkComplete writes into an image directory once its
+// checkpoint succeeded; the shim restores only an image directory that holds it (a regular
+// file owned by root, writable only by it): a failed checkpoint leaves an empty or partial
+// directory (CreateImageDir makes it first) that a restore would fail on late.
+const CompleteMarker = "sandboxd-complete"
+
+// ErrIncomplete is wrapped by ImageDir's error for an image directory without its
+// CompleteMarker.
+var ErrIncomplete = errors.New("hibernate: incomplete checkpoint image")
+
 // ImageDir is the image directory of checkpoint id under root, as the shim resolves it
 // for a restore, with the shim's checks: root and <root>/<id> are directories (not
-// symlinks) owned by root and writable by no one else.
+// symlinks) owned by root and writable by no one else, each parent of root is root's and
+// not writable by group or others unless sticky, and <root>/<id> holds CompleteMarker.
 func ImageDir(root, id string) (string, error) {
 	if err := absClean(root); err != nil {
 		return "", err
 	}
 	if err := ValidCheckpointID(id); err != nil {
+		return "", err
+	}
+	if err := rootOwnedParents(root); err != nil {
 		return "", err
 	}
 	dir := filepath.Join(root, id)
@@ -94,7 +108,53 @@ func ImageDir(root, id string) (string, error) {
 			return "", err
 		}
 	}
+	fi, err := os.Lstat(filepath.Join(dir, CompleteMarker))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("%w: %s has no %s", ErrIncomplete, dir, CompleteMarker)
+	}
+	if err != nil {
+		return "", fmt.Errorf("hibernate: %w", err)
+	}
+	if st, _ := fi.Sys().(*syscall.Stat_t); !fi.Mode().IsRegular() || fi.Mode().Perm()&0o022 != 0 || st == nil || st.Uid != 0 {
+		return "", fmt.Errorf("%w: %s/%s is not a regular file owned by root and writable only by it", ErrInvalid, dir, CompleteMarker)
+	}
 	return dir, nil
+}
+
+// MarkComplete writes CompleteMarker (mode 0600) into image directory dir after its
+// checkpoint succeeded, and syncs it and the directory: from then on the shim restores
+// it. dir must be a directory owned by root and writable only by it; an existing marker
+// is an error (os.ErrExist).
+func MarkComplete(dir string) error {
+	if err := absClean(dir); err != nil {
+		return err
+	}
+	if err := rootOnlyDir(dir); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, CompleteMarker), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("hibernate: marker: %w", err)
+	}
+	err = f.Chmod(0o600) // the umask may have taken bits; never adds
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("hibernate: marker: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("hibernate: marker: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("hibernate: marker: %w", err)
+	}
+	return nil
 }
 
 // CreateImageDir makes the (new, empty) image directory of checkpoint id under root, mode
@@ -105,6 +165,9 @@ func CreateImageDir(root, id string) (string, error) {
 		return "", err
 	}
 	if err := ValidCheckpointID(id); err != nil {
+		return "", err
+	}
+	if err := rootOwnedParents(root); err != nil {
 		return "", err
 	}
 	if err := rootOnlyDir(root); err != nil {
@@ -125,6 +188,25 @@ func absClean(p string) error {
 		return fmt.Errorf("%w path %q: want an absolute, clean path", ErrInvalid, clip(p))
 	}
 	return nil
+}
+
+// rootOwnedParents: each parent directory of p (absolute, clean) up to / is owned by uid
+// 0 and not writable by group or others unless sticky (/tmp): no one else could swap a
+// path element of p (the shim patch checks the same).
+func rootOwnedParents(p string) error {
+	for d := filepath.Dir(p); ; d = filepath.Dir(d) {
+		fi, err := os.Lstat(d)
+		if err != nil {
+			return fmt.Errorf("hibernate: %w", err)
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		if !fi.IsDir() || st == nil || st.Uid != 0 || (fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0) {
+			return fmt.Errorf("%w: %s (a parent of %s) is not a directory owned by root and writable only by it (or sticky)", ErrInvalid, d, p)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
 }
 
 // rootOnlyDir: p is a directory (Lstat: not a symlink) owned by uid 0, not writable by

@@ -9,9 +9,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 func TestValidIDs(t *testing.T) {
@@ -80,8 +83,63 @@ func TestImageDir(t *testing.T) {
 	if _, err := CreateImageDir(root, "cp-1"); !errors.Is(err, os.ErrExist) {
 		t.Fatalf("existing image dir reused: %v", err)
 	}
+	// An image directory without its marker (a failed checkpoint's) is not one.
+	if got, err := ImageDir(root, "cp-1"); !errors.Is(err, ErrIncomplete) {
+		t.Fatalf("ImageDir without the marker: %q %v", got, err)
+	}
+	if err := MarkComplete(dir); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, CompleteMarker)); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("marker: %v %v", fi, err)
+	}
+	if err := MarkComplete(dir); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("second MarkComplete: %v", err)
+	}
 	if got, err := ImageDir(root, "cp-1"); err != nil || got != dir {
 		t.Fatalf("ImageDir: %q %v", got, err)
+	}
+	// A marker that is a symlink or writable by others is refused.
+	for name, mk := range map[string]func(string) error{
+		"marklink": func(d string) error {
+			return os.Symlink(filepath.Join(dir, CompleteMarker), filepath.Join(d, CompleteMarker))
+		},
+		"markwide": func(d string) error {
+			if err := os.WriteFile(filepath.Join(d, CompleteMarker), nil, 0o600); err != nil {
+				return err
+			}
+			return os.Chmod(filepath.Join(d, CompleteMarker), 0o666)
+		},
+	} {
+		d, err := CreateImageDir(root, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mk(d); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := ImageDir(root, name); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %q %v", name, got, err)
+		}
+	}
+	// A parent of the root writable by others is refused unless sticky.
+	if err := os.Chmod(tmp, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ImageDir(root, "cp-1"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "parent") {
+		t.Errorf("world-writable parent: %q %v", got, err)
+	}
+	if _, err := CreateImageDir(root, "cp-3"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("CreateImageDir under a world-writable parent: %v", err)
+	}
+	if err := os.Chmod(tmp, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ImageDir(root, "cp-1"); err != nil {
+		t.Errorf("sticky parent: %q %v", got, err)
+	}
+	if err := os.Chmod(tmp, 0o700); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.Symlink(dir, filepath.Join(root, "link")); err != nil {
 		t.Fatal(err)
@@ -287,4 +345,74 @@ func TestClientBadServer(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("unanswered call took %s", d)
 	}
+}
+
+// TestShimPatternsAgree: the shim patch's checkpoint ID pattern and marker name are this
+// package's (they are two copies: the patch builds inside gVisor's module).
+func TestShimPatternsAgree(t *testing.T) {
+	b, err := os.ReadFile("../../../scripts/runsc-shim/zz_sandboxd_restore.go.in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(b)
+	m := regexp.MustCompile("sandboxdCheckpointID = regexp.MustCompile\\(`([^`]*)`\\)").FindStringSubmatch(src)
+	if m == nil || m[1] != checkpointID.String() {
+		t.Errorf("shim's checkpoint ID pattern %q, hibernate's %q", m, checkpointID.String())
+	}
+	if !strings.Contains(src, `sandboxdCompleteMarker = "`+CompleteMarker+`"`) {
+		t.Errorf("the shim's marker is not %q", CompleteMarker)
+	}
+	if !strings.Contains(src, `sandboxdRestoreAnnotation = "`+RestoreAnnotation+`"`) {
+		t.Errorf("the shim's annotation is not %q", RestoreAnnotation)
+	}
+}
+
+// TestClientContext: a context done before a call leaves the connection usable; an error
+// reply near ttrpc's 4 MiB cap is read, its message clipped.
+func TestClientContext(t *testing.T) {
+	long := strings.Repeat("x", 1<<20)
+	st := protowire.AppendString(protowire.AppendTag(protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 2), 2, protowire.BytesType), long)
+	resp := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), st)
+	sock, _ := fakeServer(t, goldenRespVersion, hex.EncodeToString(resp))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done, dcancel := context.WithCancel(ctx)
+	dcancel()
+	if _, err := c.Version(done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	if v, err := c.Version(ctx); err != nil || v != "v-test" {
+		t.Fatalf("call after a cancelled one: %q %v", v, err)
+	}
+	var ce *CallError
+	if err := c.Checkpoint(ctx, CheckpointRequest{ContainerID: "abc", ImagePath: "/x"}); !errors.As(err, &ce) || ce.Code != 2 || len(ce.Message) > maxErrorMessage+len("…") {
+		t.Fatalf("1 MiB error reply: %v", err)
+	}
+}
+
+func FuzzParseResponse(f *testing.F) {
+	for _, s := range []string{goldenRespWait, goldenRespErr, goldenRespVersion, "", "0a", "12ff", "0aff0101"} {
+		b, _ := hex.DecodeString(s)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := parseResponse("Version", b)
+		var ce *CallError
+		if errors.As(err, &ce) && len(ce.Message) > maxErrorMessage+len("…") {
+			t.Fatalf("message of %d bytes", len(ce.Message))
+		}
+		if err == nil {
+			if v, err := stringField(p, 1); err == nil && len(v) > maxErrorMessage+len("…") {
+				t.Fatalf("string of %d bytes", len(v))
+			}
+			_, _ = varintField(p, 1)
+		}
+		_, _ = stringField(b, 1)
+		_, _ = varintField(b, 2)
+	})
 }
