@@ -33,6 +33,10 @@ func TestValidatePod(t *testing.T) {
 		// annotations: refused too.
 		{"gvisor annotations", `{"annotations": {"dev.gvisor.spec.mount.run.share": "pod", "dev.gvisor.flag.network": "host", "dev.gvisorx/y": "ok"}}`,
 			[]string{`policy.base.pod.annotations["dev.gvisor.flag.network"]`, `policy.base.pod.annotations["dev.gvisor.spec.mount.run.share"]`}},
+		// sandboxd's patched gVisor shim restores a Pod from the node's checkpoint named by
+		// dev.sandboxd.restore.checkpoint-id: refused (a tenant would resume another's).
+		{"shim annotations", `{"annotations": {"dev.sandboxd.restore.checkpoint-id": "cp-1", "dev.sandboxdx/y": "ok"}}`,
+			[]string{`policy.base.pod.annotations["dev.sandboxd.restore.checkpoint-id"]`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := Parse([]byte(`{"base": {"pod": ` + tc.pod + `}}`))

@@ -31,9 +31,20 @@ const ReservedPodAnnotationPrefix = "sandboxd.io/"
 // a gVisor Pod's mounts.
 const GVisorPodAnnotationPrefix = "dev.gvisor."
 
+// ShimPodAnnotationPrefix is the prefix of the Pod annotations sandboxd's patched gVisor
+// shim reads (scripts/build-runsc-shim.sh): RestoreCheckpointAnnotation. Pod annotations
+// from a policy may not use it: one would restore a Pod from a checkpoint of another
+// sandbox on its node.
+const ShimPodAnnotationPrefix = "dev.sandboxd."
+
+// RestoreCheckpointAnnotation on a Pod of the patched gVisor shim restores its containers
+// from the node's checkpoint image of that ID (<sandboxd_checkpoint_root>/<id>, the shim's
+// config) instead of starting them: the resume of a paused sandbox.
+const RestoreCheckpointAnnotation = ShimPodAnnotationPrefix + "restore.checkpoint-id"
+
 // ReservedPodAnnotation reports the reserved prefix k falls under, if any.
 func ReservedPodAnnotation(k string) (prefix string, reserved bool) {
-	for _, p := range []string{ReservedPodAnnotationPrefix, GVisorPodAnnotationPrefix} {
+	for _, p := range []string{ReservedPodAnnotationPrefix, GVisorPodAnnotationPrefix, ShimPodAnnotationPrefix} {
 		if strings.HasPrefix(k, p) {
 			return p, true
 		}

@@ -31,10 +31,11 @@ stop() { # names...: SIGTERM to all at once, SIGKILL to survivors after 5 s
 stop kubelet kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd
 CTR=(ctr --address "$DATA/run/containerd.sock" -n k8s.io)
 if [ -S "$DATA/run/containerd.sock" ] && "${CTR[@]}" version >/dev/null 2>&1; then
-  for c in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks kill -s KILL "$c" >/dev/null 2>&1; done
+  # Each bounded: a shim that hangs on a delete (it is killed below) never holds the cluster.
+  for c in $(timeout 20 "${CTR[@]}" tasks ls -q 2>/dev/null); do timeout 10 "${CTR[@]}" tasks kill -s KILL "$c" >/dev/null 2>&1; done
   sleep 0.5
-  for c in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks delete -f "$c" >/dev/null 2>&1; done
-  for c in $("${CTR[@]}" containers ls -q 2>/dev/null); do "${CTR[@]}" containers delete "$c" >/dev/null 2>&1; done
+  for c in $(timeout 20 "${CTR[@]}" tasks ls -q 2>/dev/null); do timeout 10 "${CTR[@]}" tasks delete -f "$c" >/dev/null 2>&1; done
+  for c in $(timeout 20 "${CTR[@]}" containers ls -q 2>/dev/null); do timeout 10 "${CTR[@]}" containers delete "$c" >/dev/null 2>&1; done
 fi
 log "control plane stopped, pods killed"
 stop containerd

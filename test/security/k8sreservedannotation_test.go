@@ -36,7 +36,10 @@ func TestK8sPolicyForgesNoPodState(t *testing.T) {
 			"sandboxd.io/workload-started":   "true",
 			"dev.gvisor.spec.mount.run.type": "bind",
 			"dev.gvisor.flag.network":        "host",
-			"example.com/team":               "a",
+			// The patched gVisor shim's restore trigger: a Pod with it would resume the
+			// node's checkpoint of another sandbox.
+			"dev.sandboxd.restore.checkpoint-id": "cp-1",
+			"example.com/team":                   "a",
 		}}}
 	cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
 	defer ccancel()
@@ -50,6 +53,9 @@ func TestK8sPolicyForgesNoPodState(t *testing.T) {
 			if _, reserved := runtime.ReservedPodAnnotation(k); reserved {
 				t.Errorf("Pod %s carries the policy's %s=%q", p.Name, k, p.Annotations[k])
 			}
+		}
+		if v, ok := p.Annotations[runtime.RestoreCheckpointAnnotation]; ok {
+			t.Errorf("Pod %s carries the policy's %s=%q: the gVisor shim would restore it from that checkpoint", p.Name, runtime.RestoreCheckpointAnnotation, v)
 		}
 		if p.Annotations["example.com/team"] != "a" {
 			t.Errorf("Pod %s: annotations %v, the policy's own key missing", p.Name, p.Annotations)
