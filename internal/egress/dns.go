@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -31,11 +32,16 @@ type DNS struct {
 	Upstreams []string      // "ip:port"; tried in order on failure/timeout
 	Timeout   time.Duration // per upstream attempt; 0 = 2 s
 	Log       *slog.Logger  // nil: slog.Default()
+	// Steer, when set, makes this DNS the one through which host-name grants reach the
+	// proxy (steer.go): only known sources are answered, and granted names resolve to
+	// the proxy. nil: a pure relay (the local backend, where nftables redirects).
+	Steer *Steering
 
 	mu       sync.Mutex
 	closed   bool
 	open     map[io.Closer]struct{} // packet conns, listeners and TCP connections being served
 	tcpConns int
+	inFlight map[netip.Addr]int // Steer: queries being answered, by source
 	wg       sync.WaitGroup
 }
 
@@ -77,7 +83,7 @@ func (d *DNS) ServeUDP(pc net.PacketConn) error {
 		go func() {
 			defer d.wg.Done()
 			defer func() { <-slots }()
-			resp := d.exchange(q, "udp")
+			resp := d.answer(q, addrOf(from), "udp")
 			if resp == nil {
 				return
 			}
@@ -139,7 +145,7 @@ func (d *DNS) serveConn(c net.Conn) {
 		if !isQuery(q) {
 			return
 		}
-		resp := d.exchange(q, "tcp")
+		resp := d.answer(q, addrOf(c.RemoteAddr()), "tcp")
 		if resp == nil {
 			return
 		}
