@@ -38,6 +38,9 @@ type kubernetesFlags struct {
 	prepullImages, prepullInFlight                int
 	warmPods                                      int
 	runtimeClasses                                string
+	// Host-name egress rules through this runner (--egress-*): see egress().
+	egressProxyListen, egressDNSListen string
+	egressProxyAddrs, egressDNSAddr    string
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -61,6 +64,10 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.identity, "leader-elect-identity", "", "kubernetes backend: this replica's identity in the Lease (default $POD_NAME, else host name and PID)")
 	fs.StringVar(&k.selfDeployment, "self-deployment", "", "kubernetes backend: the runner's own Deployment (in $POD_NAMESPACE, else --namespace); the control plane's :applyAvailableUpdate sets its image tag to the desired version")
 	fs.StringVar(&k.selfContainer, "self-container", "runner", "kubernetes backend: the runner's container in --self-deployment")
+	fs.StringVar(&k.egressProxyListen, "egress-proxy-listen", "", "kubernetes backend: TCP host:port where the runner's egress proxy serves its sandboxes' host-name egress rules (e.g. 0.0.0.0:15443); with --egress-dns-listen, --egress-proxy-addr and --egress-dns-addr, and --runner-peer-pods or --runner-peer-cidrs (docs/network.md)")
+	fs.StringVar(&k.egressDNSListen, "egress-dns-listen", "", "kubernetes backend: UDP and TCP host:port where the runner's DNS serves the sandboxes with host-name rules (e.g. 0.0.0.0:5353)")
+	fs.StringVar(&k.egressProxyAddrs, "egress-proxy-addr", "", "kubernetes backend: the IP(s), comma-separated (one per family), where sandbox Pods reach the egress proxy on port 443 (the egress Service's ClusterIPs); the runner's DNS answers granted names with them")
+	fs.StringVar(&k.egressDNSAddr, "egress-dns-addr", "", "kubernetes backend: the IP where sandbox Pods reach the runner's DNS on port 53 (the egress Service's ClusterIP): their only nameserver")
 	fs.DurationVar(&k.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "kubernetes backend: how long a Lease lasts without renewal (a new replica takes over after at most this)")
 }
 
@@ -159,6 +166,9 @@ func (k kubernetesFlags) validate() error {
 	if (k.helloListen == "") != (k.helloAddr == "") {
 		return fmt.Errorf("--hello-listen and --hello-addr go together")
 	}
+	if _, err := k.egress(); err != nil {
+		return err
+	}
 	_, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
 	return err
 }
@@ -183,6 +193,10 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	if err != nil {
 		return nil, err
 	}
+	eg, err := k.egress()
+	if err != nil {
+		return nil, err
+	}
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
@@ -191,7 +205,55 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
 		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight, MaxWarm: prepullBound(k.warmPods),
 		HelloListen: k.helloListen, HelloAddr: helloAddr, RuntimeClasses: classes,
+		Egress: eg,
 	})
+}
+
+// egress reads the --egress-* flags: all four or none (nil: host-name rules are refused).
+func (k *kubernetesFlags) egress() (*stack.KubernetesEgress, error) {
+	set := 0
+	for _, v := range []string{k.egressProxyListen, k.egressDNSListen, k.egressProxyAddrs, k.egressDNSAddr} {
+		if strings.TrimSpace(v) != "" {
+			set++
+		}
+	}
+	switch {
+	case set == 0:
+		return nil, nil
+	case set != 4:
+		return nil, fmt.Errorf("--egress-proxy-listen, --egress-dns-listen, --egress-proxy-addr and --egress-dns-addr go together")
+	case strings.TrimSpace(k.peerPods) == "" && strings.TrimSpace(k.peerCIDRs) == "":
+		return nil, fmt.Errorf("--egress-proxy-listen needs --runner-peer-pods or --runner-peer-cidrs: the sandboxes' NetworkPolicies must name the runner to let them reach its proxy and DNS")
+	}
+	for _, l := range []struct{ flag, v string }{{"--egress-proxy-listen", k.egressProxyListen}, {"--egress-dns-listen", k.egressDNSListen}} {
+		_, port, err := net.SplitHostPort(l.v)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%s %q: want host:port with a port 1..65535", l.flag, l.v)
+		}
+	}
+	eg := &stack.KubernetesEgress{ProxyListen: k.egressProxyListen, DNSListen: k.egressDNSListen}
+	var v4, v6 int
+	for a := range strings.SplitSeq(k.egressProxyAddrs, ",") {
+		ip, err := netip.ParseAddr(strings.TrimSpace(a))
+		if err != nil {
+			return nil, fmt.Errorf("--egress-proxy-addr %q: want IP addresses, one per family: %w", k.egressProxyAddrs, err)
+		}
+		if ip = ip.Unmap(); ip.Is4() {
+			v4++
+		} else {
+			v6++
+		}
+		eg.ProxyAddrs = append(eg.ProxyAddrs, ip)
+	}
+	if v4 > 1 || v6 > 1 {
+		return nil, fmt.Errorf("--egress-proxy-addr %q: at most one address per family", k.egressProxyAddrs)
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(k.egressDNSAddr))
+	if err != nil {
+		return nil, fmt.Errorf("--egress-dns-addr %q: want an IP address: %w", k.egressDNSAddr, err)
+	}
+	eg.DNSAddr = ip.Unmap()
+	return eg, nil
 }
 
 // parseRuntimeClasses reads --runtime-classes ("" = nil: runc only): class=RuntimeClass

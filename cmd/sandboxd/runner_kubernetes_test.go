@@ -148,3 +148,44 @@ func TestInstalledRunnerHello(t *testing.T) {
 		t.Errorf("turned off: %q %q", off.helloListen, off.helloAddr)
 	}
 }
+
+// TestEgressFlags: the --egress-* flags go together with a runner peer, the listen
+// addresses need ports, the proxy addresses are IPs (one per family), and none at all
+// leaves host-name rules off.
+func TestEgressFlags(t *testing.T) {
+	full := func(mod func(k *kubernetesFlags)) kubernetesFlags {
+		k := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent", peerPods: "app=runner",
+			egressProxyListen: "0.0.0.0:15443", egressDNSListen: "0.0.0.0:5353",
+			egressProxyAddrs: "10.96.0.53,fd00::53", egressDNSAddr: "10.96.0.53"}
+		if mod != nil {
+			mod(&k)
+		}
+		return k
+	}
+	k := full(nil)
+	eg, err := k.egress()
+	if err != nil || eg == nil || len(eg.ProxyAddrs) != 2 || eg.DNSAddr.String() != "10.96.0.53" || eg.ProxyListen != "0.0.0.0:15443" || eg.DNSListen != "0.0.0.0:5353" {
+		t.Fatalf("full flags: %+v, %v", eg, err)
+	}
+	if err := k.validate(); err != nil {
+		t.Errorf("full flags: %v", err)
+	}
+	off := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent"}
+	if eg, err := off.egress(); eg != nil || err != nil {
+		t.Errorf("no flags: %+v, %v; want off", eg, err)
+	}
+	for name, mod := range map[string]func(k *kubernetesFlags){
+		"one missing":       func(k *kubernetesFlags) { k.egressDNSAddr = "" },
+		"no runner peer":    func(k *kubernetesFlags) { k.peerPods = "" },
+		"listen sans port":  func(k *kubernetesFlags) { k.egressProxyListen = "0.0.0.0" },
+		"port 0":            func(k *kubernetesFlags) { k.egressDNSListen = "0.0.0.0:0" },
+		"a name, not an IP": func(k *kubernetesFlags) { k.egressProxyAddrs = "egress.sandboxd.svc" },
+		"two IPv4":          func(k *kubernetesFlags) { k.egressProxyAddrs = "10.96.0.53,10.96.0.54" },
+		"bad DNS address":   func(k *kubernetesFlags) { k.egressDNSAddr = "10.96.0" },
+	} {
+		k := full(mod)
+		if err := k.validate(); err == nil || !strings.Contains(err.Error(), "--egress") {
+			t.Errorf("%s: %v, want an --egress-* error", name, err)
+		}
+	}
+}

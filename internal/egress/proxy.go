@@ -64,6 +64,11 @@ type Proxy struct {
 	// MaxConnsPerSource caps one sandbox's connections at once, so that one cannot
 	// exhaust the host's file descriptors for all; 0 = 512. More are closed at once.
 	MaxConnsPerSource int
+	// Known, when set, reports whether src is a sandbox at all: a connection from any
+	// other source is closed at once, before a byte of it is read (the Kubernetes
+	// runner's proxy is reachable from the cluster's network, not only from sandboxes).
+	// nil: every source is read (the local backend's proxy is reached only by DNAT).
+	Known func(src netip.Addr) bool
 
 	mu        sync.Mutex
 	stopping  bool // Shutdown or Close: no new connections
@@ -104,6 +109,12 @@ func (p *Proxy) Serve(l net.Listener) error {
 		}
 		backoff = 0
 		src := addrOf(c.RemoteAddr())
+		if p.Known != nil && (!src.IsValid() || !p.Known(src)) {
+			counters.EgressDecision(counters.EgressDenied)
+			p.log().Info("egress proxy: refused: the source is no sandbox", "src", src)
+			_ = c.Close()
+			continue
+		}
 		if err := p.admit(c, src); err != nil {
 			counters.EgressDecision(counters.EgressLimited)
 			p.log().Info("egress proxy: refused: "+err.Error(), "src", src)

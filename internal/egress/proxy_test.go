@@ -475,3 +475,26 @@ func TestProxyCloseWhileDialling(t *testing.T) {
 		t.Errorf("client read %x, %v; want the connection closed", got, err)
 	}
 }
+
+// TestProxyKnownSources: with Known set, a connection from a source that is no sandbox is
+// closed at once, before its ClientHello is read (not after the handshake timeout, and
+// without a TLS alert); a known source is served as before.
+func TestProxyKnownSources(t *testing.T) {
+	e := newProxyEnv(t, func(p *Proxy) { p.Known = func(src netip.Addr) bool { return src == granted } })
+	start := time.Now()
+	c := e.dial(t, stranger)
+	if _, err := c.Write(helloWithName(t, "api.example.test")); err != nil {
+		t.Logf("write: %v", err) // the proxy may have closed it already
+	}
+	got, err := readAllUntilClosed(c, 5*time.Second)
+	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
+		t.Errorf("unknown source: read %x, %v after %v; want closed at once with nothing sent", got, err, time.Since(start))
+	}
+	e.log.waitLog(t, "refused: the source is no sandbox", "src="+stranger.String())
+	if len(e.takeDials()) != 0 {
+		t.Error("an upstream was dialled for an unknown source")
+	}
+	if _, _, err := e.get(t, granted, e.in.ClientConfig("api.example.test")); err != nil {
+		t.Errorf("known source: %v", err)
+	}
+}

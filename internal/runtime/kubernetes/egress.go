@@ -102,6 +102,12 @@ func (b *Backend) EgressSource(src netip.Addr) ([]string, bool) {
 	return e.grants, true
 }
 
+// EgressKnown reports whether src is a registered sandbox Pod (for egress.Proxy.Known).
+func (b *Backend) EgressKnown(src netip.Addr) bool {
+	_, ok := b.EgressSource(src)
+	return ok
+}
+
 // EgressGrants returns the host-name patterns granted to the sandbox Pod at src; nil for
 // an address that is no registered sandbox (for egress.Proxy.Grants).
 func (b *Backend) EgressGrants(src netip.Addr) []string {
