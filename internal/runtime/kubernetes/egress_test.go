@@ -209,8 +209,8 @@ func TestEgressRefusals(t *testing.T) {
 		t.Error("a runner without Egress reports host-name rules enforceable")
 	}
 	configured, _ := newFakeBackend(t, Config{MaxPrepull: -1, Egress: testEgress()})
-	if configured.Support().NoDNSEgress {
-		t.Error("a runner with Egress reports NoDNSEgress")
+	if sup := configured.Support(); sup.NoDNSEgress || !sup.NoEgressSecrets {
+		t.Errorf("a runner with Egress reports %+v, want host names without egress secrets", sup)
 	}
 	for name, mod := range map[string]func(*EgressConfig){
 		"no proxy":  func(c *EgressConfig) { c.ProxyAddrs = nil },

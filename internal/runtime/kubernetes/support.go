@@ -13,7 +13,7 @@ import "github.com/sandboxd/sandboxd/internal/runtime"
 // does not yet set up, so it runs none and Create refuses them. File-system snapshots
 // need a snapshot cache directory (snapshot.go).
 func (b *Backend) Support() runtime.Support {
-	return runtime.Support{NoDNSEgress: b.cfg.Egress == nil, NoContainerEngine: true, NoSnapshots: b.cfg.SnapshotCacheDir == "",
+	return runtime.Support{NoDNSEgress: b.cfg.Egress == nil, NoEgressSecrets: true, NoContainerEngine: true, NoSnapshots: b.cfg.SnapshotCacheDir == "",
 		// GLOBAL volumes: copies are filled through the filler (globalvol.go) from the
 		// snapshot cache (none without one: NoGlobalVolumes), and a writer's copy is
 		// archived through it once the workload stopped (the Pod outlives the workload
