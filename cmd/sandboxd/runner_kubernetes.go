@@ -41,6 +41,7 @@ type kubernetesFlags struct {
 	// Host-name egress rules through this runner (--egress-*): see egress().
 	egressProxyListen, egressDNSListen string
 	egressProxyAddrs, egressDNSAddr    string
+	egressForbid                       string
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -68,6 +69,7 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.egressDNSListen, "egress-dns-listen", "", "kubernetes backend: UDP and TCP host:port where the runner's DNS serves the sandboxes with host-name rules (e.g. 0.0.0.0:5353)")
 	fs.StringVar(&k.egressProxyAddrs, "egress-proxy-addr", "", "kubernetes backend: the IP(s), comma-separated (one per family), where sandbox Pods reach the egress proxy on port 443 (the egress Service's ClusterIPs); the runner's DNS answers granted names with them")
 	fs.StringVar(&k.egressDNSAddr, "egress-dns-addr", "", "kubernetes backend: the IP where sandbox Pods reach the runner's DNS on port 53 (the egress Service's ClusterIP): their only nameserver")
+	fs.StringVar(&k.egressForbid, "egress-forbid", "", "kubernetes backend: comma-separated CIDRs the egress proxy never dials for a sandbox besides the platform's reserved ranges (the cluster's Service and Pod ranges when they are not private)")
 	fs.DurationVar(&k.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "kubernetes backend: how long a Lease lasts without renewal (a new replica takes over after at most this)")
 }
 
@@ -253,6 +255,16 @@ func (k *kubernetesFlags) egress() (*stack.KubernetesEgress, error) {
 		return nil, fmt.Errorf("--egress-dns-addr %q: want an IP address: %w", k.egressDNSAddr, err)
 	}
 	eg.DNSAddr = ip.Unmap()
+	for c := range strings.SplitSeq(k.egressForbid, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-forbid: %w", err)
+		}
+		eg.Forbid = append(eg.Forbid, p.Masked())
+	}
 	return eg, nil
 }
 

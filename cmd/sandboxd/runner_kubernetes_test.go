@@ -170,6 +170,10 @@ func TestEgressFlags(t *testing.T) {
 	if err := k.validate(); err != nil {
 		t.Errorf("full flags: %v", err)
 	}
+	k.egressForbid = "34.118.224.0/20, 2001:db8::/64"
+	if eg, err := k.egress(); err != nil || len(eg.Forbid) != 2 || eg.Forbid[0].String() != "34.118.224.0/20" {
+		t.Errorf("--egress-forbid: %+v, %v", eg, err)
+	}
 	off := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent"}
 	if eg, err := off.egress(); eg != nil || err != nil {
 		t.Errorf("no flags: %+v, %v; want off", eg, err)
@@ -182,6 +186,7 @@ func TestEgressFlags(t *testing.T) {
 		"a name, not an IP": func(k *kubernetesFlags) { k.egressProxyAddrs = "egress.sandboxd.svc" },
 		"two IPv4":          func(k *kubernetesFlags) { k.egressProxyAddrs = "10.96.0.53,10.96.0.54" },
 		"bad DNS address":   func(k *kubernetesFlags) { k.egressDNSAddr = "10.96.0" },
+		"bad forbid":        func(k *kubernetesFlags) { k.egressForbid = "34.118.224.0/200" },
 	} {
 		k := full(mod)
 		if err := k.validate(); err == nil || !strings.Contains(err.Error(), "--egress") {

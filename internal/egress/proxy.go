@@ -408,6 +408,18 @@ func (p *Proxy) connect(ctx context.Context, name string) (net.Conn, error) {
 // defaultForbidden is the platform's reserved list (the one the runners' rules use).
 func defaultForbidden(a netip.Addr) bool { return reservedAddrs.Contains(a) || reserved.IsHostAddr(a) }
 
+// ForbiddenWith is the default Forbidden (the platform's reserved ranges and the host's
+// addresses) and also every address in extra: a deployment's own ranges the proxy must
+// never dial for a sandbox (a Kubernetes cluster's Service and Pod ranges when they are
+// not private, the proxy's own addresses).
+func ForbiddenWith(extra ...netip.Prefix) func(netip.Addr) bool {
+	set := reserved.NewSet(extra...)
+	return func(a netip.Addr) bool {
+		a = a.Unmap()
+		return defaultForbidden(a) || set.Contains(a)
+	}
+}
+
 var reservedAddrs = reserved.Default()
 
 func addrOf(a net.Addr) netip.Addr {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -85,6 +86,10 @@ type KubernetesEgress struct {
 	Upstreams []string
 	Resolver  *net.Resolver
 	Forbidden func(netip.Addr) bool
+	// Forbid are more ranges the proxy never dials (the cluster's Service and Pod ranges
+	// when they are not private); with Forbidden nil, the proxy refuses them, the
+	// platform's reserved ranges, the host's addresses, and ProxyAddrs and DNSAddr.
+	Forbid []netip.Prefix
 }
 
 // KubernetesStack is a runner driving Pods.
@@ -231,8 +236,16 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		eg.DNS = &egress.DNS{Upstreams: ups, Log: log, Steer: &egress.Steering{
 			Source: backend.EgressSource, Proxy: cfg.Egress.ProxyAddrs,
 		}}
+		forbidden := cfg.Egress.Forbidden
+		if forbidden == nil {
+			extra := slices.Clone(cfg.Egress.Forbid)
+			for _, a := range append(slices.Clone(cfg.Egress.ProxyAddrs), cfg.Egress.DNSAddr) {
+				extra = append(extra, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			}
+			forbidden = egress.ForbiddenWith(extra...)
+		}
 		eg.Proxy = &egress.Proxy{Grants: backend.EgressGrants, Known: backend.EgressKnown,
-			Resolver: cfg.Egress.Resolver, Forbidden: cfg.Egress.Forbidden, Log: log}
+			Resolver: cfg.Egress.Resolver, Forbidden: forbidden, Log: log}
 		// The servers close their connections first, then the sockets go.
 		eg.closers = append([]func() error{eg.DNS.Close, eg.Proxy.Close}, eg.closers...)
 		eg.wg.Go(func() { _ = eg.DNS.ServeUDP(dnsUDP) })
