@@ -69,6 +69,10 @@ type Proxy struct {
 	// runner's proxy is reachable from the cluster's network, not only from sandboxes).
 	// nil: every source is read (the local backend's proxy is reached only by DNAT).
 	Known func(src netip.Addr) bool
+	// MaxConns caps the connections of all sources together (0: none): one runner's proxy
+	// serving a whole cluster's sandboxes (the Kubernetes backend) keeps its file
+	// descriptors for its own work. More are closed at once.
+	MaxConns int
 
 	mu        sync.Mutex
 	stopping  bool // Shutdown or Close: no new connections
@@ -76,6 +80,7 @@ type Proxy struct {
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // both ends of every connection being handled
 	perSource map[netip.Addr]int    // accepted connections being handled, by source
+	total     int                   // the sum of perSource
 	ctx       context.Context       // cancelled by Close: ends resolving and dialling
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // one per connection being handled
@@ -205,6 +210,10 @@ func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 	if p.perSource[src] >= limit {
 		return fmt.Errorf("%d connections from this source already", limit)
 	}
+	if p.MaxConns > 0 && p.total >= p.MaxConns {
+		return fmt.Errorf("%d connections in all already", p.MaxConns)
+	}
+	p.total++
 	if p.perSource == nil {
 		p.perSource = make(map[netip.Addr]int)
 	}
@@ -221,6 +230,7 @@ func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 func (p *Proxy) done(c net.Conn, src netip.Addr) {
 	p.remove(c)
 	p.mu.Lock()
+	p.total--
 	if p.perSource[src]--; p.perSource[src] <= 0 {
 		delete(p.perSource, src)
 	}

@@ -513,3 +513,29 @@ func TestForbiddenWith(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyMaxConns: with MaxConns, connections beyond it from any source are closed at
+// once; a slot freed is taken again.
+func TestProxyMaxConns(t *testing.T) {
+	e := newProxyEnv(t, func(p *Proxy) { p.MaxConns = 1 })
+	e.dial(t, granted) // silent: holds the one slot for the 2 s handshake timeout
+	waitFor(t, "one connection", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.total == 1
+	})
+	start := time.Now()
+	got, err := readAllUntilClosed(e.dial(t, stranger), 5*time.Second)
+	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
+		t.Errorf("second connection: read %x, %v after %v; want closed at once", got, err, time.Since(start))
+	}
+	e.log.waitLog(t, "refused: 1 connections in all already", "src="+stranger.String())
+	waitFor(t, "the slot to free", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.total == 0
+	})
+	if _, _, err := e.get(t, granted, e.in.ClientConfig("api.example.test")); err != nil {
+		t.Errorf("after the slot freed: %v", err)
+	}
+}

@@ -92,6 +92,10 @@ type KubernetesEgress struct {
 	Forbid []netip.Prefix
 }
 
+// egressMaxConns caps a Kubernetes runner's egress proxy connections (all its sandboxes
+// together; each has its own cap of 512).
+const egressMaxConns = 16384
+
 // KubernetesStack is a runner driving Pods.
 type KubernetesStack struct {
 	Client  k8s.Interface
@@ -245,7 +249,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 			forbidden = egress.ForbiddenWith(extra...)
 		}
 		eg.Proxy = &egress.Proxy{Grants: backend.EgressGrants, Known: backend.EgressKnown,
-			Resolver: cfg.Egress.Resolver, Forbidden: forbidden, Log: log}
+			Resolver: cfg.Egress.Resolver, Forbidden: forbidden, Log: log, MaxConns: egressMaxConns}
 		// The servers close their connections first, then the sockets go.
 		eg.closers = append([]func() error{eg.DNS.Close, eg.Proxy.Close}, eg.closers...)
 		eg.wg.Go(func() { _ = eg.DNS.ServeUDP(dnsUDP) })
