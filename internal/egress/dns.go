@@ -42,6 +42,7 @@ type DNS struct {
 	open     map[io.Closer]struct{} // packet conns, listeners and TCP connections being served
 	tcpConns int
 	inFlight map[netip.Addr]int // Steer: queries being answered, by source
+	tcpBySrc map[netip.Addr]int // Steer: TCP connections being served, by source
 	wg       sync.WaitGroup
 }
 
@@ -116,10 +117,14 @@ func (d *DNS) ServeTCP(l net.Listener) error {
 			}
 			return fmt.Errorf("dns: accept: %w", err)
 		}
+		if d.Steer != nil && !d.steerAdmit(c) {
+			continue // a source that is no sandbox, or one with too many connections
+		}
 		if !d.track(c, true) {
 			if !d.isClosed() {
 				d.log().Warn("dns: too many TCP clients, closed one", "src", c.RemoteAddr())
 			}
+			d.steerRelease(c)
 			_ = c.Close()
 			continue
 		}
@@ -135,6 +140,7 @@ func (d *DNS) serveConn(c net.Conn) {
 		delete(d.open, c)
 		d.tcpConns--
 		d.mu.Unlock()
+		d.steerRelease(c)
 	}()
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(dnsTCPIdle))

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"encoding/binary"
+	"net"
 	"net/netip"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ import (
 const (
 	defaultSteerTTL       = 30 * time.Second
 	defaultSteerPerSource = 64
+	steerTCPPerSource     = 8 // TCP connections of one source at once (UDP is the norm)
 )
 
 // Steering configures DNS.Steer. Set the fields before the first Serve.
@@ -162,4 +164,43 @@ func steerReply(h dnsmessage.Header, q *dnsmessage.Question, rcode dnsmessage.RC
 		return nil
 	}
 	return b
+}
+
+// steerAdmit takes a TCP connection only from a known source with fewer than
+// steerTCPPerSource connections; it closes any other at once, before reading it (a
+// source that is no sandbox gets nothing, not even REFUSED; one sandbox cannot hold the
+// TCP slots of all).
+func (d *DNS) steerAdmit(c net.Conn) bool {
+	src := addrOf(c.RemoteAddr())
+	if _, known := d.Steer.Source(src); !src.IsValid() || !known {
+		_ = c.Close()
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.tcpBySrc[src] >= steerTCPPerSource {
+		_ = c.Close()
+		return false
+	}
+	if d.tcpBySrc == nil {
+		d.tcpBySrc = make(map[netip.Addr]int)
+	}
+	d.tcpBySrc[src]++
+	return true
+}
+
+// steerRelease undoes steerAdmit (nothing without Steer).
+func (d *DNS) steerRelease(c net.Conn) {
+	if d.Steer == nil {
+		return
+	}
+	src := addrOf(c.RemoteAddr())
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.tcpBySrc[src]; !ok {
+		return
+	}
+	if d.tcpBySrc[src]--; d.tcpBySrc[src] <= 0 {
+		delete(d.tcpBySrc, src)
+	}
 }

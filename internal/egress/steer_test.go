@@ -92,7 +92,7 @@ var (
 func steerDNS(t *testing.T, known bool) (*dnsEnv, *atomic.Int64) {
 	up, n := loopUpstream(t)
 	e := &dnsEnv{}
-	e.start(t, &DNS{Upstreams: []string{up}, Timeout: time.Second, Steer: &Steering{
+	e.dns = &DNS{Upstreams: []string{up}, Timeout: time.Second, Steer: &Steering{
 		Proxy: []netip.Addr{steerProxy4, steerProxy6},
 		Source: func(src netip.Addr) ([]string, bool) {
 			if !known || src != netip.MustParseAddr("127.0.0.1") {
@@ -100,7 +100,8 @@ func steerDNS(t *testing.T, known bool) (*dnsEnv, *atomic.Int64) {
 			}
 			return []string{"api.granted.test", "*.wild.test"}, true
 		},
-	}})
+	}}
+	e.start(t, e.dns)
 	return e, n
 }
 
@@ -217,16 +218,68 @@ func TestDNSAnswerGranted(t *testing.T) {
 
 	t.Run("unknown source", func(t *testing.T) {
 		e, upstream := steerDNS(t, false)
-		for _, network := range []string{"udp", "tcp"} {
-			for _, name := range []string{"api.granted.test.", "www.example.test."} {
-				m := raw(t, network, e.addr, packQuery(t, 77, 0, question(name, dnsmessage.TypeA)))
-				if m.RCode != dnsmessage.RCodeRefused || len(m.Answers) != 0 {
-					t.Errorf("%s %s: rcode %v answers %v, want REFUSED and none", network, name, m.RCode, m.Answers)
-				}
+		for _, name := range []string{"api.granted.test.", "www.example.test."} {
+			m := raw(t, "udp", e.addr, packQuery(t, 77, 0, question(name, dnsmessage.TypeA)))
+			if m.RCode != dnsmessage.RCodeRefused || len(m.Answers) != 0 {
+				t.Errorf("udp %s: rcode %v answers %v, want REFUSED and none", name, m.RCode, m.Answers)
 			}
+			// Over TCP the connection is closed before anything is read.
+			c, err := net.Dial("tcp", e.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_ = writeTCPMsg(c, packQuery(t, 78, 0, question(name, dnsmessage.TypeA)))
+			if r, err := readTCPMsg(c); err == nil {
+				t.Errorf("tcp %s: a reply %x to an unknown source", name, r)
+			}
+			c.Close()
 		}
 		if n := upstream.Load(); n != 0 {
 			t.Errorf("the upstream saw %d queries of an unknown source", n)
+		}
+	})
+
+	t.Run("TCP connections per source", func(t *testing.T) {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for range steerTCPPerSource {
+			c, err := net.Dial("tcp", e.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, c)
+		}
+		// The held ones are served.
+		_ = held[0].SetDeadline(time.Now().Add(5 * time.Second))
+		if err := writeTCPMsg(held[0], packQuery(t, 90, 0, question("api.granted.test.", dnsmessage.TypeA))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readTCPMsg(held[0]); err != nil {
+			t.Fatalf("a held connection: %v", err)
+		}
+		c, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = writeTCPMsg(c, packQuery(t, 91, 0, question("api.granted.test.", dnsmessage.TypeA)))
+		if r, err := readTCPMsg(c); err == nil {
+			t.Errorf("connection %d of one source answered: %x", steerTCPPerSource+1, r)
+		}
+		held[1].Close()
+		waitFor(t, "a TCP slot to free", func() bool {
+			e.dns.mu.Lock()
+			defer e.dns.mu.Unlock()
+			return e.dns.tcpBySrc[netip.MustParseAddr("127.0.0.1")] < steerTCPPerSource
+		})
+		if m := raw(t, "tcp", e.addr, packQuery(t, 92, 0, question("api.granted.test.", dnsmessage.TypeA))); len(m.Answers) != 1 {
+			t.Errorf("after a slot freed: %+v", m)
 		}
 	})
 
