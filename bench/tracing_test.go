@@ -35,7 +35,9 @@ import (
 // rounds (bench-smoke) it only checks that it runs. It prints, for each measure, each
 // round's ratio median(on)/median(off), the median of those ratios with its 95%
 // bootstrap interval over rounds, the p50 ratio of all samples with a round-block
-// bootstrap interval, and the verdicts on the target ≤ 1.03: MET (the interval is below
+// bootstrap interval, the median ratio of neighbouring on/off pairs (the two calls ABBA
+// takes one after the other) with a round-block bootstrap interval, and the verdicts on
+// the target ≤ 1.03: MET (the interval is below
 // it), NOT MET (above) or UNDECIDED (inside; with the share of resamples ≤ 1.03); and
 // the process's CPU time per exec in each mode. Needs the Jaeger binary (skips without
 // it unless SANDBOXD_REQUIRE_JAEGER=1).
@@ -172,25 +174,31 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	cr := abstat.Bootstrap(creates.Ratios(), 0.95, target, 10000, 2)
 	ep := abstat.PooledBootstrap(&execs, 0.95, target, 2000, 3)
 	cp := abstat.PooledBootstrap(&creates, 0.95, target, 2000, 4)
+	eq := abstat.PairedBootstrap(&execs, 0.95, target, 2000, 5)
+	cq := abstat.PairedBootstrap(&creates, 0.95, target, 2000, 6)
 	b.ReportMetric(er.Median, "exec-round-ratio-median")
 	b.ReportMetric(er.Hi, "exec-round-ratio-ci95-hi")
 	b.ReportMetric(ep.Hi, "exec-p50-ratio-ci95-hi")
 	b.ReportMetric(cr.Median, "create-first-exec-round-ratio-median")
 	b.ReportMetric(cr.Hi, "create-first-exec-round-ratio-ci95-hi")
 	b.ReportMetric(cp.Hi, "create-first-exec-p50-ratio-ci95-hi")
+	b.ReportMetric(eq.Median, "exec-pair-ratio-median")
+	b.ReportMetric(eq.Hi, "exec-pair-ratio-ci95-hi")
+	b.ReportMetric(cq.Median, "create-first-exec-pair-ratio-median")
+	b.ReportMetric(cq.Hi, "create-first-exec-pair-ratio-ci95-hi")
 	fmt.Printf("tracing on (OTLP/gRPC to Jaeger, all sampled) vs off, gateway → runner over mTLS, %d rounds (ABBA), %d execs and %d creates each:\n",
 		b.N, len(execs.All(true)), len(creates.All(true)))
 	for _, m := range []struct {
-		name           string
-		rounds, pooled abstat.Result
-		samples        abstat.Rounds
-		on, off        float64
-	}{{"exec /bin/true", er, ep, execs, eOn, eOff}, {"create → first exec", cr, cp, creates, cOn, cOff}} {
+		name                   string
+		rounds, pooled, paired abstat.Result
+		samples                abstat.Rounds
+		on, off                float64
+	}{{"exec /bin/true", er, ep, eq, execs, eOn, eOff}, {"create → first exec", cr, cp, cq, creates, cOn, cOff}} {
 		fmt.Printf("  %s: p50 on %.2f ms, off %.2f ms\n    round ratios (median on / median off):", m.name, m.on, m.off)
 		for _, x := range m.samples.Ratios() {
 			fmt.Printf(" %.3f", x)
 		}
-		fmt.Printf("\n    %s\n    %s\n", m.rounds, m.pooled)
+		fmt.Printf("\n    %s\n    %s\n    %s\n", m.rounds, m.pooled, m.paired)
 	}
 	// Where the difference is: CPU time of this process (gateway and runner, every
 	// thread, the export goroutine and the GC included, whichever call they fall in)

@@ -104,6 +104,7 @@ type Result struct {
 	PBelow  float64 // share of the bootstrap medians ≤ Target: how sure "met" is
 	Resamps int
 	Pooled  bool // Median is the pooled p50 ratio (PooledBootstrap), not a median of round ratios
+	Pairs   int  // Median is the median ratio of this many neighbouring pairs (PairedBootstrap)
 }
 
 // Bootstrap resamples ratios (with replacement, resamples times, seeded: the same input
@@ -181,6 +182,59 @@ func PooledBootstrap(r *Rounds, level, target float64, resamples int, seed uint6
 	return res
 }
 
+// PairedBootstrap is Bootstrap of the median ratio of neighbouring samples: within a
+// round, the j-th sample of A and the j-th of B, which ABBA order takes one right after
+// the other (A B B A: the first A with the first B, the second B with the second A), make
+// a pair, and its ratio A/B shares that moment of the machine — a finer pairing than a
+// round's. The median is of every pair's ratio; whole rounds are resampled (with
+// replacement), so that pairs of one round stay together.
+func PairedBootstrap(r *Rounds, level, target float64, resamples int, seed uint64) Result {
+	var pairs [][]float64 // per round with pairs
+	n := 0
+	for i := range r.A {
+		if i >= len(r.B) {
+			break
+		}
+		var p []float64
+		for j := range min(len(r.A[i]), len(r.B[i])) {
+			p = append(p, float64(r.A[i][j])/float64(r.B[i][j]))
+		}
+		if len(p) > 0 {
+			pairs, n = append(pairs, p), n+len(p)
+		}
+	}
+	res := Result{Rounds: len(pairs), Pairs: n, Median: math.NaN(), Level: level, Target: target, Resamps: resamples,
+		Lo: math.NaN(), Hi: math.NaN(), PBelow: math.NaN()}
+	if n == 0 || resamples <= 0 {
+		return res
+	}
+	all := make([]float64, 0, n)
+	for _, p := range pairs {
+		all = append(all, p...)
+	}
+	res.Median = Median(all)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	stats := make([]float64, resamples)
+	below := 0
+	for k := range stats {
+		all = all[:0]
+		for range pairs {
+			all = append(all, pairs[rng.IntN(len(pairs))]...)
+		}
+		stats[k] = Median(all)
+		if stats[k] <= target {
+			below++
+		}
+	}
+	slices.Sort(stats)
+	at := func(q float64) float64 {
+		return stats[min(len(stats)-1, max(0, int(math.Floor(q*float64(len(stats))))))]
+	}
+	alpha := (1 - level) / 2
+	res.Lo, res.Hi, res.PBelow = at(alpha), at(1-alpha), float64(below)/float64(resamples)
+	return res
+}
+
 // Verdict is one of "MET", "NOT MET" or "UNDECIDED": the whole interval at or below the
 // target, the whole interval above it, or the target inside it.
 func (r Result) Verdict() string {
@@ -200,6 +254,9 @@ func (r Result) String() string {
 	what := fmt.Sprintf("median of %d round ratios", r.Rounds)
 	if r.Pooled {
 		what = fmt.Sprintf("p50 ratio of all samples (%d rounds)", r.Rounds)
+	}
+	if r.Pairs > 0 {
+		what = fmt.Sprintf("median ratio of %d neighbouring pairs (%d rounds)", r.Pairs, r.Rounds)
 	}
 	s := fmt.Sprintf("%s ×%.3f, %.0f%% CI [%.3f, %.3f] (bootstrap over rounds, %d resamples): target ≤ %.2f %s",
 		what, r.Median, 100*r.Level, r.Lo, r.Hi, r.Resamps, r.Target, r.Verdict())

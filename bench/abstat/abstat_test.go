@@ -130,3 +130,43 @@ func TestPooledBootstrap(t *testing.T) {
 		t.Errorf("no rounds: %s", res)
 	}
 }
+
+// PairedBootstrap: samples whose load moves call by call (a pair's two calls share their
+// moment, the calls of a round do not), A = factor × B: the median pair ratio is the
+// factor, with an interval narrower than the round ratios' on the same samples, and the
+// verdicts follow. The j-th A pairs with the j-th B.
+func TestPairedBootstrap(t *testing.T) {
+	for _, c := range []struct {
+		factor  float64
+		verdict string
+	}{{1.05, "NOT MET"}, {1.00, "MET"}} {
+		var r Rounds
+		rng := rand.New(rand.NewPCG(7, 8))
+		for i := range 30 {
+			for range 10 {
+				load := 2 * math.Exp(0.4*rng.NormFloat64()) // this pair's moment
+				r.Add(i, true, time.Duration(c.factor*load*math.Exp(0.02*rng.NormFloat64())*float64(time.Millisecond)))
+				r.Add(i, false, time.Duration(load*math.Exp(0.02*rng.NormFloat64())*float64(time.Millisecond)))
+			}
+		}
+		res := PairedBootstrap(&r, 0.95, 1.03, 500, 1)
+		rounds := Bootstrap(r.Ratios(), 0.95, 1.03, 500, 1)
+		if math.Abs(res.Median-c.factor) > 0.01 || res.Verdict() != c.verdict || res.Pairs != 300 || res.Rounds != 30 {
+			t.Errorf("factor %.2f: %s", c.factor, res)
+		}
+		if res.Hi-res.Lo >= (rounds.Hi-rounds.Lo)/3 {
+			t.Errorf("factor %.2f: paired interval [%.3f, %.3f] not narrower than the rounds' [%.3f, %.3f]", c.factor, res.Lo, res.Hi, rounds.Lo, rounds.Hi)
+		}
+	}
+	var r Rounds // pairs by position: A's samples 1, 2 with B's 2, 4
+	r.Add(0, true, 1)
+	r.Add(0, false, 2)
+	r.Add(0, false, 4)
+	r.Add(0, true, 2)
+	if res := PairedBootstrap(&r, 0.95, 1.03, 10, 1); res.Median != 0.5 || res.Pairs != 2 {
+		t.Errorf("pairs (1, 2), (2, 4): %s", res)
+	}
+	if res := PairedBootstrap(&Rounds{}, 0.95, 1.03, 100, 1); res.Verdict() != "UNDECIDED" {
+		t.Errorf("no rounds: %s", res)
+	}
+}

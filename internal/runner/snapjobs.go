@@ -332,7 +332,7 @@ func (r *Runner) SnapshotVolume(ctx context.Context, id string, t SnapshotTarget
 		return SnapshotJob{}, volumeNotSnapshottable(id, t.Volume)
 	case errors.Is(err, errdefs.ErrNotImplemented):
 		r.dropJob(t.SnapshotID)
-		return SnapshotJob{}, fssNotSupported(fmt.Sprintf("volume %q cannot be captured by this runner's backend", t.Volume))
+		return SnapshotJob{}, fssNotSupported(fmt.Sprintf("volume %q cannot be captured by this runner's backend: %s", t.Volume, backendRefusal(err)))
 	case errors.Is(err, runtime.ErrNotFound):
 		r.dropJob(t.SnapshotID)
 		return SnapshotJob{}, err
@@ -818,9 +818,21 @@ func shownCause(err error) string {
 	case errors.Is(err, fsarchive.ErrInvalid):
 		return "the archive is invalid: " + textclip.Clip(err.Error(), 256) // names paths inside the archive only
 	case errors.Is(err, errdefs.ErrNotImplemented):
-		return "not supported by this runner's backend"
+		return "not supported by this runner's backend: " + backendRefusal(err)
 	}
 	return "an error on the runner (see its log)"
+}
+
+// maxBackendRefusal bounds backendRefusal's text.
+const maxBackendRefusal = 512
+
+// backendRefusal is why a backend refused something it does not do
+// (errdefs.ErrNotImplemented): its text without that error's own words, clipped. A
+// backend's ErrNotImplemented says what of the caller's request or of the sandbox it
+// cannot take (a volume's mounts, a medium, a platform), never host paths or addresses.
+func backendRefusal(err error) string {
+	msg := strings.Replace(err.Error(), errdefs.ErrNotImplemented.Error()+": ", "", 1)
+	return textclip.Clip(msg, maxBackendRefusal)
 }
 
 // apiMessage is the message of an API error without its code's prefix.

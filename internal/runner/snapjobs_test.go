@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/dir"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
@@ -434,6 +435,22 @@ func TestSnapshotRefusals(t *testing.T) {
 	}
 	if !plain.Support().NoSnapshots || r.Support().NoSnapshots {
 		t.Errorf("NoSnapshots: plain %v, snapshotting %v", plain.Support().NoSnapshots, r.Support().NoSnapshots)
+	}
+
+	// A volume the backend cannot capture: refused FAILED_PRECONDITION with the backend's
+	// reason (a Kubernetes volume mounted by sub_path only), no job kept.
+	be.mu.Lock()
+	be.captureErr = fmt.Errorf("%w: volume \"data\": no container mounts its root (container main mounts only its sub-path \"a/b\")", errdefs.ErrNotImplemented)
+	be.mu.Unlock()
+	_, err = r.SnapshotVolume(ctx, sb.ID, tgt("e1", "data"))
+	be.mu.Lock()
+	be.captureErr = nil
+	be.mu.Unlock()
+	if apierr.Reason(err) != apierr.FSSNotSupported || !strings.Contains(err.Error(), `cannot be captured by this runner's backend: volume "data": no container mounts its root (container main mounts only its sub-path "a/b")`) || strings.Contains(err.Error(), "not implemented") {
+		t.Errorf("a volume the backend cannot capture: %v, want FSS_NOT_SUPPORTED with the backend's reason", err)
+	}
+	if j := r.GetSnapshotJob("e1"); j.State == SnapshotCreating || j.State == SnapshotReady {
+		t.Errorf("a refused snapshot left a job: %+v", j)
 	}
 }
 

@@ -58,6 +58,12 @@ const (
 	// cluster has it (test/k8s/imagetool).
 	BusyboxWorkDir = "sandboxd/busybox:workdir"
 	WorkDir        = "/root"
+	// BusyboxDeepWorkDir is Busybox with DeepWorkDir as its config's working dir, a path
+	// below VolumeParent where a test mounts a volume (an image-only working directory
+	// inside a volume); only the test cluster has it (test/k8s/imagetool).
+	BusyboxDeepWorkDir = "sandboxd/busybox:deepworkdir"
+	VolumeParent       = "/srv/vol"
+	DeepWorkDir        = VolumeParent + "/app/work"
 )
 
 // DefaultPath is the PATH set in the standard images.

@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -120,17 +121,37 @@ func rpcAttrs(procedure string) []attribute.KeyValue {
 
 func spanName(procedure string) string { return strings.TrimPrefix(procedure, "/") }
 
-// procSpans is what the spans of one procedure start with: its name, and the options
-// of its client, server and public server spans (kind and rpc.* attributes; a public
-// server span is a new root). Made once per procedure rather than on every call.
+// procSpans is what the spans of one procedure start with: its name and its rpc.*
+// attributes, made once per procedure rather than on every call. The attributes are set
+// on a span after its start (procSpans.start): given as a start option, the SDK would copy
+// them into the span's start config (an allocation per span) and only then into the span.
+// The sampler (ParentBased over a trace-ID ratio) does not look at attributes.
 type procSpans struct {
-	name                   string
-	client, server, public []trace.SpanStartOption
+	name  string
+	attrs []attribute.KeyValue
 }
 
-// maxProcs bounds the procedures whose spans' options are kept. The procedures are
-// those of the services sandboxd serves and calls (a handler's procedure is the one it
-// was made for, not the request's path), far fewer; past the bound they are made per call.
+// The start options of the spans of the interceptors: a client span, a server span (the
+// internal API, continuing the caller's trace), and the server span of a public call
+// when its context already holds a span context (a new root; the usual public call has
+// none, and is then a root without the option, which would add a context to the call's).
+var (
+	startClient = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+	startServer = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	startRoot   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot()}
+)
+
+// start starts a span of p with opts as a child of ctx's span.
+func (p *procSpans) start(ctx context.Context, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	ctx, sp := tracer().Start(ctx, p.name, opts...)
+	sp.SetAttributes(p.attrs...) // not copied: the SDK appends them to the span's own
+	return ctx, sp
+}
+
+// maxProcs bounds the procedures whose spans' names and attributes are kept. The
+// procedures are those of the services sandboxd serves and calls (a handler's procedure
+// is the one it was made for, not the request's path), far fewer; past the bound they are
+// made per call.
 const maxProcs = 256
 
 var (
@@ -142,13 +163,7 @@ func spansOf(procedure string) *procSpans {
 	if p, ok := procs.Load(procedure); ok {
 		return p.(*procSpans)
 	}
-	attrs := trace.WithAttributes(rpcAttrs(procedure)...)
-	p := &procSpans{
-		name:   spanName(procedure),
-		client: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), attrs},
-		server: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), attrs},
-		public: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), attrs, trace.WithNewRoot()},
-	}
+	p := &procSpans{name: spanName(procedure), attrs: rpcAttrs(procedure)}
 	if procsKept.Load() < maxProcs {
 		if _, loaded := procs.LoadOrStore(procedure, p); !loaded {
 			procsKept.Add(1)
@@ -220,30 +235,66 @@ type interceptor struct{ kind kind }
 // serverStart starts the server span of a call with header h.
 func (i interceptor) serverStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
 	p := spansOf(procedure)
-	opts := p.server
-	sc := remote(h)
-	if i.kind == kindPublic {
-		opts = p.public
-		if sc.IsValid() {
-			// The link keeps the caller's trace and span IDs, not its tracestate: text a
-			// caller chose is not stored in the trace backend.
-			sc = sc.WithTraceState(trace.TraceState{})
-			opts = append(opts[:len(opts):len(opts)], // a copy: p.public is shared
-				trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("sandboxd.link", "caller")}}))
+	if i.kind != kindPublic {
+		if len(h["Traceparent"]) > 0 {
+			// The caller's span becomes the parent (as a remote span context in ctx); an
+			// invalid header leaves ctx as it is.
+			ctx = propagator.Extract(ctx, headers(h))
 		}
-	} else if sc.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+		return p.start(ctx, startServer...)
 	}
-	return tracer().Start(ctx, p.name, opts...)
+	opts := startServer
+	if !trace.SpanContextFromContext(ctx).Equal(trace.SpanContext{}) {
+		opts = startRoot // never a child of what ctx holds
+	}
+	if sc := remote(h); sc.IsValid() {
+		// The link keeps the caller's trace and span IDs, not its tracestate: text a
+		// caller chose is not stored in the trace backend.
+		sc = sc.WithTraceState(trace.TraceState{})
+		opts = append(opts[:len(opts):len(opts)], // a copy: opts is shared
+			trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("sandboxd.link", "caller")}}))
+	}
+	return p.start(ctx, opts...)
 }
 
 // clientStart starts the client span of a unary call to procedure and puts its context
 // in the call's header h.
 func clientStart(ctx context.Context, procedure string, h http.Header) (context.Context, trace.Span) {
-	p := spansOf(procedure)
-	ctx, sp := tracer().Start(ctx, p.name, p.client...)
-	propagator.Inject(ctx, headers(h))
+	ctx, sp := spansOf(procedure).start(ctx, startClient...)
+	inject(sp.SpanContext(), h)
 	return ctx, sp
+}
+
+// inject writes span context sc in header h as W3C Trace Context (what
+// propagation.TraceContext.Inject writes): traceparent, and tracestate when sc has one.
+// Nothing when sc is invalid.
+func inject(sc trace.SpanContext, h http.Header) {
+	if !sc.IsValid() {
+		return
+	}
+	if ts := sc.TraceState().String(); ts != "" {
+		h["Tracestate"] = []string{ts}
+	}
+	h["Traceparent"] = traceparent(sc)
+}
+
+// traceparentLen is the length of a version 00 traceparent:
+// 00-<32 hex trace ID>-<16 hex span ID>-<2 hex flags>.
+const traceparentLen = 2 + 1 + 32 + 1 + 16 + 1 + 2
+
+// traceparent is sc's traceparent header value, as a header's value slice. Only the
+// flags the spec defines (sampled, random) are kept, as propagation.TraceContext does.
+func traceparent(sc trace.SpanContext) []string {
+	var buf [traceparentLen]byte
+	tid, sid := sc.TraceID(), sc.SpanID()
+	flags := [1]byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))}
+	b := append(buf[:0], "00-"...)
+	b = hex.AppendEncode(b, tid[:])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, sid[:])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, flags[:])
+	return []string{string(b)}
 }
 
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -276,10 +327,9 @@ func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conne
 		if !inTrace(ctx) {
 			return next(ctx, spec)
 		}
-		p := spansOf(spec.Procedure)
-		ctx, sp := tracer().Start(ctx, p.name, p.client...)
+		ctx, sp := spansOf(spec.Procedure).start(ctx, startClient...)
 		conn := next(ctx, spec)
-		propagator.Inject(ctx, headers(conn.RequestHeader()))
+		inject(sp.SpanContext(), conn.RequestHeader())
 		// A stream's span ends with its context or when its response is done: at the
 		// first of CloseResponse and the context's end.
 		sc := &streamClient{StreamingClientConn: conn, span: sp}

@@ -84,6 +84,8 @@ func localImageConfig(_ context.Context, ref string, _ *runtime.Credentials) (im
 	switch ref {
 	case busybox:
 		return image.Config{Cmd: []string{"/bin/sh"}, Env: []string{testimage.DefaultPath}}, nil
+	case deepWorkDirImage:
+		return image.Config{Cmd: []string{"/bin/sh"}, Env: []string{testimage.DefaultPath}, WorkingDir: testimage.DeepWorkDir}, nil
 	case python:
 		return image.Config{Cmd: []string{"python3"}, Env: []string{testimage.DefaultPath, "LANG=C.UTF-8"}}, nil
 	}

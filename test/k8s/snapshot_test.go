@@ -82,6 +82,18 @@ func sourceOf(j runner.SnapshotJob, key string) runner.SnapshotSource {
 	return runner.SnapshotSource{SnapshotID: j.SnapshotID, BlobKey: key, Digest: j.Digest, SizeBytes: j.SizeBytes, ContentBytes: j.ContentBytes}
 }
 
+// snapshotOf snapshots volume "work" of sandbox id as snapshot name (its blob key
+// fss/org/<name>.tar.zst, at most 64 MiB), waits until it is READY and returns it as a
+// restore's source.
+func snapshotOf(t *testing.T, r *runner.Runner, id, name string) runner.SnapshotSource {
+	t.Helper()
+	key := "fss/org/" + name + ".tar.zst"
+	if _, err := r.SnapshotVolume(context.Background(), id, runner.SnapshotTarget{Volume: "work", SnapshotID: name, BlobKey: key, MaxSizeBytes: 64 << 20}); err != nil {
+		t.Fatalf("snapshot %s of %s: %v", name, id, err)
+	}
+	return sourceOf(waitSnapshot(t, r, name), key)
+}
+
 func volumeSpec(medium string) runtime.Spec {
 	return runtime.Spec{
 		Container: runtime.Container{Image: busybox, Command: "sleep", Args: []string{"3600"},

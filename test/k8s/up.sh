@@ -63,7 +63,7 @@ import_images() {
   BIN_DIR="$DATA/bin/update" RUNNER_IMAGE=${RUNNER_REF%:*}:update-test AGENT_IMAGE='' VERSION=update-test \
     bash scripts/build-runner-image.sh -out "$DATA/images/update"
   go run ./test/k8s/imagetool -out "$DATA/images"
-  for f in pause busybox busybox-workdir python agent runner update/runner; do
+  for f in pause busybox busybox-workdir busybox-deepworkdir python agent runner update/runner; do
     "${CTR[@]}" images import "$DATA/images/$f.tar" >/dev/null
   done
   # A second tag of the same image: TestApplyAvailableUpdate rolls a stand-in Deployment to it.
@@ -286,7 +286,7 @@ svc_ip=$(api /api/v1/namespaces/default/services/kubernetes | tr -d ' \n' | sed 
 wait_for 60 "the kubernetes Service at $svc_ip:443 (kube-proxy)" curl -sf --cacert "$DATA/pki/apiserver/apiserver.crt" -H "Authorization: Bearer $TOKEN" "https://$svc_ip/readyz"
 log "kube-proxy: the kubernetes Service answers at $svc_ip"
 wait "$images_pid" || { cat "$DATA/log/images.log" >&2; fail "image build/import failed"; }
-log "images imported: $("${CTR[@]}" images ls -q | grep -c '^localhost/') (pause, busybox, busybox:workdir, python, agent $AGENT_REF, runner $RUNNER_REF)"
+log "images imported: $("${CTR[@]}" images ls -q | grep -c '^localhost/') (pause, busybox, busybox:workdir, busybox:deepworkdir, python, agent $AGENT_REF, runner $RUNNER_REF)"
 cat >"$DATA/env" <<ENV
 SANDBOXD_K8S_KUBECONFIG=$KUBECONFIG_FILE
 SANDBOXD_K8S_NAMESPACE=$NAMESPACE

@@ -80,6 +80,10 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err := b.checkEgress(spec); err != nil {
 		return runtime.Info{}, err
 	}
+	// A working directory the image sets below a restored volume's mount: the fill must
+	// know it (snapshot.go imageWorkDirs), so Create, its Pod and the persisted spec use
+	// it as the spec's.
+	spec = b.imageWorkDirs(ctx, spec)
 	// Checked before anything is made: a Secret that does not grant the organization's
 	// store refuses the spec.
 	if err := b.CheckSecretRefs(ctx, spec); err != nil {

@@ -100,6 +100,47 @@ func committed(v *runtime.Volume) bool { return v.Global != nil && v.Global.Comm
 // viaFiller reports whether the filler mounts spec's volume i.
 func viaFiller(spec *runtime.Spec, i int) bool { return filled(spec, i) || committed(&spec.Volumes[i]) }
 
+// capturedViaFiller reports whether spec's volume i is a scratch volume the filler fills
+// (filled) that no workload container mounts at its root (sub_path mounts only): only
+// the filler, which mounts its root, can archive it, so the filler stays for its
+// captures (keepsFillerForCaptures) and CaptureVolume goes through it.
+func capturedViaFiller(spec *runtime.Spec, i int) bool {
+	v := &spec.Volumes[i]
+	if v.Global != nil || !filled(spec, i) {
+		return false
+	}
+	_, _, err := volumeMount(spec, v.Name, false)
+	return err != nil
+}
+
+// capturedIndex is the index of spec's scratch volume called volume when it is captured
+// through the filler (capturedViaFiller), -1 otherwise.
+func capturedIndex(spec *runtime.Spec, volume string) int {
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Name == volume && capturedViaFiller(spec, i) {
+			return i
+		}
+	}
+	return -1
+}
+
+// keepsFillerForCaptures reports whether spec's filler stays, held in standby, once the
+// volumes are filled, for the captures of a scratch volume mounted by sub_path only
+// (capturedViaFiller) while the workload runs. Not a GLOBAL writer's (commits: its filler
+// stays anyway, and its Pod outlives the workload for the commit): this Pod ends with its
+// primary (primaryDone), and its filler with it.
+func keepsFillerForCaptures(spec *runtime.Spec) bool {
+	if commits(spec) {
+		return false
+	}
+	for i := range spec.Volumes {
+		if capturedViaFiller(spec, i) {
+			return true
+		}
+	}
+	return false
+}
+
 // needsFiller reports whether spec has a volume to fill or a GLOBAL copy to commit
 // through the filler.
 func needsFiller(spec *runtime.Spec) bool {
@@ -207,6 +248,12 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 	}
+	if keepsFillerForCaptures(spec) {
+		// Kept for the sandbox's life, its archive compression runs while the workload
+		// does, and its CPU is not the sandbox's (helperContainer: left out of usage): a
+		// limit of its own, one core or the sandbox's own limit when smaller.
+		res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(keptFillerMilliCPU(spec), resource.DecimalSI)
+	}
 	if copies := globalCopiesBytes(spec); copies > 0 && podLimitsEphemeral(pod) {
 		// The kubelet evicts a Pod whose ephemeral storage (its containers' writable
 		// layers and logs, and its disk emptyDirs, the copies included) exceeds the sum
@@ -250,6 +297,21 @@ func (b *Backend) addFiller(pod *corev1.Pod, spec *runtime.Spec) {
 		SecurityContext:          fillerSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 	})
+}
+
+// maxKeptFillerMilliCPU is the CPU limit of a filler kept for captures
+// (keepsFillerForCaptures) in a sandbox without a CPU limit, or with a larger one.
+const maxKeptFillerMilliCPU = 1000
+
+// keptFillerMilliCPU is the CPU limit of spec's filler kept for captures: the
+// sandbox's own (all its containers', TotalResources) when below maxKeptFillerMilliCPU,
+// else that; at least the filler's 10m request.
+func keptFillerMilliCPU(spec *runtime.Spec) int64 {
+	m := int64(maxKeptFillerMilliCPU)
+	if own := spec.TotalResources().MilliCPU; own > 0 {
+		m = min(m, own)
+	}
+	return max(m, 10)
 }
 
 // maxFillerCopiesBytes bounds the GLOBAL copies' sizes the filler's ephemeral-storage
@@ -302,7 +364,9 @@ var fillerNoop = func() []byte {
 // container starts; its Start accepted, the filler runs nothing more, though it may
 // not have terminated yet).
 func (b *Backend) endFiller(ctx context.Context, s *sandbox) error {
-	if !needsFiller(&s.spec) || commits(&s.spec) { // a writer's filler stays for the commit
+	if !needsFiller(&s.spec) || commits(&s.spec) || keepsFillerForCaptures(&s.spec) {
+		// A writer's filler stays for the commit, and one of a volume mounted by sub_path
+		// only for its captures.
 		return nil
 	}
 	if _, err := b.agentClient(s.id, containerFiller).Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: fillerNoop})); err != nil {

@@ -451,7 +451,7 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 		// A GLOBAL volume writer's Pod outlives its workload (globalvol.go): the sandbox
 		// ends with the last workload container, not with the Pod.
 		writer := commits(&s.spec)
-		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && s.spec.Multi() && primaryEnded(s.pod) {
+		if s.deleted || podEnded(s.pod) || writer && workloadEnded(s.pod, &s.spec) || !writer && primaryDone(&s.spec, s.pod) {
 			s.exit = exitOf(s.pod, s.deleted, s.spec.RestartLimit, writer)
 			close(s.done)
 			dropSpareLocked(s)
@@ -472,10 +472,11 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 				}
 			}()
 		}
-		if !s.deleted && !s.stopping && s.spec.Multi() && primaryEnded(s.pod) && !podEnded(s.pod) {
+		if !s.deleted && !s.stopping && primaryDone(&s.spec, s.pod) && !podEnded(s.pod) {
 			// The primary's end ends the sandbox: the other containers get the grace
 			// period (the Pod's deletion sends them SIGTERM; a writer's, their agents'
-			// Stop, so the Pod stays for the commit).
+			// Stop, so the Pod stays for the commit), and so does a filler kept for
+			// captures (keepsFillerForCaptures).
 			s.stopping = true
 			var rest []string
 			if writer {
@@ -497,6 +498,30 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	b.egressObserveLocked(s)
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// primaryDone reports whether a Pod that runs on without its primary has seen its
+// primary end: a group's once its primary (or gate) has terminated; a single
+// container's whose filler stays for captures (keepsFillerForCaptures) once both its
+// main container and its gate have (what the Pod's end means for any other single
+// sandbox, the kept filler left out: the gate ends after the primary's agent, its final
+// status copied into its termination message, and exitOf falls back on the main
+// container's termination when that message says nothing it can read). A gate that
+// crashed while the main container runs ends nothing. A GLOBAL writer's sandbox ends
+// on workloadEnded, not on this (the caller checks): its primary's end only stops the
+// other containers (a writer keeps no filler for captures, so this is primaryEnded).
+func primaryDone(spec *runtime.Spec, p *corev1.Pod) bool {
+	if spec.Multi() {
+		return primaryEnded(p)
+	}
+	return keepsFillerForCaptures(spec) && gateEnded(p) && mainEnded(p)
+}
+
+// mainEnded reports whether p's main container (a single sandbox's, or a group's
+// primary) has terminated.
+func mainEnded(p *corev1.Pod) bool {
+	cs := podContainerStatus(statusesOf(p), containerMain)
+	return cs != nil && cs.State.Terminated != nil
 }
 
 func podEnded(p *corev1.Pod) bool {

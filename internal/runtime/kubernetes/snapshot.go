@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sync/singleflight"
+	corev1 "k8s.io/api/core/v1"
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/agent"
@@ -33,8 +34,9 @@ import (
 // through the agent of a container that mounts the volume's root (the primary first),
 // over the pinned gate channel, and so does a restore, unless no workload agent can fill
 // it alone (fillsInPlace), when the runner's filler does (globalvol.go). A volume
-// restored into sub_path mounts only runs, but no container
-// mounts its root to capture it again (CaptureVolume refuses it).
+// restored into sub_path mounts only is captured through the filler, the one container
+// mounting its root, which stays for that (capturedViaFiller); one mounted by sub_path
+// only and not restored has no filler, and CaptureVolume refuses it.
 //
 // Capture: the agent archives the mounted directory (AgentService.ArchivePath,
 // fsarchive.Write, owners as the container sees them) while the workload runs: nothing
@@ -132,8 +134,13 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 	if i := globalIndex(&s.spec, volume); i >= 0 {
 		return b.captureGlobal(s, volume, i)
 	}
-	container, path, err := volumeMount(&s.spec, volume, false)
-	if err != nil {
+	var container, path string
+	filler := false
+	if i := capturedIndex(&s.spec, volume); i >= 0 {
+		// Mounted by sub_path only, filled through the filler, which stays for this
+		// (keepsFillerForCaptures) and mounts its root.
+		container, path, filler = containerFiller, fillerPath(i), true
+	} else if container, path, err = volumeMount(&s.spec, volume, false); err != nil {
 		if errors.Is(err, runtime.ErrVolumeNotFound) {
 			return nil, err
 		}
@@ -146,11 +153,28 @@ func (b *Backend) CaptureVolume(ctx context.Context, id, volume string) (runtime
 		return nil, fmt.Errorf("capture volume %q of %s: the sandbox has ended, and its emptyDirs with its Pod", volume, id)
 	default:
 	}
+	if filler {
+		if cs := podContainerStatus(statusesOf(s.pod), containerFiller); cs != nil && cs.State.Terminated != nil {
+			// Nothing else mounts the volume's root: with the filler gone (OOM-killed at its
+			// memory limit, crashed, or ended after the fill by an older runner), nothing
+			// can read the whole volume while the sandbox runs.
+			return nil, fmt.Errorf("%w: volume %q is mounted by sub_path only, and the runner's filler container, the one container mounting its root, has terminated (%s): it cannot be captured while the sandbox runs", errdefs.ErrNotImplemented, volume, fillerEnd(cs.State.Terminated))
+		}
+	}
 	if s.captures == 0 {
 		s.capturesIdle = make(chan struct{})
 	}
 	s.captures++
-	return &capture{b: b, s: s, container: container, path: path}, nil
+	return &capture{b: b, s: s, container: container, path: path, filler: filler}, nil
+}
+
+// fillerEnd says how the filler terminated, from the kubelet's view (its reason and
+// exit code; never its message, which the filler's agent writes).
+func fillerEnd(t *corev1.ContainerStateTerminated) string {
+	if t.Reason != "" {
+		return fmt.Sprintf("%s, exit code %d", runtimeText(t.Reason), t.ExitCode)
+	}
+	return fmt.Sprintf("exit code %d", t.ExitCode)
 }
 
 // CapturesStoppedGlobals implements runtime.StoppedGlobalCapturer: a GLOBAL writer's
@@ -189,7 +213,7 @@ type capture struct {
 	b               *Backend
 	s               *sandbox
 	container, path string
-	filler          bool // through the GLOBAL volume filler (captureGlobal)
+	filler          bool // through the filler (captureGlobal, capturedViaFiller)
 	once            sync.Once
 }
 
@@ -474,14 +498,72 @@ func fillDirs(spec *runtime.Spec, volume string) (dirs, waitFor []string, err er
 		return nil, nil, err
 	}
 	if len(dirs) > fsarchive.MaxExisting {
-		return nil, nil, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
+		return nil, nil, fmt.Errorf("%w: volume %q: its mounts have %d distinct sub_paths, working directories and nested mount points below them (containers[].volume_mounts[].sub_path, containers[].working_dir (or, when unset, the image's working directory), containers[].volume_mounts[].mount_path), at most %d on Kubernetes",
 			runtime.ErrInvalidSpec, volume, len(dirs), fsarchive.MaxExisting)
 	}
 	if err := fsarchive.CheckExisting(dirs); err != nil {
-		return nil, nil, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir, containers[].volume_mounts[].mount_path): %w",
+		return nil, nil, fmt.Errorf("%w: volume %q: a sub_path, working directory or nested mount point below its mounts (containers[].volume_mounts[].sub_path, containers[].working_dir (or, when unset, the image's working directory), containers[].volume_mounts[].mount_path): %w",
 			runtime.ErrInvalidSpec, volume, err)
 	}
 	return dirs, waitFor, nil
+}
+
+// maxImageWorkDir bounds an image's working directory the runner takes (imageWorkDirs):
+// the image, and so its config, is the caller's.
+const maxImageWorkDir = 4096
+
+// imageWorkDirs returns spec with each workload container's working directory made
+// explicit when the spec sets none and the container mounts a volume restored from a
+// snapshot (a scratch volume or a GLOBAL copy, filled before the workload starts): the
+// image's (its config's WorkingDir, read as for the image's command, Config.ImageConfig).
+// The container runtime makes that directory when it creates the container, in the
+// empty volume when it lies below the volume's mount, so the fill must know it
+// (subPaths) exactly as a working_dir of the spec: the volume is then filled through the
+// filler in place around it (the snapshot's directory there, with its owner and mode,
+// fills it; else it stays as the runtime made it, root 0755), and one below a read-only
+// mount is refused. The Pod container and the agent get it as the spec's, which the
+// runtime would have used anyway; the persisted spec holds it, so Recover judges the
+// restore as Create did. spec itself is not changed (a copy is returned when one is).
+//
+// An image config that cannot be read leaves the working directory to the image, as
+// before (a warning): the fill then fails only if it does lie below the mount (the
+// volume is not empty), an error that names this cause. A working directory that is
+// not absolute, or longer than maxImageWorkDir, or holds a NUL, is left to the runtime
+// (which refuses it).
+func (b *Backend) imageWorkDirs(ctx context.Context, spec *runtime.Spec) *runtime.Spec {
+	restored := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.RestoreDigest != "" {
+			restored[v.Name] = true
+		}
+	}
+	if len(restored) == 0 {
+		return spec
+	}
+	out := *spec
+	out.Sidecars = slices.Clone(spec.Sidecars)
+	changed := false
+	for _, c := range out.Containers() {
+		if c.WorkingDir != "" || !slices.ContainsFunc(c.VolumeMounts, func(m runtime.VolumeMount) bool { return restored[m.Volume] }) {
+			continue
+		}
+		ic, err := b.cfg.ImageConfig(ctx, c.Image, c.PullCredentials)
+		if err != nil {
+			b.log.Warn("image config unreadable: a working directory the image sets below a restored volume's mount is not known before the fill",
+				"sandbox", spec.ID, "container", c.ContainerName(), "image", c.Image, "err", err)
+			continue
+		}
+		wd := ic.WorkingDir
+		if wd == "" || !path.IsAbs(wd) || len(wd) > maxImageWorkDir || strings.ContainsRune(wd, 0) {
+			continue
+		}
+		c.WorkingDir = path.Clean(wd)
+		changed = true
+	}
+	if !changed {
+		return spec
+	}
+	return &out
 }
 
 // subPaths are the directories that exist in volume's empty copy (a GLOBAL copy, or a
@@ -505,7 +587,8 @@ func fillDirs(spec *runtime.Spec, volume string) (dirs, waitFor []string, err er
 // So the copy is filled once every one of these containers is created (its agent
 // answers), and the kubelet and runtime make them in the empty copy, never in
 // sandbox-written content. Init containers mounting a restored volume are refused
-// (planRestores). A working directory an image sets (not the spec) is not seen here.
+// (planRestores). A working directory the image sets (none in the spec) is seen here
+// once Create has made it the spec's (imageWorkDirs).
 //
 // The runtime cannot make a directory through a read-only mount (it mounts, remounts
 // read-only, then makes the working directory and the nested mount points: EROFS), and
@@ -559,7 +642,7 @@ func subPaths(spec *runtime.Spec, volume string) (dirs, containers []string, err
 			}
 			return path.Join(owner.SubPath, p[len(owner.Path)+1:]) // "" and "." are the root
 		}
-		if add(below(c.WorkingDir, true, "working_dir")) {
+		if add(below(c.WorkingDir, true, "working_dir (or, when unset, the image's working directory)")) {
 			made = true
 		}
 		for _, p := range podMountPoints(spec, c) {
@@ -797,6 +880,11 @@ func (b *Backend) extract(ctx context.Context, id string, r restore) (*agentv1.A
 		// runtime made another directory there).
 		return nil, fmt.Errorf("volume %q: the copy was not empty before the fill (expected only %s): %w; is the agent image older than the runner (an older agent ignores sub_dirs)?",
 			r.volume, clipList(r.subDirs), err)
+	case connect.CodeOf(err) == connect.CodeFailedPrecondition:
+		// The container runtime made a directory in the volume before the fill: a working
+		// directory the runner could not read from the image's config (imageWorkDirs).
+		return nil, fmt.Errorf("volume %q: the volume was not empty before the fill: %w; does the image set a working directory below the volume's mount that the runner cannot read from the image's config (set working_dir)?",
+			r.volume, err)
 	}
 	return nil, err
 }

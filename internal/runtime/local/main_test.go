@@ -166,6 +166,10 @@ func (ti testImages) Pull(ctx context.Context, ref string, _ *runtime.Credential
 		return &Image{Ref: ref, Digest: "sha256:3d3d", Layers: ti.layers, Config: ImageConfig{
 			Cmd: []string{"sh"}, Env: []string{"PATH=/bin"}, WorkingDir: "/root",
 		}}, nil
+	case "deepworkdir": // a working directory below /data, where volSpec mounts "data"
+		return &Image{Ref: ref, Digest: "sha256:4d4d", Layers: ti.layers, Config: ImageConfig{
+			Cmd: []string{"sh"}, Env: []string{"PATH=/bin"}, WorkingDir: "/data/app/work",
+		}}, nil
 	case "private":
 		return nil, fmt.Errorf("%w: private", image.ErrUnauthorized)
 	case "bad ref":

@@ -27,6 +27,7 @@ const (
 	BusyboxRef = "localhost/" + testimage.Busybox
 	PythonRef  = "localhost/" + testimage.Python
 	WorkDirRef = "localhost/" + testimage.BusyboxWorkDir
+	DeepRef    = "localhost/" + testimage.BusyboxDeepWorkDir
 )
 
 func main() {
@@ -63,6 +64,10 @@ func run(out string) error {
 	if err != nil {
 		return err
 	}
+	deep, err := testimage.ImageFromLayers(image.Config{Cmd: []string{"/bin/sh"}, Env: []string{testimage.DefaultPath}, WorkingDir: testimage.DeepWorkDir}, bbLayers...)
+	if err != nil {
+		return err
+	}
 	imgs := []struct {
 		file, ref string
 		img       v1.Image
@@ -71,6 +76,7 @@ func run(out string) error {
 		{"busybox.tar", BusyboxRef, std.Busybox},
 		{"python.tar", PythonRef, std.Python},
 		{"busybox-workdir.tar", WorkDirRef, workdir},
+		{"busybox-deepworkdir.tar", DeepRef, deep},
 	}
 	for _, i := range imgs {
 		tag, err := name.NewTag(i.ref)
