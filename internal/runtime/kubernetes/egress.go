@@ -225,28 +225,47 @@ func (b *Backend) egressPolicyRule() networkingv1.NetworkPolicyEgressRule {
 // could forge another Pod's source address, which is what the grants are keyed by).
 func (b *Backend) checkEgress(spec *runtime.Spec) error {
 	if spec.Network == nil {
-		return nil
+		return b.checkNetRaw(spec)
 	}
 	for i, r := range spec.Network.Egress {
 		if r.Secret != nil {
 			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: Kubernetes runners do not inject egress secrets yet; use a local runner", runtime.ErrInvalidSpec, i)
 		}
 	}
-	if !b.usesEgress(spec) {
+	return b.checkNetRaw(spec)
+}
+
+// checkNetRaw refuses CAP_NET_RAW in any container of any spec on a runner that serves
+// host-name rules (Config.Egress), whether or not this spec has such rules: the grants
+// are keyed by source address, and raw sockets in any of this runner's Pods could forge
+// a registered Pod's address on a CNI without anti-spoofing.
+func (b *Backend) checkNetRaw(spec *runtime.Spec) error {
+	if b.cfg.Egress == nil {
 		return nil
 	}
 	for _, c := range spec.AllContainers() {
-		if c.Security != nil && slices.Contains(c.Security.CapAdd, "CAP_NET_RAW") {
-			return fmt.Errorf("%w: container %q: security.cap_add: CAP_NET_RAW is not allowed with host-name egress rules on Kubernetes runners (raw sockets could forge another sandbox's address)", runtime.ErrInvalidSpec, c.ContainerName())
+		if c.Security != nil && (slices.Contains(c.Security.CapAdd, "CAP_NET_RAW") || slices.Contains(c.Security.CapAdd, "ALL") || slices.Contains(c.Security.CapAdd, "CAP_ALL")) {
+			return fmt.Errorf("%w: container %q: security.cap_add: CAP_NET_RAW is not allowed on Kubernetes runners that serve host-name egress rules (raw sockets could forge another sandbox's address)", runtime.ErrInvalidSpec, c.ContainerName())
 		}
 	}
 	return nil
 }
 
-// applyEgressPod gives the Pod of a sandbox with host-name rules the runner's DNS as its
-// only nameserver (no search domains, ndots 1: a name is looked up as it is) and drops
-// NET_RAW in every container. Pods without host-name rules keep the cluster's DNS.
+// applyEgressPod drops NET_RAW in every container of every sandbox Pod of a runner that
+// serves host-name rules, and gives the Pod of a sandbox with such rules the runner's
+// DNS as its only nameserver (no search domains, ndots 1: a name is looked up as it
+// is). Pods without host-name rules keep the cluster's DNS.
 func (b *Backend) applyEgressPod(pod *corev1.Pod, spec *runtime.Spec) {
+	if b.cfg.Egress == nil {
+		return
+	}
+	// Every sandbox Pod of a runner serving host-name rules, with such rules or not:
+	// none may forge a registered Pod's address with a raw socket.
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			dropNetRaw(&cs[i])
+		}
+	}
 	if !b.usesEgress(spec) {
 		return
 	}
@@ -254,11 +273,6 @@ func (b *Backend) applyEgressPod(pod *corev1.Pod, spec *runtime.Spec) {
 	pod.Spec.DNSConfig = &corev1.PodDNSConfig{
 		Nameservers: []string{b.cfg.Egress.DNSAddr.String()},
 		Options:     []corev1.PodDNSConfigOption{{Name: "ndots", Value: ptr("1")}},
-	}
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range cs {
-			dropNetRaw(&cs[i])
-		}
 	}
 }
 

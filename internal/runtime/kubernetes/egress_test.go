@@ -175,6 +175,17 @@ func TestEgressPodDNS(t *testing.T) {
 			if cfg.Standby {
 				t.Error("held in standby without host-name rules")
 			}
+			// On a runner serving host-name rules every sandbox Pod drops NET_RAW,
+			// with such rules or not (it could forge a registered Pod's address).
+			if tc.cfg.Egress != nil {
+				for _, c := range append(slices.Clone(pods[0].Spec.InitContainers), pods[0].Spec.Containers...) {
+					sc := c.SecurityContext
+					if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "NET_RAW") && !slices.Contains(sc.Capabilities.Drop, "ALL") ||
+						slices.Contains(sc.Capabilities.Add, "NET_RAW") {
+						t.Errorf("container %s keeps NET_RAW: %+v", c.Name, sc)
+					}
+				}
+			}
 		})
 	}
 }
@@ -186,6 +197,13 @@ func TestEgressRefusals(t *testing.T) {
 	secret := hostNameSpec("ref-1", runtime.EgressRule{DNSName: "api.example.com", Secret: &runtime.EgressSecret{Store: "s", Path: "p", EnvVar: "TOKEN"}})
 	raw := hostNameSpec("ref-2", runtime.EgressRule{DNSName: "api.example.com"})
 	raw.Security = &runtime.Security{CapAdd: []string{"CAP_NET_RAW"}}
+	// Without host-name rules of its own, on a runner that serves them: its raw sockets
+	// could forge another Pod's registered address all the same.
+	rawPlain := hostNameSpec("ref-3", runtime.EgressRule{CIDR: "203.0.113.0/24"})
+	rawPlain.Security = &runtime.Security{CapAdd: []string{"CAP_NET_RAW"}}
+	rawNoNet := hostNameSpec("ref-4")
+	rawNoNet.Network = nil
+	rawNoNet.Security = &runtime.Security{CapAdd: []string{"CAP_NET_RAW"}}
 	for _, tc := range []struct {
 		cfg  Config
 		spec *runtime.Spec
@@ -193,7 +211,9 @@ func TestEgressRefusals(t *testing.T) {
 	}{
 		{Config{Egress: testEgress()}, secret, "sandboxd_secret: Kubernetes runners do not inject egress secrets yet"},
 		{Config{}, secret, "sandboxd_secret: Kubernetes runners do not inject egress secrets yet"},
-		{Config{Egress: testEgress()}, raw, "CAP_NET_RAW is not allowed with host-name egress rules"},
+		{Config{Egress: testEgress()}, raw, "security.cap_add: CAP_NET_RAW is not allowed on Kubernetes runners that serve host-name egress rules"},
+		{Config{Egress: testEgress()}, rawPlain, "security.cap_add: CAP_NET_RAW is not allowed on Kubernetes runners that serve host-name egress rules"},
+		{Config{Egress: testEgress()}, rawNoNet, "security.cap_add: CAP_NET_RAW is not allowed on Kubernetes runners that serve host-name egress rules"},
 	} {
 		pods, _, err := madePodsWith(t, tc.cfg, tc.spec)
 		if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), tc.want) {
