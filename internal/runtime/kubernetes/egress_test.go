@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"strings"
@@ -19,6 +22,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
+	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
@@ -378,5 +384,87 @@ func TestEgressRegistryFollowsPod(t *testing.T) {
 	plain.observe(pod("reg-5", "u5", "r1", corev1.PodRunning, ip1), false)
 	if _, ok := plain.EgressSource(ip1); ok {
 		t.Error("a backend without Egress registered a source")
+	}
+}
+
+// TestEgressWarmClaimWaitsForRegistration: a warm Pod of a sandbox with host-name rules
+// can be ready before the informer reports its address; its claim does not Start the
+// workload until the address is in the egress registry (its first query would be
+// REFUSED), and Starts it once it is.
+func TestEgressWarmClaimWaitsForRegistration(t *testing.T) {
+	b, cs := newFakeBackend(t, Config{MaxWarm: 1, MaxPrepull: -1, Egress: testEgress(), StartTimeout: 30 * time.Second})
+	f := &fakeWarm{}
+	f.install(b)
+	a := &warmAgent{state: agentv1.MainState_MAIN_STATE_STANDBY, startOK: true}
+	_, h := agentv1connect.NewAgentServiceHandler(a)
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
+	}
+	ws := warmSpec("org-a")
+	ws.Network = &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com"}}}
+	if err := b.SetWarmPools(t.Context(), []runtime.WarmTarget{{Key: "org-a/t1", Spec: ws, Size: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a ready warm pod", func() bool { return b.WarmStats().Ready == 1 })
+	spec := warmSpec("org-a")
+	spec.Network = &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.example.com"}}}
+	id, ok := b.ReserveWarm(&spec)
+	if !ok {
+		t.Fatal("no reservation")
+	}
+	b.warm.mu.Lock()
+	w := b.warm.reserved[id]
+	w.hc, w.dial = agent.NewHTTPClient(dial), dial
+	b.warm.mu.Unlock()
+	b.mu.Lock()
+	w.s.uid = "u-warm"
+	b.mu.Unlock()
+	if _, err := cs.CoreV1().Pods("sbx").Create(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx", UID: "u-warm"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Secrets("sbx").Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: secretName(id), Namespace: "sbx"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	spec.ID = id
+	type result struct {
+		claimed bool
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, claimed, err := b.claimWarm(t.Context(), &spec)
+		done <- result{claimed, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("the claim returned before the Pod's address was registered: claimed %v, %v (Starts %d)", r.claimed, r.err, a.startCount())
+	case <-time.After(500 * time.Millisecond):
+	}
+	if n := a.startCount(); n != 0 {
+		t.Fatalf("the workload was started %d times before the Pod's address was registered", n)
+	}
+	ip := netip.MustParseAddr("10.244.0.9")
+	b.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx", UID: "u-warm",
+		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRunner: "r1", LabelSandbox: id}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}}, false)
+	select {
+	case r := <-done:
+		if !r.claimed || r.err != nil {
+			t.Fatalf("claim after registration: claimed %v, %v", r.claimed, r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the claim did not go on once the address was registered")
+	}
+	if n := a.startCount(); n != 1 {
+		t.Errorf("Starts %d, want 1", n)
+	}
+	if g := b.EgressGrants(ip); !slices.Equal(g, []string{"api.example.com"}) {
+		t.Errorf("grants %q", g)
 	}
 }
