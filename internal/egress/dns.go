@@ -43,7 +43,12 @@ type DNS struct {
 	tcpConns int
 	inFlight map[netip.Addr]int // Steer: queries being answered, by source
 	tcpBySrc map[netip.Addr]int // Steer: TCP connections being served, by source
-	wg       sync.WaitGroup
+	// Steer.Group: queries in flight and TCP connections by group, and each admitted
+	// TCP connection's group.
+	inFlightGroup map[string]int
+	tcpByGroup    map[string]int
+	tcpGroupOf    map[net.Conn]string
+	wg            sync.WaitGroup
 }
 
 // ServeUDP answers the queries arriving on pc until pc is closed (then it returns nil)

@@ -73,6 +73,11 @@ type Proxy struct {
 	// serving a whole cluster's sandboxes (the Kubernetes backend) keeps its file
 	// descriptors for its own work. More are closed at once.
 	MaxConns int
+	// Group, when set, names the tenant (organization) of the sandbox at src; the
+	// connections of one group at once are capped at MaxConnsPerGroup (0: none), so
+	// that one organization's sandboxes cannot take all MaxConns.
+	Group            func(src netip.Addr) string
+	MaxConnsPerGroup int
 
 	mu        sync.Mutex
 	stopping  bool // Shutdown or Close: no new connections
@@ -80,6 +85,8 @@ type Proxy struct {
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // both ends of every connection being handled
 	perSource map[netip.Addr]int    // accepted connections being handled, by source
+	perGroup  map[string]int        // Group: accepted connections being handled, by group
+	groupOf   map[net.Conn]string   // Group: each accepted connection's group
 	total     int                   // the sum of perSource
 	ctx       context.Context       // cancelled by Close: ends resolving and dialling
 	cancel    context.CancelFunc
@@ -213,6 +220,17 @@ func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 	if p.MaxConns > 0 && p.total >= p.MaxConns {
 		return fmt.Errorf("%d connections in all already", p.MaxConns)
 	}
+	if p.Group != nil && p.MaxConnsPerGroup > 0 {
+		grp := p.Group(src)
+		if p.perGroup[grp] >= p.MaxConnsPerGroup {
+			return fmt.Errorf("%d connections of this source's organization already", p.MaxConnsPerGroup)
+		}
+		if p.perGroup == nil {
+			p.perGroup, p.groupOf = make(map[string]int), make(map[net.Conn]string)
+		}
+		p.perGroup[grp]++
+		p.groupOf[c] = grp
+	}
 	p.total++
 	if p.perSource == nil {
 		p.perSource = make(map[netip.Addr]int)
@@ -233,6 +251,12 @@ func (p *Proxy) done(c net.Conn, src netip.Addr) {
 	p.total--
 	if p.perSource[src]--; p.perSource[src] <= 0 {
 		delete(p.perSource, src)
+	}
+	if grp, ok := p.groupOf[c]; ok {
+		delete(p.groupOf, c)
+		if p.perGroup[grp]--; p.perGroup[grp] <= 0 {
+			delete(p.perGroup, grp)
+		}
 	}
 	p.mu.Unlock()
 	p.wg.Done()

@@ -539,3 +539,39 @@ func TestProxyMaxConns(t *testing.T) {
 		t.Errorf("after the slot freed: %v", err)
 	}
 }
+
+// TestProxyMaxConnsPerGroup: with Group, one organization's sources together hold at
+// most MaxConnsPerGroup connections; another source of that organization is closed at
+// once, another organization's is taken; the counts go when the connections do.
+func TestProxyMaxConnsPerGroup(t *testing.T) {
+	otherOrg := netip.MustParseAddr("127.0.0.4")
+	e := newProxyEnv(t, func(p *Proxy) {
+		p.MaxConnsPerGroup = 1
+		p.Group = func(src netip.Addr) string {
+			if src == otherOrg {
+				return "org-b"
+			}
+			return "org-a"
+		}
+	})
+	groupCount := func(g string) int {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.perGroup[g]
+	}
+	e.dial(t, granted) // silent: holds org-a's one slot for the 2 s handshake timeout
+	waitFor(t, "org-a's connection", func() bool { return groupCount("org-a") == 1 })
+	start := time.Now()
+	got, err := readAllUntilClosed(e.dial(t, stranger), 5*time.Second)
+	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
+		t.Errorf("org-a's second source: read %x, %v after %v; want closed at once", got, err, time.Since(start))
+	}
+	e.log.waitLog(t, "refused: 1 connections of this source's organization already", "src="+stranger.String())
+	e.dial(t, otherOrg)
+	waitFor(t, "org-b's connection", func() bool { return groupCount("org-b") == 1 })
+	waitFor(t, "the slots to free", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return len(e.proxy.perGroup) == 0 && len(e.proxy.groupOf) == 0 && e.proxy.total == 0
+	})
+}

@@ -26,7 +26,9 @@ import (
 const (
 	defaultSteerTTL       = 30 * time.Second
 	defaultSteerPerSource = 64
-	steerTCPPerSource     = 8 // TCP connections of one source at once (UDP is the norm)
+	defaultSteerPerGroup  = 256 // a quarter of maxUDPInFlight: one organization never takes all
+	steerTCPPerSource     = 8   // TCP connections of one source at once (UDP is the norm)
+	steerTCPPerGroup      = 256 // TCP connections of one group at once (a quarter of maxTCPConns)
 )
 
 // Steering configures DNS.Steer. Set the fields before the first Serve.
@@ -42,6 +44,20 @@ type Steering struct {
 	// MaxPerSource bounds the queries of one source being answered at once; more are
 	// dropped (the client retries). 0 = 64.
 	MaxPerSource int
+	// Group, when set, names the tenant (organization) of the sandbox at src: the
+	// queries in flight and TCP connections of one group are bounded as well as those
+	// of one source, so that one organization's many sandboxes cannot take every slot.
+	Group func(src netip.Addr) string
+	// MaxPerGroup bounds the queries of one group being answered at once (with Group);
+	// 0 = 256. Its TCP connections are bounded at 256.
+	MaxPerGroup int
+}
+
+func (st *Steering) group(src netip.Addr) (string, bool) {
+	if st.Group == nil {
+		return "", false
+	}
+	return st.Group(src), true
 }
 
 // answer returns the reply to query q from src (nil: none, the query is dropped).
@@ -79,11 +95,12 @@ func (d *DNS) steer(q []byte, src netip.Addr, network string) []byte {
 	case question == nil:
 		return steerReply(h, nil, dnsmessage.RCodeFormatError, nil, 0)
 	}
-	if !d.enterSource(src) {
-		d.log().Warn("dns: too many queries in flight from one source, dropped one", "src", src)
+	grp, grouped := st.group(src)
+	if !d.enterSource(src, grp, grouped) {
+		d.log().Warn("dns: too many queries in flight from one source or its organization, dropped one", "src", src, "group", grp)
 		return nil
 	}
-	defer d.leaveSource(src)
+	defer d.leaveSource(src, grp, grouped)
 	name := strings.TrimSuffix(question.Name.String(), ".")
 	if len(name) > maxNameLen || !grantedName(patterns, name) {
 		return d.exchange(q, network)
@@ -117,28 +134,43 @@ func grantedName(patterns []string, name string) bool {
 	return false
 }
 
-func (d *DNS) enterSource(src netip.Addr) bool {
+func (d *DNS) enterSource(src netip.Addr, grp string, grouped bool) bool {
 	limit := d.Steer.MaxPerSource
 	if limit <= 0 {
 		limit = defaultSteerPerSource
 	}
+	glimit := d.Steer.MaxPerGroup
+	if glimit <= 0 {
+		glimit = defaultSteerPerGroup
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.inFlight[src] >= limit {
+	if d.inFlight[src] >= limit || grouped && d.inFlightGroup[grp] >= glimit {
 		return false
 	}
 	if d.inFlight == nil {
 		d.inFlight = make(map[netip.Addr]int)
 	}
 	d.inFlight[src]++
+	if grouped {
+		if d.inFlightGroup == nil {
+			d.inFlightGroup = make(map[string]int)
+		}
+		d.inFlightGroup[grp]++
+	}
 	return true
 }
 
-func (d *DNS) leaveSource(src netip.Addr) {
+func (d *DNS) leaveSource(src netip.Addr, grp string, grouped bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.inFlight[src]--; d.inFlight[src] <= 0 {
 		delete(d.inFlight, src) // the map holds only sources with queries in flight
+	}
+	if grouped {
+		if d.inFlightGroup[grp]--; d.inFlightGroup[grp] <= 0 {
+			delete(d.inFlightGroup, grp)
+		}
 	}
 }
 
@@ -167,18 +199,20 @@ func steerReply(h dnsmessage.Header, q *dnsmessage.Question, rcode dnsmessage.RC
 }
 
 // steerAdmit takes a TCP connection only from a known source with fewer than
-// steerTCPPerSource connections; it closes any other at once, before reading it (a
-// source that is no sandbox gets nothing, not even REFUSED; one sandbox cannot hold the
-// TCP slots of all).
+// steerTCPPerSource connections (and whose group has fewer than steerTCPPerGroup); it
+// closes any other at once, before reading it (a source that is no sandbox gets
+// nothing, not even REFUSED; one sandbox or organization cannot hold the TCP slots of
+// all). The group is remembered for steerRelease (the registry may change meanwhile).
 func (d *DNS) steerAdmit(c net.Conn) bool {
 	src := addrOf(c.RemoteAddr())
 	if _, known := d.Steer.Source(src); !src.IsValid() || !known {
 		_ = c.Close()
 		return false
 	}
+	grp, grouped := d.Steer.group(src)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.tcpBySrc[src] >= steerTCPPerSource {
+	if d.tcpBySrc[src] >= steerTCPPerSource || grouped && d.tcpByGroup[grp] >= steerTCPPerGroup {
 		_ = c.Close()
 		return false
 	}
@@ -186,6 +220,14 @@ func (d *DNS) steerAdmit(c net.Conn) bool {
 		d.tcpBySrc = make(map[netip.Addr]int)
 	}
 	d.tcpBySrc[src]++
+	if grouped {
+		if d.tcpByGroup == nil {
+			d.tcpByGroup = make(map[string]int)
+			d.tcpGroupOf = make(map[net.Conn]string)
+		}
+		d.tcpByGroup[grp]++
+		d.tcpGroupOf[c] = grp
+	}
 	return true
 }
 
@@ -197,6 +239,12 @@ func (d *DNS) steerRelease(c net.Conn) {
 	src := addrOf(c.RemoteAddr())
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if grp, ok := d.tcpGroupOf[c]; ok {
+		delete(d.tcpGroupOf, c)
+		if d.tcpByGroup[grp]--; d.tcpByGroup[grp] <= 0 {
+			delete(d.tcpByGroup, grp)
+		}
+	}
 	if _, ok := d.tcpBySrc[src]; !ok {
 		return
 	}

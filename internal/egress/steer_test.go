@@ -289,7 +289,7 @@ func TestDNSAnswerGranted(t *testing.T) {
 		d := &DNS{Upstreams: []string{up}, Steer: &Steering{MaxPerSource: 3, Proxy: []netip.Addr{steerProxy4},
 			Source: func(netip.Addr) ([]string, bool) { return []string{"api.granted.test"}, true }}}
 		for range 3 {
-			if !d.enterSource(src) {
+			if !d.enterSource(src, "", false) {
 				t.Fatal("a slot under the bound was refused")
 			}
 		}
@@ -303,17 +303,64 @@ func TestDNSAnswerGranted(t *testing.T) {
 		if r := d.steer(q, other, "udp"); r == nil {
 			t.Errorf("another source got no reply")
 		}
-		d.leaveSource(src)
+		d.leaveSource(src, "", false)
 		if r := d.steer(q, src, "udp"); r == nil {
 			t.Errorf("no reply once a slot was free")
 		}
-		d.leaveSource(src)
-		d.leaveSource(src)
+		d.leaveSource(src, "", false)
+		d.leaveSource(src, "", false)
 		d.mu.Lock()
 		left := len(d.inFlight)
 		d.mu.Unlock()
 		if left != 0 {
 			t.Errorf("%d sources left in the in-flight map", left)
+		}
+	})
+
+	// One organization's sandboxes together hold at most MaxPerGroup queries in flight:
+	// a source under its own bound is dropped once its organization is at its bound,
+	// another organization's is answered.
+	t.Run("per-organization bound", func(t *testing.T) {
+		up, upstream := loopUpstream(t)
+		a1, a2, b1 := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6"), netip.MustParseAddr("10.0.0.7")
+		d := &DNS{Upstreams: []string{up}, Steer: &Steering{MaxPerSource: 3, MaxPerGroup: 4, Proxy: []netip.Addr{steerProxy4},
+			Source: func(netip.Addr) ([]string, bool) { return []string{"api.granted.test"}, true },
+			Group: func(src netip.Addr) string {
+				if src == b1 {
+					return "org-b"
+				}
+				return "org-a"
+			}}}
+		for range 3 {
+			if !d.enterSource(a1, "org-a", true) {
+				t.Fatal("a slot under the bounds was refused")
+			}
+		}
+		if !d.enterSource(a2, "org-a", true) {
+			t.Fatal("a slot under the bounds was refused")
+		}
+		q := packQuery(t, 6, 0, question("www.example.test.", dnsmessage.TypeA))
+		if r := d.steer(q, a2, "udp"); r != nil {
+			t.Error("a source under its own bound got a reply while its organization is at its bound")
+		}
+		if upstream.Load() != 0 {
+			t.Error("a query over the organization's bound was relayed")
+		}
+		if r := d.steer(q, b1, "udp"); r == nil {
+			t.Error("another organization's source got no reply")
+		}
+		d.leaveSource(a1, "org-a", true)
+		if r := d.steer(q, a2, "udp"); r == nil {
+			t.Error("no reply once the organization had a free slot")
+		}
+		d.leaveSource(a1, "org-a", true)
+		d.leaveSource(a1, "org-a", true)
+		d.leaveSource(a2, "org-a", true)
+		d.mu.Lock()
+		left := len(d.inFlight) + len(d.inFlightGroup)
+		d.mu.Unlock()
+		if left != 0 {
+			t.Errorf("%d entries left in the in-flight maps", left)
 		}
 	})
 }

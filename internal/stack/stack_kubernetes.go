@@ -93,8 +93,12 @@ type KubernetesEgress struct {
 }
 
 // egressMaxConns caps a Kubernetes runner's egress proxy connections (all its sandboxes
-// together; each has its own cap of 512).
-const egressMaxConns = 16384
+// together; each has its own cap of 512); egressMaxConnsPerOrg caps one organization's
+// sandboxes together, so that one tenant cannot take all.
+const (
+	egressMaxConns       = 16384
+	egressMaxConnsPerOrg = egressMaxConns / 4
+)
 
 // KubernetesStack is a runner driving Pods.
 type KubernetesStack struct {
@@ -238,7 +242,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		}
 		log := cfg.Logger.With("component", "egress")
 		eg.DNS = &egress.DNS{Upstreams: ups, Log: log, Steer: &egress.Steering{
-			Source: backend.EgressSource, Proxy: cfg.Egress.ProxyAddrs,
+			Source: backend.EgressSource, Group: backend.EgressGroup, Proxy: cfg.Egress.ProxyAddrs,
 		}}
 		forbidden := cfg.Egress.Forbidden
 		if forbidden == nil {
@@ -249,7 +253,8 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 			forbidden = egress.ForbiddenWith(extra...)
 		}
 		eg.Proxy = &egress.Proxy{Grants: backend.EgressGrants, Known: backend.EgressKnown,
-			Resolver: cfg.Egress.Resolver, Forbidden: forbidden, Log: log, MaxConns: egressMaxConns}
+			Resolver: cfg.Egress.Resolver, Forbidden: forbidden, Log: log, MaxConns: egressMaxConns,
+			Group: backend.EgressGroup, MaxConnsPerGroup: egressMaxConnsPerOrg}
 		// The servers close their connections first, then the sockets go.
 		eg.closers = append([]func() error{eg.DNS.Close, eg.Proxy.Close}, eg.closers...)
 		eg.wg.Go(func() { _ = eg.DNS.ServeUDP(dnsUDP) })

@@ -66,6 +66,7 @@ func (c *EgressConfig) check() error {
 type egressSource struct {
 	id     string
 	uid    types.UID
+	org    string // the sandbox's organization: the egress DNS and proxy bound each org's share
 	grants []string
 }
 
@@ -100,6 +101,19 @@ func (b *Backend) EgressSource(src netip.Addr) ([]string, bool) {
 		return nil, false
 	}
 	return e.grants, true
+}
+
+// EgressGroup returns the organization of the sandbox Pod at src ("" for none or an
+// unregistered address), for egress.Steering.Group and egress.Proxy.Group: one
+// organization's sandboxes together hold a bounded share of the DNS's and the proxy's
+// slots.
+func (b *Backend) EgressGroup(src netip.Addr) string {
+	b.egressMu.RLock()
+	defer b.egressMu.RUnlock()
+	if e := b.egressBySrc[src.Unmap()]; e != nil {
+		return e.org
+	}
+	return ""
 }
 
 // EgressKnown reports whether src is a registered sandbox Pod (for egress.Proxy.Known).
@@ -158,7 +172,7 @@ func (b *Backend) egressObserveLocked(s *sandbox) {
 		}
 	}
 	for _, a := range want {
-		b.egressBySrc[a] = &egressSource{id: s.id, uid: s.uid, grants: grants}
+		b.egressBySrc[a] = &egressSource{id: s.id, uid: s.uid, org: s.spec.Meta[runtime.MetaOrg], grants: grants}
 	}
 	s.egressIPs = want
 }

@@ -288,6 +288,7 @@ func TestEgressRegistryFollowsPod(t *testing.T) {
 		return g
 	}
 	spec := hostNameSpec("reg-1", runtime.EgressRule{DNSName: "API.example.com."}, runtime.EgressRule{DNSName: "*.example.org"})
+	spec.Meta = map[string]string{runtime.MetaOrg: "org-r"}
 	want := []string{"api.example.com", "*.example.org"}
 
 	add("reg-1", spec, "u1")
@@ -304,6 +305,9 @@ func TestEgressRegistryFollowsPod(t *testing.T) {
 	}
 	if g := b.EgressGrants(netip.MustParseAddr("::ffff:10.244.0.7")); !slices.Equal(g, want) {
 		t.Errorf("an IPv4-mapped source: grants %q", g)
+	}
+	if g := b.EgressGroup(ip1); g != "org-r" {
+		t.Errorf("EgressGroup %q, want the sandbox's organization org-r", g)
 	}
 	b.observe(pod("reg-1", "u1", "r1", corev1.PodRunning, ip2), false)
 	if _, ok := b.EgressSource(ip1); ok {
