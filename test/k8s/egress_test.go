@@ -185,6 +185,10 @@ func TestKubernetesEgressHostName(t *testing.T) {
 			t.Errorf("%s: %q, want %q", check, g, want)
 		}
 	}
+	// Refused by the proxy's grant check (a TLS access_denied alert), not any failure.
+	if g := got["other name through the proxy"]; !strings.Contains(strings.ToLower(g), "access denied") && !strings.Contains(strings.ToLower(g), "access_denied") {
+		t.Errorf("other name through the proxy: %q, want the proxy's access-denied alert", g)
+	}
 	if n := granted.Conns() - grantedConns; n < 1 {
 		t.Errorf("the granted server saw %d connections", n)
 	}
@@ -265,6 +269,39 @@ func TestKubernetesEgressHostName(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the deleted Pod's address %s is still registered", podIP)
+		}
+	}
+
+	// A Pod deleted through the API (not by the runner): the informer's event removes
+	// its address.
+	sb2, err := s.Runner.Create(context.Background(), runner.CreateRequest{Spec: runtime.Spec{
+		Container: runtime.Container{Image: python, Command: "sleep", Args: []string{"3600"}},
+		Network:   &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "api.granted.test"}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = s.Runner.Delete(sb2.ID, time.Second) }()
+	if sb := waitState(t, s.Runner, sb2.ID, 2*time.Minute, running); sb.State != runner.StateRunning {
+		t.Fatalf("second sandbox: state %s (%s: %s)", sb.State, sb.Reason, sb.Message)
+	}
+	pod2, err := s.Client.CoreV1().Pods(c.namespace).Get(ctx, "sbx-"+sb2.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip2 := netip.MustParseAddr(pod2.Status.PodIP)
+	if _, ok := s.Backend.EgressSource(ip2); !ok {
+		t.Fatalf("the second Pod's address %s is not registered", ip2)
+	}
+	if err := s.Client.CoreV1().Pods(c.namespace).Delete(ctx, pod2.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, ok := s.Backend.EgressSource(ip2); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Pod deleted through the API: its address %s is still registered", ip2)
 		}
 	}
 }
