@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"context"
 	"flag"
 	"fmt"
@@ -240,6 +241,9 @@ func (k *kubernetesFlags) egress() (*stack.KubernetesEgress, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--egress-proxy-addr %q: want IP addresses, one per family: %w", k.egressProxyAddrs, err)
 		}
+		if err := checkEgressAddr(ip); err != nil {
+			return nil, fmt.Errorf("--egress-proxy-addr %q: %w", k.egressProxyAddrs, err)
+		}
 		if ip = ip.Unmap(); ip.Is4() {
 			v4++
 		} else {
@@ -254,6 +258,9 @@ func (k *kubernetesFlags) egress() (*stack.KubernetesEgress, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--egress-dns-addr %q: want an IP address: %w", k.egressDNSAddr, err)
 	}
+	if err := checkEgressAddr(ip); err != nil {
+		return nil, fmt.Errorf("--egress-dns-addr %q: %w", k.egressDNSAddr, err)
+	}
 	eg.DNSAddr = ip.Unmap()
 	for c := range strings.SplitSeq(k.egressForbid, ",") {
 		if c = strings.TrimSpace(c); c == "" {
@@ -263,9 +270,33 @@ func (k *kubernetesFlags) egress() (*stack.KubernetesEgress, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--egress-forbid: %w", err)
 		}
+		if p.Addr().Is4In6() {
+			// The proxy compares unmapped addresses: an IPv4-mapped prefix is its IPv4 one.
+			if p.Bits() < 96 {
+				return nil, fmt.Errorf("--egress-forbid %q: an IPv4-mapped prefix shorter than /96 mixes families; give the IPv4 and IPv6 ranges apart", c)
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
 		eg.Forbid = append(eg.Forbid, p.Masked())
 	}
 	return eg, nil
+}
+
+// checkEgressAddr refuses an address the sandbox Pods cannot reach the runner at: the
+// unspecified address, loopback (their own), multicast and link-local.
+func checkEgressAddr(ip netip.Addr) error {
+	ip = ip.Unmap()
+	switch {
+	case ip.IsUnspecified():
+		return errors.New("the unspecified address is no address the sandbox Pods can reach")
+	case ip.IsLoopback():
+		return errors.New("a loopback address is the sandbox Pod's own, not the runner's")
+	case ip.IsMulticast():
+		return errors.New("a multicast address")
+	case ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast():
+		return errors.New("a link-local address")
+	}
+	return nil
 }
 
 // parseRuntimeClasses reads --runtime-classes ("" = nil: runc only): class=RuntimeClass

@@ -174,6 +174,11 @@ func TestEgressFlags(t *testing.T) {
 	if eg, err := k.egress(); err != nil || len(eg.Forbid) != 2 || eg.Forbid[0].String() != "34.118.224.0/20" {
 		t.Errorf("--egress-forbid: %+v, %v", eg, err)
 	}
+	// An IPv4-mapped range is forbidden as its IPv4 one (the proxy compares unmapped).
+	k.egressForbid = "::ffff:34.118.224.0/116"
+	if eg, err := k.egress(); err != nil || len(eg.Forbid) != 1 || eg.Forbid[0].String() != "34.118.224.0/20" {
+		t.Errorf("--egress-forbid IPv4-mapped: %+v, %v; want 34.118.224.0/20", eg, err)
+	}
 	off := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent"}
 	if eg, err := off.egress(); eg != nil || err != nil {
 		t.Errorf("no flags: %+v, %v; want off", eg, err)
@@ -187,6 +192,17 @@ func TestEgressFlags(t *testing.T) {
 		"two IPv4":          func(k *kubernetesFlags) { k.egressProxyAddrs = "10.96.0.53,10.96.0.54" },
 		"bad DNS address":   func(k *kubernetesFlags) { k.egressDNSAddr = "10.96.0" },
 		"bad forbid":        func(k *kubernetesFlags) { k.egressForbid = "34.118.224.0/200" },
+		"proxy unspecified": func(k *kubernetesFlags) { k.egressProxyAddrs = "0.0.0.0" },
+		"proxy :: ":         func(k *kubernetesFlags) { k.egressProxyAddrs = "10.96.0.53,::" },
+		"proxy loopback":    func(k *kubernetesFlags) { k.egressProxyAddrs = "127.0.0.1" },
+		"proxy mapped loop": func(k *kubernetesFlags) { k.egressProxyAddrs = "::ffff:127.0.0.1" },
+		"proxy multicast":   func(k *kubernetesFlags) { k.egressProxyAddrs = "224.0.0.1" },
+		"proxy link-local":  func(k *kubernetesFlags) { k.egressProxyAddrs = "169.254.1.1" },
+		"dns unspecified":   func(k *kubernetesFlags) { k.egressDNSAddr = "::" },
+		"dns loopback":      func(k *kubernetesFlags) { k.egressDNSAddr = "::1" },
+		"dns multicast":     func(k *kubernetesFlags) { k.egressDNSAddr = "ff02::1" },
+		"dns link-local":    func(k *kubernetesFlags) { k.egressDNSAddr = "fe80::1" },
+		"forbid mapped /80": func(k *kubernetesFlags) { k.egressForbid = "::ffff:0:0/80" },
 	} {
 		k := full(mod)
 		if err := k.validate(); err == nil || !strings.Contains(err.Error(), "--egress") {

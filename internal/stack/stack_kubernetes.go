@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -90,6 +91,19 @@ type KubernetesEgress struct {
 	// when they are not private); with Forbidden nil, the proxy refuses them, the
 	// platform's reserved ranges, the host's addresses, and ProxyAddrs and DNSAddr.
 	Forbid []netip.Prefix
+}
+
+// egressUpstreams are the resolvers the egress DNS relays to: cfg.Upstreams, else the
+// nameservers of resolvConf.
+func egressUpstreams(cfg *KubernetesEgress, resolvConf string) []string {
+	if cfg.Upstreams != nil {
+		return cfg.Upstreams
+	}
+	var ups []string
+	for _, ns := range network.HostNameservers(resolvConf) {
+		ups = append(ups, net.JoinHostPort(ns, "53"))
+	}
+	return ups
 }
 
 // egressMaxConns caps a Kubernetes runner's egress proxy connections (all its sandboxes
@@ -206,8 +220,15 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		eg             *EgressServers
 		proxyL, dnsTCP net.Listener
 		dnsUDP         net.PacketConn
+		ups            []string
 	)
 	if cfg.Egress != nil {
+		ups = egressUpstreams(cfg.Egress, "/etc/resolv.conf")
+		if len(ups) == 0 {
+			// Every name but the granted ones would get SERVFAIL: refused at the start
+			// rather than found out by the sandboxes.
+			return nil, errors.New("stack: egress DNS: no upstream nameserver (none given, none in /etc/resolv.conf)")
+		}
 		if eg, proxyL, dnsUDP, dnsTCP, err = listenEgress(cfg.Egress); err != nil {
 			return nil, err
 		}
@@ -234,12 +255,6 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		return nil, fmt.Errorf("stack: %w", err)
 	}
 	if eg != nil {
-		ups := cfg.Egress.Upstreams
-		if ups == nil {
-			for _, ns := range network.HostNameservers("/etc/resolv.conf") {
-				ups = append(ups, net.JoinHostPort(ns, "53"))
-			}
-		}
 		log := cfg.Logger.With("component", "egress")
 		eg.DNS = &egress.DNS{Upstreams: ups, Log: log, Steer: &egress.Steering{
 			Source: backend.EgressSource, Group: backend.EgressGroup, Proxy: cfg.Egress.ProxyAddrs,
