@@ -472,3 +472,61 @@ func TestEgressWarmClaimWaitsForRegistration(t *testing.T) {
 		t.Errorf("grants %q", g)
 	}
 }
+
+// TestEgressIPCollision: a stale sandbox A (its Pod gone from the network, its end not
+// yet seen) and a new sandbox B whose Pod got A's address: B's registration replaces
+// A's, and A's removal afterwards (its delete event, or the backend deleting it) keeps
+// B's entry with B's grants.
+func TestEgressIPCollision(t *testing.T) {
+	ip := netip.MustParseAddr("10.244.0.20")
+	b, _ := newFakeBackend(t, Config{Egress: testEgress(), MaxPrepull: -1})
+	pod := func(id string, uid types.UID) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx", UID: uid,
+			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRunner: "r1", LabelSandbox: id}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}}
+	}
+	for name, removeA := range map[string]func(a *sandbox){
+		"delete event": func(*sandbox) { b.observe(pod("col-a", "ua"), true) },
+		"terminal phase": func(*sandbox) {
+			p := pod("col-a", "ua")
+			p.Status.Phase = corev1.PodFailed
+			b.observe(p, false)
+		},
+		"backend delete": func(a *sandbox) {
+			if err := b.deletePod(t.Context(), a, 0); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := &sandbox{id: "col-a", spec: *hostNameSpec("col-a", runtime.EgressRule{DNSName: "a.example.com"}), uid: "ua",
+				changed: make(chan struct{}), done: make(chan struct{})}
+			bb := &sandbox{id: "col-b", spec: *hostNameSpec("col-b", runtime.EgressRule{DNSName: "b.example.com"}), uid: "ub",
+				changed: make(chan struct{}), done: make(chan struct{})}
+			b.mu.Lock()
+			b.sandboxes["col-a"], b.sandboxes["col-b"] = a, bb
+			b.mu.Unlock()
+			t.Cleanup(func() {
+				b.mu.Lock()
+				delete(b.sandboxes, "col-a")
+				delete(b.sandboxes, "col-b")
+				b.mu.Unlock()
+				b.egressMu.Lock()
+				delete(b.egressBySrc, ip)
+				b.egressMu.Unlock()
+			})
+			b.observe(pod("col-a", "ua"), false)
+			if g := b.EgressGrants(ip); !slices.Equal(g, []string{"a.example.com"}) {
+				t.Fatalf("A registered: grants %q", g)
+			}
+			b.observe(pod("col-b", "ub"), false)
+			if g := b.EgressGrants(ip); !slices.Equal(g, []string{"b.example.com"}) {
+				t.Fatalf("B on A's address: grants %q, want B's", g)
+			}
+			removeA(a)
+			if g := b.EgressGrants(ip); !slices.Equal(g, []string{"b.example.com"}) {
+				t.Errorf("after A's %s: grants %q, want B's kept", name, g)
+			}
+		})
+	}
+}
