@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -244,5 +248,58 @@ func TestSecurityKubernetesEgressHostileDNS(t *testing.T) {
 	// Another sandbox-less source is still refused at once, not queued behind the flood.
 	if m := e.ask(t, egressStranger, aQuery(t, 11, "api.granted.test."), time.Second); m == nil || m.RCode != dnsmessage.RCodeRefused {
 		t.Errorf("stranger during the flood: %+v", m)
+	}
+}
+
+// TestSecurityKubernetesEgressNetRawAnyPod: on a runner that serves host-name rules the
+// grants are keyed by source address, so no sandbox Pod of it may forge one: a spec
+// adding CAP_NET_RAW is refused even without host-name rules of its own, and a plain
+// sandbox's Pod drops NET_RAW (the container runtime's default set holds it).
+func TestSecurityKubernetesEgressNetRawAnyPod(t *testing.T) {
+	cs := fake.NewSimpleClientset()
+	var (
+		mu      sync.Mutex
+		created []corev1.Pod
+	)
+	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		if p, ok := a.(k8stesting.CreateAction).GetObject().(*corev1.Pod); ok {
+			mu.Lock()
+			created = append(created, *p.DeepCopy())
+			mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	b, err := kubernetes.New(t.Context(), kubernetes.Config{Client: cs, Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1",
+		MaxPrepull: -1, StartTimeout: time.Second,
+		Dial: func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("no gate here") },
+		Egress: &kubernetes.EgressConfig{ProxyAddrs: []netip.Addr{netip.MustParseAddr("10.96.0.53")}, DNSAddr: netip.MustParseAddr("10.96.0.53"),
+			Peers:     []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.1/32"}}},
+			ProxyPort: 15443, DNSPort: 5353}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	raw := &runtime.Spec{ID: "raw1", Container: runtime.Container{Image: "busybox", Command: "sleep",
+		Security: &runtime.Security{CapAdd: []string{"CAP_NET_RAW"}}}}
+	if _, err := b.Create(t.Context(), raw); !errors.Is(err, runtime.ErrInvalidSpec) {
+		t.Errorf("CAP_NET_RAW without host-name rules: %v, want ErrInvalidSpec", err)
+	}
+	plain := &runtime.Spec{ID: "plain1", Container: runtime.Container{Image: "busybox", Command: "sleep"}}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, _ = b.Create(ctx, plain) // no kubelet: it does not start; the Pod is what matters
+	mu.Lock()
+	defer mu.Unlock()
+	if len(created) != 1 {
+		t.Fatalf("%d Pods made, want the plain sandbox's one", len(created))
+	}
+	for _, p := range created {
+		for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
+			sc := c.SecurityContext
+			if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "NET_RAW") && !slices.Contains(sc.Capabilities.Drop, "ALL") ||
+				slices.Contains(sc.Capabilities.Add, "NET_RAW") {
+				t.Errorf("Pod %s container %s keeps NET_RAW: %+v", p.Name, c.Name, sc)
+			}
+		}
 	}
 }
