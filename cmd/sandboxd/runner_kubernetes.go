@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -39,6 +40,10 @@ type kubernetesFlags struct {
 	prepullImages, prepullInFlight                int
 	warmPods                                      int
 	runtimeClasses                                string
+	// Host-name egress rules through this runner (--egress-*): see egress().
+	egressProxyListen, egressDNSListen string
+	egressProxyAddrs, egressDNSAddr    string
+	egressForbid                       string
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -62,6 +67,11 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.identity, "leader-elect-identity", "", "kubernetes backend: this replica's identity in the Lease (default $POD_NAME, else host name and PID)")
 	fs.StringVar(&k.selfDeployment, "self-deployment", "", "kubernetes backend: the runner's own Deployment (in $POD_NAMESPACE, else --namespace); the control plane's :applyAvailableUpdate sets its image tag to the desired version")
 	fs.StringVar(&k.selfContainer, "self-container", "runner", "kubernetes backend: the runner's container in --self-deployment")
+	fs.StringVar(&k.egressProxyListen, "egress-proxy-listen", "", "kubernetes backend: TCP host:port where the runner's egress proxy serves its sandboxes' host-name egress rules (e.g. 0.0.0.0:15443); with --egress-dns-listen, --egress-proxy-addr and --egress-dns-addr, and --runner-peer-pods or --runner-peer-cidrs (docs/network.md)")
+	fs.StringVar(&k.egressDNSListen, "egress-dns-listen", "", "kubernetes backend: UDP and TCP host:port where the runner's DNS serves the sandboxes with host-name rules (e.g. 0.0.0.0:5353)")
+	fs.StringVar(&k.egressProxyAddrs, "egress-proxy-addr", "", "kubernetes backend: the IP(s), comma-separated (one per family), where sandbox Pods reach the egress proxy on port 443 (the egress Service's ClusterIPs); the runner's DNS answers granted names with them")
+	fs.StringVar(&k.egressDNSAddr, "egress-dns-addr", "", "kubernetes backend: the IP where sandbox Pods reach the runner's DNS on port 53 (the egress Service's ClusterIP): their only nameserver")
+	fs.StringVar(&k.egressForbid, "egress-forbid", "", "kubernetes backend: comma-separated CIDRs the egress proxy never dials for a sandbox besides the platform's reserved ranges (the cluster's Service and Pod ranges when they are not private)")
 	fs.DurationVar(&k.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "kubernetes backend: how long a Lease lasts without renewal (a new replica takes over after at most this)")
 }
 
@@ -163,6 +173,9 @@ func (k kubernetesFlags) validate() error {
 	if _, err := k.runtimeClassMap(); err != nil {
 		return err
 	}
+	if _, err := k.egress(); err != nil {
+		return err
+	}
 	_, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
 	return err
 }
@@ -187,6 +200,10 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	if err != nil {
 		return nil, err
 	}
+	eg, err := k.egress()
+	if err != nil {
+		return nil, err
+	}
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
@@ -195,6 +212,7 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
 		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight, MaxWarm: prepullBound(k.warmPods),
 		HelloListen: k.helloListen, HelloAddr: helloAddr, RuntimeClasses: classes,
+		Egress: eg,
 	})
 }
 
@@ -207,6 +225,93 @@ func (k *kubernetesFlags) runtimeClassMap() (map[string]string, error) {
 		return nil, fmt.Errorf("--runtime-classes: %w", err)
 	}
 	return m, nil
+}
+
+// egress reads the --egress-* flags: all four or none (nil: host-name rules are refused).
+func (k *kubernetesFlags) egress() (*stack.KubernetesEgress, error) {
+	set := 0
+	for _, v := range []string{k.egressProxyListen, k.egressDNSListen, k.egressProxyAddrs, k.egressDNSAddr} {
+		if strings.TrimSpace(v) != "" {
+			set++
+		}
+	}
+	switch {
+	case set == 0:
+		return nil, nil
+	case set != 4:
+		return nil, fmt.Errorf("--egress-proxy-listen, --egress-dns-listen, --egress-proxy-addr and --egress-dns-addr go together")
+	case strings.TrimSpace(k.peerPods) == "" && strings.TrimSpace(k.peerCIDRs) == "":
+		return nil, fmt.Errorf("--egress-proxy-listen needs --runner-peer-pods or --runner-peer-cidrs: the sandboxes' NetworkPolicies must name the runner to let them reach its proxy and DNS")
+	}
+	for _, l := range []struct{ flag, v string }{{"--egress-proxy-listen", k.egressProxyListen}, {"--egress-dns-listen", k.egressDNSListen}} {
+		_, port, err := net.SplitHostPort(l.v)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%s %q: want host:port with a port 1..65535", l.flag, l.v)
+		}
+	}
+	eg := &stack.KubernetesEgress{ProxyListen: k.egressProxyListen, DNSListen: k.egressDNSListen}
+	var v4, v6 int
+	for a := range strings.SplitSeq(k.egressProxyAddrs, ",") {
+		ip, err := netip.ParseAddr(strings.TrimSpace(a))
+		if err != nil {
+			return nil, fmt.Errorf("--egress-proxy-addr %q: want IP addresses, one per family: %w", k.egressProxyAddrs, err)
+		}
+		if err := checkEgressAddr(ip); err != nil {
+			return nil, fmt.Errorf("--egress-proxy-addr %q: %w", k.egressProxyAddrs, err)
+		}
+		if ip = ip.Unmap(); ip.Is4() {
+			v4++
+		} else {
+			v6++
+		}
+		eg.ProxyAddrs = append(eg.ProxyAddrs, ip)
+	}
+	if v4 > 1 || v6 > 1 {
+		return nil, fmt.Errorf("--egress-proxy-addr %q: at most one address per family", k.egressProxyAddrs)
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(k.egressDNSAddr))
+	if err != nil {
+		return nil, fmt.Errorf("--egress-dns-addr %q: want an IP address: %w", k.egressDNSAddr, err)
+	}
+	if err := checkEgressAddr(ip); err != nil {
+		return nil, fmt.Errorf("--egress-dns-addr %q: %w", k.egressDNSAddr, err)
+	}
+	eg.DNSAddr = ip.Unmap()
+	for c := range strings.SplitSeq(k.egressForbid, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-forbid: %w", err)
+		}
+		if p.Addr().Is4In6() {
+			// The proxy compares unmapped addresses: an IPv4-mapped prefix is its IPv4 one.
+			if p.Bits() < 96 {
+				return nil, fmt.Errorf("--egress-forbid %q: an IPv4-mapped prefix shorter than /96 mixes families; give the IPv4 and IPv6 ranges apart", c)
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		eg.Forbid = append(eg.Forbid, p.Masked())
+	}
+	return eg, nil
+}
+
+// checkEgressAddr refuses an address the sandbox Pods cannot reach the runner at: the
+// unspecified address, loopback (their own), multicast and link-local.
+func checkEgressAddr(ip netip.Addr) error {
+	ip = ip.Unmap()
+	switch {
+	case ip.IsUnspecified():
+		return errors.New("the unspecified address is no address the sandbox Pods can reach")
+	case ip.IsLoopback():
+		return errors.New("a loopback address is the sandbox Pod's own, not the runner's")
+	case ip.IsMulticast():
+		return errors.New("a multicast address")
+	case ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast():
+		return errors.New("a link-local address")
+	}
+	return nil
 }
 
 // expandHelloAddr expands environment variables in --hello-addr's host part only, then

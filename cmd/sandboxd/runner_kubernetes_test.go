@@ -225,3 +225,65 @@ func TestRuntimeClassesFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestEgressFlags: the --egress-* flags go together with a runner peer, the listen
+// addresses need ports, the proxy addresses are IPs (one per family), and none at all
+// leaves host-name rules off.
+func TestEgressFlags(t *testing.T) {
+	full := func(mod func(k *kubernetesFlags)) kubernetesFlags {
+		k := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent", peerPods: "app=runner",
+			egressProxyListen: "0.0.0.0:15443", egressDNSListen: "0.0.0.0:5353",
+			egressProxyAddrs: "10.96.0.53,fd00::53", egressDNSAddr: "10.96.0.53"}
+		if mod != nil {
+			mod(&k)
+		}
+		return k
+	}
+	k := full(nil)
+	eg, err := k.egress()
+	if err != nil || eg == nil || len(eg.ProxyAddrs) != 2 || eg.DNSAddr.String() != "10.96.0.53" || eg.ProxyListen != "0.0.0.0:15443" || eg.DNSListen != "0.0.0.0:5353" {
+		t.Fatalf("full flags: %+v, %v", eg, err)
+	}
+	if err := k.validate(); err != nil {
+		t.Errorf("full flags: %v", err)
+	}
+	k.egressForbid = "34.118.224.0/20, 2001:db8::/64"
+	if eg, err := k.egress(); err != nil || len(eg.Forbid) != 2 || eg.Forbid[0].String() != "34.118.224.0/20" {
+		t.Errorf("--egress-forbid: %+v, %v", eg, err)
+	}
+	// An IPv4-mapped range is forbidden as its IPv4 one (the proxy compares unmapped).
+	k.egressForbid = "::ffff:34.118.224.0/116"
+	if eg, err := k.egress(); err != nil || len(eg.Forbid) != 1 || eg.Forbid[0].String() != "34.118.224.0/20" {
+		t.Errorf("--egress-forbid IPv4-mapped: %+v, %v; want 34.118.224.0/20", eg, err)
+	}
+	off := kubernetesFlags{agentImage: "agent:1", pullPolicy: "IfNotPresent"}
+	if eg, err := off.egress(); eg != nil || err != nil {
+		t.Errorf("no flags: %+v, %v; want off", eg, err)
+	}
+	for name, mod := range map[string]func(k *kubernetesFlags){
+		"one missing":       func(k *kubernetesFlags) { k.egressDNSAddr = "" },
+		"no runner peer":    func(k *kubernetesFlags) { k.peerPods = "" },
+		"listen sans port":  func(k *kubernetesFlags) { k.egressProxyListen = "0.0.0.0" },
+		"port 0":            func(k *kubernetesFlags) { k.egressDNSListen = "0.0.0.0:0" },
+		"a name, not an IP": func(k *kubernetesFlags) { k.egressProxyAddrs = "egress.sandboxd.svc" },
+		"two IPv4":          func(k *kubernetesFlags) { k.egressProxyAddrs = "10.96.0.53,10.96.0.54" },
+		"bad DNS address":   func(k *kubernetesFlags) { k.egressDNSAddr = "10.96.0" },
+		"bad forbid":        func(k *kubernetesFlags) { k.egressForbid = "34.118.224.0/200" },
+		"proxy unspecified": func(k *kubernetesFlags) { k.egressProxyAddrs = "0.0.0.0" },
+		"proxy :: ":         func(k *kubernetesFlags) { k.egressProxyAddrs = "10.96.0.53,::" },
+		"proxy loopback":    func(k *kubernetesFlags) { k.egressProxyAddrs = "127.0.0.1" },
+		"proxy mapped loop": func(k *kubernetesFlags) { k.egressProxyAddrs = "::ffff:127.0.0.1" },
+		"proxy multicast":   func(k *kubernetesFlags) { k.egressProxyAddrs = "224.0.0.1" },
+		"proxy link-local":  func(k *kubernetesFlags) { k.egressProxyAddrs = "169.254.1.1" },
+		"dns unspecified":   func(k *kubernetesFlags) { k.egressDNSAddr = "::" },
+		"dns loopback":      func(k *kubernetesFlags) { k.egressDNSAddr = "::1" },
+		"dns multicast":     func(k *kubernetesFlags) { k.egressDNSAddr = "ff02::1" },
+		"dns link-local":    func(k *kubernetesFlags) { k.egressDNSAddr = "fe80::1" },
+		"forbid mapped /80": func(k *kubernetesFlags) { k.egressForbid = "::ffff:0:0/80" },
+	} {
+		k := full(mod)
+		if err := k.validate(); err == nil || !strings.Contains(err.Error(), "--egress") {
+			t.Errorf("%s: %v, want an --egress-* error", name, err)
+		}
+	}
+}

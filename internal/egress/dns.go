@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -31,12 +32,23 @@ type DNS struct {
 	Upstreams []string      // "ip:port"; tried in order on failure/timeout
 	Timeout   time.Duration // per upstream attempt; 0 = 2 s
 	Log       *slog.Logger  // nil: slog.Default()
+	// Steer, when set, makes this DNS the one through which host-name grants reach the
+	// proxy (steer.go): only known sources are answered, and granted names resolve to
+	// the proxy. nil: a pure relay (the local backend, where nftables redirects).
+	Steer *Steering
 
 	mu       sync.Mutex
 	closed   bool
 	open     map[io.Closer]struct{} // packet conns, listeners and TCP connections being served
 	tcpConns int
-	wg       sync.WaitGroup
+	inFlight map[netip.Addr]int // Steer: queries being answered, by source
+	tcpBySrc map[netip.Addr]int // Steer: TCP connections being served, by source
+	// Steer.Group: queries in flight and TCP connections by group, and each admitted
+	// TCP connection's group.
+	inFlightGroup map[string]int
+	tcpByGroup    map[string]int
+	tcpGroupOf    map[net.Conn]string
+	wg            sync.WaitGroup
 }
 
 // ServeUDP answers the queries arriving on pc until pc is closed (then it returns nil)
@@ -77,7 +89,7 @@ func (d *DNS) ServeUDP(pc net.PacketConn) error {
 		go func() {
 			defer d.wg.Done()
 			defer func() { <-slots }()
-			resp := d.exchange(q, "udp")
+			resp := d.answer(q, addrOf(from), "udp")
 			if resp == nil {
 				return
 			}
@@ -110,10 +122,14 @@ func (d *DNS) ServeTCP(l net.Listener) error {
 			}
 			return fmt.Errorf("dns: accept: %w", err)
 		}
+		if d.Steer != nil && !d.steerAdmit(c) {
+			continue // a source that is no sandbox, or one with too many connections
+		}
 		if !d.track(c, true) {
 			if !d.isClosed() {
 				d.log().Warn("dns: too many TCP clients, closed one", "src", c.RemoteAddr())
 			}
+			d.steerRelease(c)
 			_ = c.Close()
 			continue
 		}
@@ -129,6 +145,7 @@ func (d *DNS) serveConn(c net.Conn) {
 		delete(d.open, c)
 		d.tcpConns--
 		d.mu.Unlock()
+		d.steerRelease(c)
 	}()
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(dnsTCPIdle))
@@ -139,7 +156,7 @@ func (d *DNS) serveConn(c net.Conn) {
 		if !isQuery(q) {
 			return
 		}
-		resp := d.exchange(q, "tcp")
+		resp := d.answer(q, addrOf(c.RemoteAddr()), "tcp")
 		if resp == nil {
 			return
 		}

@@ -26,6 +26,7 @@ type dnsEnv struct {
 	// Upstreams that fail: nothing listens at dead; blackhole reads and never answers;
 	// servfail answers every query with SERVFAIL.
 	dead, blackhole, servfail netip.AddrPort
+	dns                       *DNS // steer_test.go's steering DNS
 }
 
 func newDNSEnv(t *testing.T) *dnsEnv {

@@ -64,6 +64,20 @@ type Proxy struct {
 	// MaxConnsPerSource caps one sandbox's connections at once, so that one cannot
 	// exhaust the host's file descriptors for all; 0 = 512. More are closed at once.
 	MaxConnsPerSource int
+	// Known, when set, reports whether src is a sandbox at all: a connection from any
+	// other source is closed at once, before a byte of it is read (the Kubernetes
+	// runner's proxy is reachable from the cluster's network, not only from sandboxes).
+	// nil: every source is read (the local backend's proxy is reached only by DNAT).
+	Known func(src netip.Addr) bool
+	// MaxConns caps the connections of all sources together (0: none): one runner's proxy
+	// serving a whole cluster's sandboxes (the Kubernetes backend) keeps its file
+	// descriptors for its own work. More are closed at once.
+	MaxConns int
+	// Group, when set, names the tenant (organization) of the sandbox at src; the
+	// connections of one group at once are capped at MaxConnsPerGroup (0: none), so
+	// that one organization's sandboxes cannot take all MaxConns.
+	Group            func(src netip.Addr) string
+	MaxConnsPerGroup int
 
 	mu        sync.Mutex
 	stopping  bool // Shutdown or Close: no new connections
@@ -71,6 +85,9 @@ type Proxy struct {
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // both ends of every connection being handled
 	perSource map[netip.Addr]int    // accepted connections being handled, by source
+	perGroup  map[string]int        // Group: accepted connections being handled, by group
+	groupOf   map[net.Conn]string   // Group: each accepted connection's group
+	total     int                   // the sum of perSource
 	ctx       context.Context       // cancelled by Close: ends resolving and dialling
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // one per connection being handled
@@ -104,6 +121,12 @@ func (p *Proxy) Serve(l net.Listener) error {
 		}
 		backoff = 0
 		src := addrOf(c.RemoteAddr())
+		if p.Known != nil && (!src.IsValid() || !p.Known(src)) {
+			counters.EgressDecision(counters.EgressDenied)
+			p.log().Info("egress proxy: refused: the source is no sandbox", "src", src)
+			_ = c.Close()
+			continue
+		}
 		if err := p.admit(c, src); err != nil {
 			counters.EgressDecision(counters.EgressLimited)
 			p.log().Info("egress proxy: refused: "+err.Error(), "src", src)
@@ -194,6 +217,21 @@ func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 	if p.perSource[src] >= limit {
 		return fmt.Errorf("%d connections from this source already", limit)
 	}
+	if p.MaxConns > 0 && p.total >= p.MaxConns {
+		return fmt.Errorf("%d connections in all already", p.MaxConns)
+	}
+	if p.Group != nil && p.MaxConnsPerGroup > 0 {
+		grp := p.Group(src)
+		if p.perGroup[grp] >= p.MaxConnsPerGroup {
+			return fmt.Errorf("%d connections of this source's organization already", p.MaxConnsPerGroup)
+		}
+		if p.perGroup == nil {
+			p.perGroup, p.groupOf = make(map[string]int), make(map[net.Conn]string)
+		}
+		p.perGroup[grp]++
+		p.groupOf[c] = grp
+	}
+	p.total++
 	if p.perSource == nil {
 		p.perSource = make(map[netip.Addr]int)
 	}
@@ -210,8 +248,15 @@ func (p *Proxy) admit(c net.Conn, src netip.Addr) error {
 func (p *Proxy) done(c net.Conn, src netip.Addr) {
 	p.remove(c)
 	p.mu.Lock()
+	p.total--
 	if p.perSource[src]--; p.perSource[src] <= 0 {
 		delete(p.perSource, src)
+	}
+	if grp, ok := p.groupOf[c]; ok {
+		delete(p.groupOf, c)
+		if p.perGroup[grp]--; p.perGroup[grp] <= 0 {
+			delete(p.perGroup, grp)
+		}
 	}
 	p.mu.Unlock()
 	p.wg.Done()
@@ -396,6 +441,18 @@ func (p *Proxy) connect(ctx context.Context, name string) (net.Conn, error) {
 
 // defaultForbidden is the platform's reserved list (the one the runners' rules use).
 func defaultForbidden(a netip.Addr) bool { return reservedAddrs.Contains(a) || reserved.IsHostAddr(a) }
+
+// ForbiddenWith is the default Forbidden (the platform's reserved ranges and the host's
+// addresses) and also every address in extra: a deployment's own ranges the proxy must
+// never dial for a sandbox (a Kubernetes cluster's Service and Pod ranges when they are
+// not private, the proxy's own addresses).
+func ForbiddenWith(extra ...netip.Prefix) func(netip.Addr) bool {
+	set := reserved.NewSet(extra...)
+	return func(a netip.Addr) bool {
+		a = a.Unmap()
+		return defaultForbidden(a) || set.Contains(a)
+	}
+}
 
 var reservedAddrs = reserved.Default()
 

@@ -475,3 +475,103 @@ func TestProxyCloseWhileDialling(t *testing.T) {
 		t.Errorf("client read %x, %v; want the connection closed", got, err)
 	}
 }
+
+// TestProxyKnownSources: with Known set, a connection from a source that is no sandbox is
+// closed at once, before its ClientHello is read (not after the handshake timeout, and
+// without a TLS alert); a known source is served as before.
+func TestProxyKnownSources(t *testing.T) {
+	e := newProxyEnv(t, func(p *Proxy) { p.Known = func(src netip.Addr) bool { return src == granted } })
+	start := time.Now()
+	c := e.dial(t, stranger)
+	if _, err := c.Write(helloWithName(t, "api.example.test")); err != nil {
+		t.Logf("write: %v", err) // the proxy may have closed it already
+	}
+	got, err := readAllUntilClosed(c, 5*time.Second)
+	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
+		t.Errorf("unknown source: read %x, %v after %v; want closed at once with nothing sent", got, err, time.Since(start))
+	}
+	e.log.waitLog(t, "refused: the source is no sandbox", "src="+stranger.String())
+	if len(e.takeDials()) != 0 {
+		t.Error("an upstream was dialled for an unknown source")
+	}
+	if _, _, err := e.get(t, granted, e.in.ClientConfig("api.example.test")); err != nil {
+		t.Errorf("known source: %v", err)
+	}
+}
+
+// TestForbiddenWith: the default reserved ranges and the extra ones are forbidden, other
+// public addresses are not.
+func TestForbiddenWith(t *testing.T) {
+	f := ForbiddenWith(netip.MustParsePrefix("34.118.224.0/20"), netip.MustParsePrefix("198.18.7.9/32"))
+	for a, want := range map[string]bool{
+		"10.96.0.1": true, "169.254.169.254": true, "127.0.0.1": true, // reserved
+		"34.118.230.4": true, "::ffff:34.118.230.4": true, "198.18.7.9": true, // extra
+		"34.118.240.1": false, "198.18.7.10": false, "93.184.216.34": false,
+	} {
+		if got := f(netip.MustParseAddr(a)); got != want {
+			t.Errorf("%s: forbidden %v, want %v", a, got, want)
+		}
+	}
+}
+
+// TestProxyMaxConns: with MaxConns, connections beyond it from any source are closed at
+// once; a slot freed is taken again.
+func TestProxyMaxConns(t *testing.T) {
+	e := newProxyEnv(t, func(p *Proxy) { p.MaxConns = 1 })
+	e.dial(t, granted) // silent: holds the one slot for the 2 s handshake timeout
+	waitFor(t, "one connection", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.total == 1
+	})
+	start := time.Now()
+	got, err := readAllUntilClosed(e.dial(t, stranger), 5*time.Second)
+	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
+		t.Errorf("second connection: read %x, %v after %v; want closed at once", got, err, time.Since(start))
+	}
+	e.log.waitLog(t, "refused: 1 connections in all already", "src="+stranger.String())
+	waitFor(t, "the slot to free", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.total == 0
+	})
+	if _, _, err := e.get(t, granted, e.in.ClientConfig("api.example.test")); err != nil {
+		t.Errorf("after the slot freed: %v", err)
+	}
+}
+
+// TestProxyMaxConnsPerGroup: with Group, one organization's sources together hold at
+// most MaxConnsPerGroup connections; another source of that organization is closed at
+// once, another organization's is taken; the counts go when the connections do.
+func TestProxyMaxConnsPerGroup(t *testing.T) {
+	otherOrg := netip.MustParseAddr("127.0.0.4")
+	e := newProxyEnv(t, func(p *Proxy) {
+		p.MaxConnsPerGroup = 1
+		p.Group = func(src netip.Addr) string {
+			if src == otherOrg {
+				return "org-b"
+			}
+			return "org-a"
+		}
+	})
+	groupCount := func(g string) int {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return e.proxy.perGroup[g]
+	}
+	e.dial(t, granted) // silent: holds org-a's one slot for the 2 s handshake timeout
+	waitFor(t, "org-a's connection", func() bool { return groupCount("org-a") == 1 })
+	start := time.Now()
+	got, err := readAllUntilClosed(e.dial(t, stranger), 5*time.Second)
+	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
+		t.Errorf("org-a's second source: read %x, %v after %v; want closed at once", got, err, time.Since(start))
+	}
+	e.log.waitLog(t, "refused: 1 connections of this source's organization already", "src="+stranger.String())
+	e.dial(t, otherOrg)
+	waitFor(t, "org-b's connection", func() bool { return groupCount("org-b") == 1 })
+	waitFor(t, "the slots to free", func() bool {
+		e.proxy.mu.Lock()
+		defer e.proxy.mu.Unlock()
+		return len(e.proxy.perGroup) == 0 && len(e.proxy.groupOf) == 0 && e.proxy.total == 0
+	})
+}

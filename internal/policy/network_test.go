@@ -88,3 +88,31 @@ func TestPlatformNoDNSEgress(t *testing.T) {
 		t.Errorf("a runner enforcing host names: %s", fmtVs(vs))
 	}
 }
+
+// TestPlatformNoEgressSecrets: a runner enforcing host names but injecting no egress
+// secrets (a Kubernetes runner with its egress proxy) refuses a sandboxd_secret rule with
+// platform.egress_secrets, so placement tries another runner; its plain host-name rules
+// pass. A runner without host-name rules at all says platform.dns_egress only.
+func TestPlatformNoEgressSecrets(t *testing.T) {
+	pl := DefaultPlatform()
+	pl.NoEgressSecrets = true
+	s := spec(func(s *sandboxv1.SandboxSpec) {
+		s.Network = &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{
+			{Destination: &sandboxv1.EgressRule_HttpsHostname{HttpsHostname: "pypi.org"}},
+			{Destination: &sandboxv1.EgressRule_HttpsHostname{HttpsHostname: "api.example.com"},
+				SandboxdSecret: &sandboxv1.EgressSecretInjection{}},
+		}}
+	})
+	_, vs := Resolve(nil, s, pl)
+	if len(vs) != 1 || vs[0].Field != "sandbox.spec.network.egress[1].sandboxd_secret" || vs[0].Constraint != ConstraintPlatformEgressSecrets || Reason(vs) != apierr.PlacementRejected {
+		t.Errorf("violations %s", fmtVs(vs))
+	}
+	pl.NoDNSEgress = true
+	if _, vs := Resolve(nil, s, pl); len(vs) != 2 || vs[0].Constraint != ConstraintPlatformDNSEgress || vs[1].Constraint != ConstraintPlatformDNSEgress {
+		t.Errorf("no host names at all: %s", fmtVs(vs))
+	}
+	pl.NoDNSEgress, pl.NoEgressSecrets = false, false
+	if _, vs := Resolve(nil, s, pl); len(vs) > 0 {
+		t.Errorf("a runner injecting secrets: %s", fmtVs(vs))
+	}
+}

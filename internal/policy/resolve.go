@@ -757,6 +757,13 @@ func (r *resolver) checkNetwork(s *sandboxv1.SandboxSpec) {
 					"this runner cannot enforce host-name rules (it filters by address only); use a cidr rule or pick a runner that can")
 			}
 		}
+	} else if r.pl.NoEgressSecrets {
+		for i, rule := range s.GetNetwork().GetEgress() {
+			if rule.GetSandboxdSecret() != nil {
+				r.add(fmt.Sprintf("sandbox.spec.network.egress[%d].sandboxd_secret", i), ConstraintPlatformEgressSecrets, "none", false,
+					"this runner cannot inject egress secrets (its egress proxy does not terminate the sandbox's TLS); pick a runner that can")
+			}
+		}
 	}
 	nc := r.c.Network
 	if nc == nil {

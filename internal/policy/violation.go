@@ -13,14 +13,15 @@ const (
 	// (an unparseable quantity, a negative lifetime).
 	ConstraintSpec = "spec"
 	// Platform limits hold under every policy.
-	ConstraintPlatformLifetime     = "platform.max_lifetime_seconds"
-	ConstraintPlatformServices     = "platform.max_services"
-	ConstraintPlatformRuntimeClass = "platform.runtime_classes"
-	ConstraintPlatformPrivileged   = "platform.privileged_allowed"
-	ConstraintPlatformCapabilities = "platform.allowed_capabilities"
-	ConstraintPlatformEndpoints    = "platform.endpoints"
-	ConstraintPlatformDNSEgress    = "platform.dns_egress"
-	ConstraintPlatformShareTokens  = "platform.share_tokens"
+	ConstraintPlatformLifetime      = "platform.max_lifetime_seconds"
+	ConstraintPlatformServices      = "platform.max_services"
+	ConstraintPlatformRuntimeClass  = "platform.runtime_classes"
+	ConstraintPlatformPrivileged    = "platform.privileged_allowed"
+	ConstraintPlatformCapabilities  = "platform.allowed_capabilities"
+	ConstraintPlatformEndpoints     = "platform.endpoints"
+	ConstraintPlatformDNSEgress     = "platform.dns_egress"
+	ConstraintPlatformEgressSecrets = "platform.egress_secrets"
+	ConstraintPlatformShareTokens   = "platform.share_tokens"
 )
 
 // Violation is one reason a resolved spec is rejected: an API violation (Field is the

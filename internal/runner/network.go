@@ -203,6 +203,14 @@ func validateRule(f, cidr string, except []string, tenant string, anyDest bool, 
 // would give it other access than it asked for and than its status reports.
 func supported(n *runtime.Network, can runtime.Support) error {
 	var vs violations
+	if n != nil && can.NoEgressSecrets && !can.NoDNSEgress {
+		for i, r := range n.Egress {
+			if r.Secret != nil {
+				vs.add(fmt.Sprintf("spec.network.egress[%d].sandboxd_secret", i),
+					"this runner cannot inject egress secrets yet: its backend (Kubernetes) enforces host-name rules through its egress proxy, which does not terminate the sandbox's TLS; use a local runner")
+			}
+		}
+	}
 	if n != nil && can.NoDNSEgress {
 		for i, r := range n.Egress {
 			if r.Secret != nil {

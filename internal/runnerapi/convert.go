@@ -568,6 +568,7 @@ func capacityToProto(c runner.Capacity) *runnerv1.CapacityResponse {
 		SecretRefs:            !c.NoSecretRefs,
 		NoGlobalVolumes:       c.NoGlobalVolumes,
 		NoGlobalVolumeWriters: c.NoGlobalVolumeWriters,
+		NoEgressSecrets:       c.NoEgressSecrets,
 		CachedSnapshots:       c.CachedSnapshots,
 		Paused:                int32(c.Paused),
 		CheckpointClasses:     c.CheckpointClasses,
@@ -712,6 +713,8 @@ func supportFromProto(p *runnerv1.CapacityResponse) runtime.Support {
 		NoGlobalVolumes: p.GetNoGlobalVolumes(),
 		// An older runner, which does not say, commits a writer's copy (or refuses it).
 		NoGlobalVolumeWriters: p.GetNoGlobalVolumeWriters(),
+		// An older runner, which does not say, injects them or reports NoDNSEgress.
+		NoEgressSecrets: p.GetNoEgressSecrets(),
 	}
 }
 

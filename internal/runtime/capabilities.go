@@ -65,6 +65,12 @@ type Support struct {
 	// such a mount at create (set by the backend; not on the wire: a gateway that placed
 	// one on such a runner tries the next runner).
 	NoGlobalVolumeSubPaths bool
+	// NoEgressSecrets: the runner enforces host-name rules but injects no egress secrets
+	// (EgressRule.Secret): the Kubernetes backend with its egress proxy, which splices
+	// only (NoDNSEgress implies it). Set by the backend; the runner refuses such rules at
+	// create, placement sends such a sandbox elsewhere. On the wire a lack: an older
+	// runner that does not say either injects them or reports NoDNSEgress.
+	NoEgressSecrets bool
 }
 
 // Optional interfaces of a Backend. The runner asserts them when it runs; each backend

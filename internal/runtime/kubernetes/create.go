@@ -77,6 +77,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			return runtime.Info{}, fmt.Errorf("container %q: %w: secrets from the built-in secret store on the kubernetes backend (use a KUBERNETES store)", c.ContainerName(), errdefs.ErrNotImplemented)
 		}
 	}
+	if err := b.checkEgress(spec); err != nil {
+		return runtime.Info{}, err
+	}
 	// A working directory the image sets below a restored volume's mount: the fill must
 	// know it (snapshot.go imageWorkDirs), so Create, its Pod and the persisted spec use
 	// it as the spec's.
@@ -248,10 +251,13 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
 		inPod := acfg
-		if holdInStandby(spec, plan) || warm != "" {
+		if holdInStandby(spec, plan) || warm != "" || b.usesEgress(spec) {
 			// Held in standby until the restored volumes are filled (snapshot.go), and a
 			// GLOBAL writer's until its filler's agent answers (also on an empty volume):
-			// the gate's hold and the commit go through that agent.
+			// the gate's hold and the commit go through that agent. With host-name
+			// rules, until the Pod's address is in the egress registry (egress.go): the
+			// kubelet reports it up to a relist after the containers start, and the
+			// runner's DNS refuses an address it does not know.
 			start := acfg
 			start.Identity = nil
 			if startCfg, err = json.Marshal(&start); err != nil {
@@ -358,6 +364,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
 	}
 	addGVisorHints(pod, class)
+	b.applyEgressPod(pod, spec)
 	b.addHello(pod, s)
 	b.addFiller(pod, spec)
 	applyClaims(pod, claims)
@@ -404,6 +411,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		if err := b.markStarted(ctx, s); err != nil {
 			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
+		if err := b.waitEgress(ctx, s); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 		// The containers wait held; they start in the spec's order (init containers:
 		// the kubelet's, in order). A *startseq.Failure names the container.
 		if err := startseq.Run(ctx, spec, groupOps{b: b, s: s}); err != nil {
@@ -423,6 +433,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 		if err := b.markStarted(ctx, s); err != nil {
+			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		if err := b.waitEgress(ctx, s); err != nil {
 			return runtime.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 		if _, err := b.agentClient(s.id, "").Start(ctx, connect.NewRequest(&agentv1.StartRequest{Config: startCfg})); err != nil {

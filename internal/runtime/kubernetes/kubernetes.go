@@ -173,7 +173,10 @@ type Config struct {
 	// benchmark prints them), never for control. Called with the backend's lock held: it
 	// must return at once and not call the backend.
 	StepHook func(id, step string, at time.Time)
-	Logger   *slog.Logger
+	// Egress, when set, enforces host-name egress rules through the runner's proxy and
+	// DNS (egress.go); nil: specs with them are refused (Support.NoDNSEgress).
+	Egress *EgressConfig
+	Logger *slog.Logger
 }
 
 // Backend is the Kubernetes runtime.Backend.
@@ -213,6 +216,10 @@ type Backend struct {
 	// helloSeen: a hello was taken (the first is logged: the path through the
 	// NetworkPolicies works; a policy blocking it is otherwise silent).
 	helloSeen atomic.Bool
+
+	// egressBySrc is the egress registry (egress.go): source address → sandbox.
+	egressMu    sync.RWMutex
+	egressBySrc map[netip.Addr]*egressSource
 }
 
 var _ runtime.Backend = (*Backend)(nil)
@@ -251,6 +258,11 @@ type sandbox struct {
 	// hooked: the steps already told to Config.StepHook (observe.go); guarded by
 	// Backend.mu.
 	hooked stepSet
+
+	// egressIPs: s's addresses in the egress registry; egressOff: the backend deletes
+	// its Pod (none are registered again). Guarded by Backend.mu.
+	egressIPs []netip.Addr
+	egressOff bool
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -293,6 +305,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	case cfg.RunnerID == "" || len(cfg.RunnerID) > 63:
 		return nil, errors.New("kubernetes backend: RunnerID is required (at most 63 characters)")
 	}
+	if cfg.Egress != nil {
+		if err := cfg.Egress.check(); err != nil {
+			return nil, fmt.Errorf("kubernetes backend: Egress: %w", err)
+		}
+	}
 	if cfg.ImagePullPolicy == "" {
 		cfg.ImagePullPolicy = corev1.PullIfNotPresent
 	}
@@ -333,7 +350,8 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy, LabelRunner: cfg.RunnerID})
 	b := &Backend{cfg: cfg, helloTo: helloTo, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
-		snaps: snapCache{limits: map[string]runtime.ArchiveLimits{}, inUse: map[string]int{}}}
+		egressBySrc: map[netip.Addr]*egressSource{},
+		snaps:       snapCache{limits: map[string]runtime.ArchiveLimits{}, inUse: map[string]int{}}}
 	b.cleanCache()
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithNamespace(cfg.Namespace),
@@ -477,6 +495,7 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 			}()
 		}
 	}
+	b.egressObserveLocked(s)
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -691,6 +710,9 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 func (b *Backend) deletePod(ctx context.Context, s *sandbox, graceSecs int64) error {
 	opts := metav1.DeleteOptions{GracePeriodSeconds: &graceSecs}
 	b.mu.Lock()
+	// Its addresses leave the egress registry before the Pod goes (and its IP with it).
+	s.egressOff = true
+	b.egressForgetLocked(s)
 	if s.uid != "" {
 		opts.Preconditions = &metav1.Preconditions{UID: &s.uid}
 	}
@@ -937,11 +959,16 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		if ip == "" {
 			ip = pod.Status.PodIP
 		}
-		if rec.Alive && ip != "" && (restoresVolumes(&s.spec) || commits(&s.spec) || warmClaimBegun(pod)) && b.heldInStandby(ctx, s, ip) {
-			// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler) cut
-			// short by the restart: its main command was never started (the agent still
-			// holds it): vanished, as above; a writer's copy is never committed.
-			ex := runtime.Exit{Reason: "Vanished", Message: "the sandbox's volumes were being restored when the runner stopped", At: time.Now().UTC()}
+		if rec.Alive && ip != "" && (restoresVolumes(&s.spec) || commits(&s.spec) || warmClaimBegun(pod) || b.usesEgress(&s.spec) && !s.spec.Multi()) && b.heldInStandby(ctx, s, ip) {
+			// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler, or
+			// one waiting for its address in the egress registry) cut short by the
+			// restart: its main command was never started (the agent still holds it):
+			// vanished, as above; a writer's copy is never committed.
+			msg := "the sandbox's volumes were being restored when the runner stopped"
+			if !restoresVolumes(&s.spec) && !commits(&s.spec) && !warmClaimBegun(pod) {
+				msg = "the sandbox was being started when the runner stopped"
+			}
+			ex := runtime.Exit{Reason: "Vanished", Message: msg, At: time.Now().UTC()}
 			rec.Alive, rec.Exit = false, &ex
 			b.mu.Lock()
 			s.neverStarted = true

@@ -67,8 +67,9 @@ func networkPolicyName(id string) string { return "sbx-" + id }
 // select Pods by label: same_org on the organization, same_user on the hash of the
 // creating API key (LabelUser). Rules that NetworkPolicy cannot express are refused
 // (ErrInvalidSpec) rather than widened or dropped: a host-name rule needs a proxy that
-// reads the TLS server name (the runner reports it: Support), and sandbox networks
-// do not exist (the gateway refuses them first).
+// reads the TLS server name (Config.Egress: the runner's, reached through one rule for
+// its proxy and DNS; without it the runner reports Support.NoDNSEgress), and sandbox
+// networks do not exist (the gateway refuses them first).
 func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (*networkingv1.NetworkPolicy, error) {
 	n := spec.Network
 	if n == nil {
@@ -159,8 +160,14 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 	})
 	if !n.DenyEgress {
 		cut := b.ReservedEgress()
+		names := false
 		for i, r := range n.Egress {
 			field := fmt.Sprintf("network.egress[%d]", i)
+			if r.DNSName != "" && b.cfg.Egress != nil {
+				// Through the runner's proxy and DNS (egress.go): one rule for them all.
+				names = true
+				continue
+			}
 			peers, err := peersOf(field, r.CIDR, r.Except, r.DNSName, r.Tenant, r.Any, tenants, &cut)
 			if err != nil {
 				return nil, err
@@ -173,6 +180,9 @@ func (b *Backend) networkPolicyFor(spec *runtime.Spec, lbls map[string]string) (
 				return nil, fmt.Errorf("%w: %s: %w", runtime.ErrInvalidSpec, field, err)
 			}
 			np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: peers, Ports: ports})
+		}
+		if names {
+			np.Spec.Egress = append(np.Spec.Egress, b.egressPolicyRule())
 		}
 	}
 	// Last: the gate's hello to the runner (hello.go), UDP to its hello port only, also

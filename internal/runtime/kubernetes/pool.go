@@ -871,6 +871,12 @@ func (b *Backend) claim(ctx context.Context, spec *runtime.Spec, w *warmPod) (ru
 	b.mu.Lock()
 	s.spec = persisted
 	b.mu.Unlock()
+	// Host-name egress rules: the workload's first query is answered only once the Pod's
+	// address is in the egress registry (a warm Pod can be ready before the informer
+	// reports its IP). Nothing started yet: a failure here goes cold.
+	if err := b.waitEgress(ctx, s); err != nil {
+		return runtime.Info{}, err
+	}
 	sctx, cancel := context.WithTimeout(ctx, warmStartWait)
 	defer cancel()
 	if _, err := w.client().Start(sctx, connect.NewRequest(&agentv1.StartRequest{Config: startCfg})); err != nil {

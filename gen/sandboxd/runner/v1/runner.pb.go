@@ -5474,8 +5474,13 @@ type CapacityResponse struct {
 	// elsewhere. A lack on the wire: an older runner, which does not say, is taken to
 	// commit them (its own create refuses what it cannot).
 	NoGlobalVolumeWriters bool `protobuf:"varint,32,opt,name=no_global_volume_writers,json=noGlobalVolumeWriters,proto3" json:"no_global_volume_writers,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// It injects no egress secrets (EgressRule.sandboxd_secret) although it enforces
+	// host-name rules (a Kubernetes runner with its egress proxy): placement sends a
+	// sandbox with one elsewhere. A lack on the wire: an older runner, which does not say,
+	// either injects them (local) or reports no_dns_egress (Kubernetes), which covers it.
+	NoEgressSecrets bool `protobuf:"varint,33,opt,name=no_egress_secrets,json=noEgressSecrets,proto3" json:"no_egress_secrets,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CapacityResponse) Reset() {
@@ -5728,6 +5733,13 @@ func (x *CapacityResponse) GetNoGlobalVolumes() bool {
 func (x *CapacityResponse) GetNoGlobalVolumeWriters() bool {
 	if x != nil {
 		return x.NoGlobalVolumeWriters
+	}
+	return false
+}
+
+func (x *CapacityResponse) GetNoEgressSecrets() bool {
+	if x != nil {
+		return x.NoEgressSecrets
 	}
 	return false
 }
@@ -6208,7 +6220,7 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x125\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1b.sandboxd.runner.v1.SandboxR\asandbox\x12=\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1f.sandboxd.runner.v1.SnapshotJobR\tsnapshots\"\x11\n" +
-	"\x0fCapacityRequest\"\x91\v\n" +
+	"\x0fCapacityRequest\"\xbd\v\n" +
 	"\x10CapacityResponse\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12$\n" +
@@ -6244,7 +6256,8 @@ const file_sandboxd_runner_v1_runner_proto_rawDesc = "" +
 	"\vsecret_refs\x18\x1e \x01(\bR\n" +
 	"secretRefs\x12*\n" +
 	"\x11no_global_volumes\x18\x1f \x01(\bR\x0fnoGlobalVolumes\x127\n" +
-	"\x18no_global_volume_writers\x18  \x01(\bR\x15noGlobalVolumeWriters\x1aF\n" +
+	"\x18no_global_volume_writers\x18  \x01(\bR\x15noGlobalVolumeWriters\x12*\n" +
+	"\x11no_egress_secrets\x18! \x01(\bR\x0fnoEgressSecrets\x1aF\n" +
 	"\x18CheckpointPlatformsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x94\x01\n" +
