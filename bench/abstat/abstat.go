@@ -116,27 +116,35 @@ func Bootstrap(ratios []float64, level, target float64, resamples int, seed uint
 	if len(ratios) == 0 || resamples <= 0 {
 		return res
 	}
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	meds := make([]float64, resamples)
 	buf := make([]float64, len(ratios))
-	below := 0
-	for k := range meds {
+	res.resample(seed, func(rng *rand.Rand) float64 {
 		for i := range buf {
 			buf[i] = ratios[rng.IntN(len(ratios))]
 		}
-		meds[k] = Median(buf)
-		if meds[k] <= target {
+		return Median(buf)
+	})
+	return res
+}
+
+// resample sets r's interval (Lo, Hi at r.Level) and PBelow (the share ≤ r.Target)
+// from r.Resamps values of stat, each drawn with one seeded generator: the same input
+// gives the same interval.
+func (r *Result) resample(seed uint64, stat func(rng *rand.Rand) float64) {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	stats := make([]float64, r.Resamps)
+	below := 0
+	for k := range stats {
+		stats[k] = stat(rng)
+		if stats[k] <= r.Target {
 			below++
 		}
 	}
-	slices.Sort(meds)
+	slices.Sort(stats)
 	at := func(q float64) float64 {
-		return meds[min(len(meds)-1, max(0, int(math.Floor(q*float64(len(meds))))))]
+		return stats[min(len(stats)-1, max(0, int(math.Floor(q*float64(len(stats))))))]
 	}
-	alpha := (1 - level) / 2
-	res.Lo, res.Hi = at(alpha), at(1-alpha)
-	res.PBelow = float64(below) / float64(resamples)
-	return res
+	alpha := (1 - r.Level) / 2
+	r.Lo, r.Hi, r.PBelow = at(alpha), at(1-alpha), float64(below)/float64(r.Resamps)
 }
 
 // PooledBootstrap is Bootstrap of the ratio median(all A)/median(all B) — the p50 ratio
@@ -163,21 +171,9 @@ func PooledBootstrap(r *Rounds, level, target float64, resamples int, seed uint6
 		return res
 	}
 	res.Median = ratio(func(k int) int { return k })
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	stats := make([]float64, resamples)
-	below := 0
-	for k := range stats {
-		stats[k] = ratio(func(int) int { return rng.IntN(len(rounds)) })
-		if stats[k] <= target {
-			below++
-		}
-	}
-	slices.Sort(stats)
-	at := func(q float64) float64 {
-		return stats[min(len(stats)-1, max(0, int(math.Floor(q*float64(len(stats))))))]
-	}
-	alpha := (1 - level) / 2
-	res.Lo, res.Hi, res.PBelow = at(alpha), at(1-alpha), float64(below)/float64(resamples)
+	res.resample(seed, func(rng *rand.Rand) float64 {
+		return ratio(func(int) int { return rng.IntN(len(rounds)) })
+	})
 	res.Pooled = true
 	return res
 }
@@ -213,25 +209,13 @@ func PairedBootstrap(r *Rounds, level, target float64, resamples int, seed uint6
 		all = append(all, p...)
 	}
 	res.Median = Median(all)
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	stats := make([]float64, resamples)
-	below := 0
-	for k := range stats {
+	res.resample(seed, func(rng *rand.Rand) float64 {
 		all = all[:0]
 		for range pairs {
 			all = append(all, pairs[rng.IntN(len(pairs))]...)
 		}
-		stats[k] = Median(all)
-		if stats[k] <= target {
-			below++
-		}
-	}
-	slices.Sort(stats)
-	at := func(q float64) float64 {
-		return stats[min(len(stats)-1, max(0, int(math.Floor(q*float64(len(stats))))))]
-	}
-	alpha := (1 - level) / 2
-	res.Lo, res.Hi, res.PBelow = at(alpha), at(1-alpha), float64(below)/float64(resamples)
+		return Median(all)
+	})
 	return res
 }
 
