@@ -93,20 +93,12 @@ var ErrIncomplete = errors.New("hibernate: incomplete checkpoint image")
 // symlinks) owned by root and writable by no one else, each parent of root is root's and
 // not writable by group or others unless sticky, and <root>/<id> holds CompleteMarker.
 func ImageDir(root, id string) (string, error) {
-	if err := absClean(root); err != nil {
+	dir, err := checkedImagePath(root, id)
+	if err != nil {
 		return "", err
 	}
-	if err := ValidCheckpointID(id); err != nil {
+	if err := rootOnlyDir(dir); err != nil {
 		return "", err
-	}
-	if err := rootOwnedParents(root); err != nil {
-		return "", err
-	}
-	dir := filepath.Join(root, id)
-	for _, p := range []string{root, dir} {
-		if err := rootOnlyDir(p); err != nil {
-			return "", err
-		}
 	}
 	fi, err := os.Lstat(filepath.Join(dir, CompleteMarker))
 	if errors.Is(err, os.ErrNotExist) {
@@ -161,6 +153,23 @@ func MarkComplete(dir string) error {
 // 0700: root must pass ImageDir's checks; an existing <root>/<id> is an error
 // (os.ErrExist), never reused.
 func CreateImageDir(root, id string) (string, error) {
+	dir, err := checkedImagePath(root, id)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("hibernate: image dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil { // the umask may have taken bits; never adds
+		return "", fmt.Errorf("hibernate: image dir: %w", err)
+	}
+	return dir, nil
+}
+
+// checkedImagePath is <root>/<id> once root is absolute and clean, id a checkpoint ID,
+// root's parents root-owned (rootOwnedParents) and root itself root's only (rootOnlyDir):
+// the checks ImageDir and CreateImageDir share, before either looks at the image directory.
+func checkedImagePath(root, id string) (string, error) {
 	if err := absClean(root); err != nil {
 		return "", err
 	}
@@ -173,14 +182,7 @@ func CreateImageDir(root, id string) (string, error) {
 	if err := rootOnlyDir(root); err != nil {
 		return "", err
 	}
-	dir := filepath.Join(root, id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", fmt.Errorf("hibernate: image dir: %w", err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil { // the umask may have taken bits; never adds
-		return "", fmt.Errorf("hibernate: image dir: %w", err)
-	}
-	return dir, nil
+	return filepath.Join(root, id), nil
 }
 
 func absClean(p string) error {
