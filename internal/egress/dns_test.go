@@ -125,36 +125,7 @@ func (e *dnsEnv) query(t *testing.T, network string, id uint16, name string) dns
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.Dial(network, e.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	var resp []byte
-	if network == "tcp" {
-		if err := writeTCPMsg(c, b); err != nil {
-			t.Fatal(err)
-		}
-		if resp, err = readTCPMsg(c); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		if _, err := c.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		buf := make([]byte, 64<<10)
-		n, err := c.Read(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp = buf[:n]
-	}
-	var m dnsmessage.Message
-	if err := m.Unpack(resp); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return raw(t, network, e.addr, b)
 }
 
 func answerA(m dnsmessage.Message) []netip.Addr {

@@ -127,7 +127,7 @@ func raw(t *testing.T, network, addr string, b []byte) dnsmessage.Message {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	var resp []byte
 	if network == "tcp" {
 		if err := writeTCPMsg(c, b); err != nil {
