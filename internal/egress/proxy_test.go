@@ -505,6 +505,7 @@ func TestForbiddenWith(t *testing.T) {
 	f := ForbiddenWith(netip.MustParsePrefix("34.118.224.0/20"), netip.MustParsePrefix("198.18.7.9/32"))
 	for a, want := range map[string]bool{
 		"10.96.0.1": true, "169.254.169.254": true, "127.0.0.1": true, // reserved
+		"64:ff9b::a9fe:a9fe": true, "64:ff9b:1::a00:1": true, // NAT64 of metadata and 10.0.0.1
 		"34.118.230.4": true, "::ffff:34.118.230.4": true, "198.18.7.9": true, // extra
 		"34.118.240.1": false, "198.18.7.10": false, "93.184.216.34": false,
 	} {

@@ -14,14 +14,20 @@ import (
 // loopback, link-local (cloud metadata lives at 169.254.169.254), multicast, reserved
 // and broadcast (the test "internets" live in 198.18.0.0/15, the benchmarking range,
 // which is not reserved here); IPv6 unspecified,
-// loopback, IPv4-mapped, unique-local, link-local and multicast. A deployment adds its
-// own (the sandbox subnet, the host's addresses: Set.Add).
+// loopback, IPv4-mapped, the NAT64 prefixes (the well-known 64:ff9b::/96 of RFC 6052 and
+// the local-use 64:ff9b:1::/48 of RFC 8215: behind a NAT64 gateway they reach the IPv4
+// address embedded in them, cloud metadata included), unique-local, link-local and
+// multicast. A deployment adds its own (the sandbox subnet, the host's addresses:
+// Set.Add).
 var (
 	v4 = []string{
 		"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
 		"172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
 	}
-	v6 = []string{"::/128", "::1/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8"}
+	v6 = []string{
+		"::/128", "::1/128", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48",
+		"fc00::/7", "fe80::/10", "ff00::/8",
+	}
 )
 
 // V4 returns the reserved IPv4 prefixes (disjoint, sorted).

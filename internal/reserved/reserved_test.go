@@ -54,7 +54,11 @@ func TestCoversAndOverlap(t *testing.T) {
 		{"192.0.0.0/8", false, []string{"192.168.0.0/16"}},
 		{"0.0.0.0/0", false, []string{"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
 			"172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/3"}},
-		{"::/0", false, []string{"::/127", "::ffff:0.0.0.0/96", "fc00::/7", "fe80::/10", "ff00::/8"}},
+		{"::/0", false, []string{"::/127", "::ffff:0.0.0.0/96", "64:ff9b::/96", "64:ff9b:1::/48", "fc00::/7", "fe80::/10", "ff00::/8"}},
+		// NAT64: behind a translator these reach the IPv4 address they embed.
+		{"64:ff9b::a9fe:a9fe/128", true, []string{"64:ff9b::a9fe:a9fe/128"}},
+		{"64:ff9b:1:2::/64", true, []string{"64:ff9b:1:2::/64"}},
+		{"64:ff9b::/64", false, []string{"64:ff9b::/96"}},
 	} {
 		p := netip.MustParsePrefix(c.cidr)
 		if got := s.Covers(p); got != c.covers {

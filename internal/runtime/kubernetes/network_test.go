@@ -77,7 +77,7 @@ func describePolicy(np *networkingv1.NetworkPolicy) (in, out []string) {
 func TestNetworkPolicyFor(t *testing.T) {
 	const (
 		internet = "ip:0.0.0.0/0-0.0.0.0/8-10.0.0.0/8-100.64.0.0/10-127.0.0.0/8-169.254.0.0/16-172.16.0.0/12-192.168.0.0/16-224.0.0.0/4-240.0.0.0/4" +
-			"|ip:::/0-::/128-::1/128-fc00::/7-fe80::/10-ff00::/8"
+			"|ip:::/0-::/128-::1/128-64:ff9b::/96-64:ff9b:1::/48-fc00::/7-fe80::/10-ff00::/8"
 		dns     = "ns:kubernetes.io/metadata.name=kube-system UDP/53,TCP/53"
 		runner  = "ip:192.0.2.2/32 all"
 		sameOrg = "pods:app.kubernetes.io/managed-by=sandboxd,sandboxd.io/org-id=org-a"
