@@ -55,6 +55,18 @@ type densityResult struct {
 	execNp99, rule10p50, rule10p99 float64
 	ruleNp50, ruleNp99             float64
 	nftFloor                       float64 // p50 ms of an `nft -f -` process given nothing to do
+	// Where the host's CPU went over the 2nd and the last tenth (n ≥ 100): [0] the 2nd, [1] the last.
+	hostSplit [2]hostSplit
+	// At n: the host's threads, those in the sandboxes' cgroups, the runner's descriptors.
+	hostThreads, sandboxThreads, runnerFDs int
+}
+
+// hostSplit is where the host's CPU went over a stretch of creates, in ms per second of
+// wall time (a host of c CPUs has c×1000) and per create.
+type hostSplit struct {
+	creates                              int
+	secs                                 float64
+	busy, idle, runner, sandboxes, other float64 // ms/s; runner: the runner and its reaped children (runc)
 }
 
 var (
@@ -72,6 +84,15 @@ var (
 //     time and its reaped children's (runc) — with BENCH_DENSITY_PROFILE=PREFIX also
 //     CPU profiles of the runner over the 2nd and the last tenth (PREFIX-early.prof,
 //     PREFIX-late.prof; not together with -cpuprofile);
+//   - for N ≥ 100, where the host's CPU went over the 2nd and the last tenth: busy and
+//     idle, and of the busy the runner and runc (as above), the sandboxes' cgroups and
+//     the rest, in ms/s and per create. The sandboxes' cgroups hold what the line above
+//     leaves out: `runc init` is charged there from its start (it joins the cgroup before
+//     it sets up the container: mounts, pivot_root) and becomes the agent, which is never
+//     the runner's child — so a create's runc init and its agent's start are counted
+//     there, with the first exec and the sandbox's commands. And at N, the threads on the
+//     host and in the sandboxes' cgroups, and the runner's open descriptors (what the
+//     kernel walks per create: docs/network.md);
 //   - host memory per idle sandbox at N, two ways (hostmem_test.go): the drop of the host's
 //     MemAvailable / N, and (the sandboxes' cgroups + the runner's PSS growth) / N
 //     (target ≤ 5 MiB);
@@ -120,6 +141,9 @@ func runDensity(b *testing.B) densityResult {
 		done []time.Time
 		cpu  []cpuSample // this process's and its reaped children's CPU at each done
 		errs []error
+		// marks: the host's CPU at the ends of the tenths hostSplit covers (at done
+		// counts n/10, 2n/10, 9n/10 and n), read only there (under mu, ~0.1 ms each).
+		marks = map[int]cpuMark{}
 	)
 	prof := startDensityProfiles(b, n)
 	create := func(count int) {
@@ -142,6 +166,9 @@ func runDensity(b *testing.B) densityResult {
 						ids = append(ids, id)
 						done = append(done, time.Now())
 						cpu = append(cpu, cpuUsed())
+						if d := len(ids); n >= 100 && (d == n/10 || d == 2*n/10 || d == n-n/10 || d == n) {
+							marks[d] = markCPU(time.Now())
+						}
 						prof.at(len(ids))
 					}
 					mu.Unlock()
@@ -166,6 +193,9 @@ func runDensity(b *testing.B) densityResult {
 	// The CPU at 10 for the tenth that starts there, without the measurements' (the
 	// pause's).
 	cpu10 := cpuUsed()
+	if n >= 100 && n/10 == 10 { // the 2nd tenth starts here, after the measurements
+		marks[10] = markCPU(time.Now())
+	}
 	prof.afterPause()
 	t1 := time.Now()
 	create(n - 10)
@@ -202,6 +232,11 @@ func runDensity(b *testing.B) densityResult {
 			}
 		}
 	}
+	if n >= 100 {
+		r.hostSplit[0] = splitCPU(marks[n/10], marks[2*n/10], 2*n/10-n/10)
+		r.hostSplit[1] = splitCPU(marks[n-n/10], marks[n], n/10)
+	}
+	r.hostThreads, r.sandboxThreads, r.runnerFDs = hostThreads(), cgroupTasks(env.CgroupParent), openFDs()
 	idleSettle()
 	avail1, pss1, cg1 := memAvailable(), selfPSS(), cgroupMemory(env.CgroupParent)
 	r.availPer = mib(avail0-avail1) / float64(n)
@@ -224,7 +259,15 @@ func runDensity(b *testing.B) densityResult {
 		fmt.Printf("density: of which the runner sys  %.1f\n", rs)
 		fmt.Printf("density: of which runc etc. user  %.1f\n", cu)
 		fmt.Printf("density: of which runc etc. sys   %.1f\n", cs)
+		for i, h := range r.hostSplit {
+			per := func(v float64) float64 { return v * h.secs / float64(h.creates) }
+			fmt.Printf("density: the host's CPU over the %s tenth (%d creates in %.1f s), ms/s [ms per create]: busy %.0f, idle %.0f; "+
+				"of the busy: the runner and runc %.0f [%.1f], the sandboxes' cgroups (agents starting, first execs, commands) %.0f [%.1f], the rest (other processes, kernel threads, interrupts) %.0f [%.1f]\n",
+				[]string{"2nd", "last"}[i], h.creates, h.secs, h.busy, h.idle, h.runner, per(h.runner), h.sandboxes, per(h.sandboxes), h.other, per(h.other))
+		}
 	}
+	fmt.Printf("density: at %d: %d threads on the host, %d in the sandboxes' cgroups (%.1f per sandbox); the runner holds %d descriptors (%.1f per sandbox)\n",
+		n, r.hostThreads, r.sandboxThreads, float64(r.sandboxThreads)/float64(n), r.runnerFDs, float64(r.runnerFDs)/float64(n))
 	fmt.Printf("density: host memory per idle sandbox at %d: MemAvailable drop %.2f MiB; cgroups %.2f + runner PSS growth %.2f = %.2f MiB (target ≤ 5 MiB)\n",
 		n, r.availPer, r.cgroupPer, r.runnerPer, r.cgroupPer+r.runnerPer)
 	fmt.Printf("density: exec of /bin/true at 10: p50 %.2f ms p99 %.2f ms; at %d: p50 %.2f ms p99 %.2f ms; p99 ratio %.2f (target ≤ 1.5)\n",
@@ -460,5 +503,164 @@ func TestDensityProfiles(t *testing.T) {
 	q.at(20)
 	if q.err == nil || q.f != nil {
 		t.Fatalf("a profile that cannot start: err %v, running %v", q.err, q.f != nil)
+	}
+}
+
+// cpuMark is the CPU used so far at a moment: the host's (all CPUs), this process's and
+// its reaped children's, and the sandboxes' cgroups'.
+type cpuMark struct {
+	at        time.Time
+	host      hostCPUTimes
+	runner    cpuSample
+	sandboxes time.Duration
+}
+
+func markCPU(at time.Time) cpuMark {
+	return cpuMark{at: at, host: hostCPU(), runner: cpuUsed(), sandboxes: cgroupCPU(env.CgroupParent)}
+}
+
+// splitCPU is where the host's CPU went from a to b, over creates creates.
+func splitCPU(a, b cpuMark, creates int) hostSplit {
+	secs := b.at.Sub(a.at).Seconds()
+	if secs <= 0 || creates <= 0 || a.at.IsZero() {
+		return hostSplit{creates: max(creates, 1), secs: 1}
+	}
+	rate := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / secs }
+	h := hostSplit{creates: creates, secs: secs,
+		busy:      rate(b.host.busy - a.host.busy),
+		idle:      rate(b.host.idle - a.host.idle),
+		runner:    rate(b.runner.sub(a.runner).total()),
+		sandboxes: rate(b.sandboxes - a.sandboxes),
+	}
+	h.other = h.busy - h.runner - h.sandboxes
+	return h
+}
+
+// hostCPUTimes is the host's CPU time over all CPUs since boot: busy (user, nice,
+// system, irq, softirq, steal) and idle (idle, iowait).
+type hostCPUTimes struct{ busy, idle time.Duration }
+
+func hostCPU() hostCPUTimes {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return hostCPUTimes{}
+	}
+	t, _ := parseProcStat(data)
+	return t
+}
+
+// parseProcStat reads /proc/stat's "cpu" line (in USER_HZ, 100 on Linux: clock_t units
+// of 10 ms).
+func parseProcStat(data []byte) (hostCPUTimes, error) {
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return hostCPUTimes{}, fmt.Errorf("/proc/stat: no cpu line: %q", line)
+	}
+	var v [8]int64 // user nice system idle iowait irq softirq steal
+	for i := range v {
+		if 1+i >= len(f) {
+			break
+		}
+		n, err := strconv.ParseInt(f[1+i], 10, 64)
+		if err != nil {
+			return hostCPUTimes{}, fmt.Errorf("/proc/stat field %d: %w", i+1, err)
+		}
+		v[i] = n
+	}
+	tick := 10 * time.Millisecond
+	return hostCPUTimes{
+		busy: time.Duration(v[0]+v[1]+v[2]+v[5]+v[6]+v[7]) * tick,
+		idle: time.Duration(v[3]+v[4]) * tick,
+	}, nil
+}
+
+// hostThreads is the number of threads on the host (/proc/loadavg's "running/total").
+func hostThreads() int {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	n, _ := parseLoadavgThreads(data)
+	return n
+}
+
+func parseLoadavgThreads(data []byte) (int, error) {
+	f := strings.Fields(string(data))
+	if len(f) < 4 {
+		return 0, fmt.Errorf("/proc/loadavg: %q", data)
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return 0, fmt.Errorf("/proc/loadavg field 4: %q", f[3])
+	}
+	return strconv.Atoi(total)
+}
+
+// cgroupTasks is the number of tasks (threads) in the cgroup parent's tree (the pids
+// controller's pids.current, cgroup v1 or v2), or 0.
+func cgroupTasks(parent string) int {
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup/pids", parent, "pids.current"),
+		filepath.Join("/sys/fs/cgroup", parent, "pids.current"),
+		filepath.Join("/sys/fs/cgroup/unified", parent, "pids.current"),
+	} {
+		if data, err := os.ReadFile(p); err == nil {
+			n, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+			return n
+		}
+	}
+	return 0
+}
+
+// openFDs is the number of this process's open descriptors.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
+}
+
+// TestDensityHostCPU: the host CPU split reads /proc/stat's cpu line (busy and idle
+// apart), /proc/loadavg's thread total, and divides a stretch's CPU by its seconds.
+func TestDensityHostCPU(t *testing.T) {
+	h, err := parseProcStat([]byte("cpu  100 5 50 1000 20 3 2 1 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (100 + 5 + 50 + 3 + 2 + 1) * 10 * time.Millisecond; h.busy != want {
+		t.Errorf("busy %v, want %v", h.busy, want)
+	}
+	if want := (1000 + 20) * 10 * time.Millisecond; h.idle != want {
+		t.Errorf("idle %v, want %v", h.idle, want)
+	}
+	if _, err := parseProcStat([]byte("intr 1 2 3\n")); err == nil {
+		t.Error("no cpu line: no error")
+	}
+	if n, err := parseLoadavgThreads([]byte("0.50 0.40 0.30 3/9123 4567\n")); err != nil || n != 9123 {
+		t.Errorf("loadavg threads %d, %v; want 9123", n, err)
+	}
+	if _, err := parseLoadavgThreads([]byte("0.50 0.40\n")); err == nil {
+		t.Error("short loadavg: no error")
+	}
+	t0 := time.Unix(1000, 0)
+	a := cpuMark{at: t0, host: hostCPUTimes{busy: time.Second, idle: time.Second},
+		runner: cpuSample{selfUser: 100 * time.Millisecond}, sandboxes: 50 * time.Millisecond}
+	b := cpuMark{at: t0.Add(2 * time.Second), host: hostCPUTimes{busy: 4 * time.Second, idle: 2 * time.Second},
+		runner: cpuSample{selfUser: 900 * time.Millisecond, kidsSys: 1200 * time.Millisecond}, sandboxes: 650 * time.Millisecond}
+	s := splitCPU(a, b, 40)
+	// 3 s busy, 1 s idle, runner 2 s, sandboxes 0.6 s over 2 s.
+	if s.busy != 1500 || s.idle != 500 || s.runner != 1000 || s.sandboxes != 300 || s.other != 200 {
+		t.Errorf("split %+v", s)
+	}
+	if z := splitCPU(cpuMark{}, b, 40); z.busy != 0 || z.secs != 1 {
+		t.Errorf("from an unset mark: %+v", z)
+	}
+	if got := cgroupTasks("no-such-cgroup-parent-for-this-test"); got != 0 {
+		t.Errorf("tasks of a missing cgroup: %d", got)
+	}
+	if openFDs() < 3 {
+		t.Errorf("open descriptors %d", openFDs())
 	}
 }
