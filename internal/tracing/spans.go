@@ -46,7 +46,12 @@ func tracer() trace.Tracer {
 	if c := lastTracer.Load(); c != nil && c.tp == tp {
 		return c.t
 	}
-	t := tp.Tracer(instrumentation)
+	var t trace.Tracer
+	if p, ok := tp.(*provider); ok {
+		t = p.lean // Setup's: this package's spans are the lean tracer's
+	} else {
+		t = tp.Tracer(instrumentation)
+	}
 	if reflect.TypeOf(tp).Comparable() {
 		lastTracer.Store(&providerTracer{tp: tp, t: t})
 	}
@@ -144,7 +149,11 @@ var (
 // start starts a span of p with opts as a child of ctx's span.
 func (p *procSpans) start(ctx context.Context, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
 	ctx, sp := tracer().Start(ctx, p.name, opts...)
-	sp.SetAttributes(p.attrs...) // not copied: the SDK appends them to the span's own
+	if s, ok := sp.(*span); ok {
+		s.setShared(p.attrs) // kept by reference
+	} else {
+		sp.SetAttributes(p.attrs...) // not copied: the SDK appends them to the span's own
+	}
 	return ctx, sp
 }
 

@@ -157,7 +157,9 @@ func byName(spans []sdktrace.ReadOnlySpan) map[string][]sdktrace.ReadOnlySpan {
 // TestOneTraceAcrossHops: a public call is a new trace linking the caller's; the runner
 // hop continues it (parent links intact); the agent gets the runner's client span as its
 // parent in traceparent; no span carries more than the procedure.
-func TestOneTraceAcrossHops(t *testing.T) {
+func TestOneTraceAcrossHops(t *testing.T) { bothRecorders(t, testOneTraceAcrossHops) }
+
+func testOneTraceAcrossHops(t *testing.T, recorder func(*testing.T, float64) ender) {
 	rec := recorder(t, 1)
 	gw, agent, _ := chain(t)
 	req := connect.NewRequest(&agentv1.ExecRequest{Command: []string{"echo", "secret-arg"}})
@@ -218,7 +220,9 @@ func TestOneTraceAcrossHops(t *testing.T) {
 }
 
 // TestErrorStatusCodeOnly: a failed call's spans have the code, not the message.
-func TestErrorStatusCodeOnly(t *testing.T) {
+func TestErrorStatusCodeOnly(t *testing.T) { bothRecorders(t, testErrorStatusCodeOnly) }
+
+func testErrorStatusCodeOnly(t *testing.T, recorder func(*testing.T, float64) ender) {
 	rec := recorder(t, 1)
 	gw, _, runner := chain(t)
 	runner.fail = true
@@ -235,7 +239,9 @@ func TestErrorStatusCodeOnly(t *testing.T) {
 
 // TestUntracedClientCall: a call made outside any trace (a background loop) makes no
 // span and sends no traceparent.
-func TestUntracedClientCall(t *testing.T) {
+func TestUntracedClientCall(t *testing.T) { bothRecorders(t, testUntracedClientCall) }
+
+func testUntracedClientCall(t *testing.T, recorder func(*testing.T, float64) ender) {
 	rec := recorder(t, 1)
 	agent := &hop{}
 	c := client(serve(t, agent), Client())
@@ -257,7 +263,9 @@ func TestUntracedClientCall(t *testing.T) {
 // TestStreamAndSteps: a server stream's client span ends when the response is closed;
 // Step and Child record children of the trace, also after the parent ended (a start that
 // outlives its create call).
-func TestStreamAndSteps(t *testing.T) {
+func TestStreamAndSteps(t *testing.T) { bothRecorders(t, testStreamAndSteps) }
+
+func testStreamAndSteps(t *testing.T, recorder func(*testing.T, float64) ender) {
 	rec := recorder(t, 1)
 	agent := &hop{}
 	c := client(serve(t, agent), Client())
@@ -293,7 +301,9 @@ func TestStreamAndSteps(t *testing.T) {
 
 // TestCallerCannotForceSampling: with ratio 0 a caller's sampled traceparent records
 // nothing, here or downstream.
-func TestCallerCannotForceSampling(t *testing.T) {
+func TestCallerCannotForceSampling(t *testing.T) { bothRecorders(t, testCallerCannotForceSampling) }
+
+func testCallerCannotForceSampling(t *testing.T, recorder func(*testing.T, float64) ender) {
 	rec := recorder(t, 0)
 	gw, agent, _ := chain(t)
 	req := connect.NewRequest(&agentv1.ExecRequest{})
