@@ -84,7 +84,16 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(remote.Close)
-	gw, id := serveGateway(b, remote)
+	gw, _ := serveGateway(b, remote)
+	// The execs' sandbox lives for an hour (the default lifetime, 10 minutes, is shorter
+	// than a run of 50 rounds on a loaded machine).
+	long := gatewaySleeper()
+	long.Sandbox.Spec.MaxLifetimeSeconds = 3600
+	res, err := gw.CreateSandbox(ctx, connect.NewRequest(long))
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := res.Msg.GetSandboxId()
 
 	prev := otel.GetTracerProvider()
 	shutdown, err := tracing.Setup(ctx, tracing.Config{Endpoint: "http://" + j.OTLPGRPC, ServiceName: "sandboxd-bench", SampleRatio: 1}, nil)
