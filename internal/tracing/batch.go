@@ -66,13 +66,6 @@ func (b *batcher) OnEnd(s sdktrace.ReadOnlySpan) {
 	if !s.SpanContext().IsSampled() {
 		return
 	}
-	b.add(s)
-}
-
-// onEndLean queues a lean tracer's span that has ended (a sampled one).
-func (b *batcher) onEndLean(s *span) { b.add(s) }
-
-func (b *batcher) add(s sdktrace.ReadOnlySpan) {
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()

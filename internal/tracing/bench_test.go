@@ -35,11 +35,10 @@ func (d *discard) Shutdown(context.Context) error { return nil }
 // BenchmarkChain: an exec through the interceptors of the three hops (public server →
 // client → internal server → client → agent, over loopback HTTP) with tracing off, and
 // on with every call sampled and its 4 spans exported in batches (to an exporter that
-// drops them) by the SDK's BatchSpanProcessor and by Setup's batcher, and as Setup
-// traces (lean: the lean tracer's spans and the batcher). The difference
+// drops them) by the SDK's BatchSpanProcessor and by Setup's batcher. The difference
 // to off is the in-process cost of tracing a call (allocs/op exactly).
 func BenchmarkChain(b *testing.B) {
-	for _, mode := range []string{"off", "sdk-batch", "batcher", "lean"} {
+	for _, mode := range []string{"off", "sdk-batch", "batcher"} {
 		b.Run(mode, func(b *testing.B) {
 			prev := otel.GetTracerProvider()
 			b.Cleanup(func() { otel.SetTracerProvider(prev) })
@@ -48,10 +47,6 @@ func BenchmarkChain(b *testing.B) {
 				otel.SetTracerProvider(noop.NewTracerProvider())
 			case "sdk-batch":
 				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(&discard{}, sdktrace.WithBatchTimeout(time.Second)))
-				b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-				otel.SetTracerProvider(tp)
-			case "lean":
-				tp := newProvider(newBatcher(&discard{}, time.Second, batchQueueSize, batchSize), 1, testResource)
 				b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 				otel.SetTracerProvider(tp)
 			case "batcher":

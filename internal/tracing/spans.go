@@ -46,12 +46,7 @@ func tracer() trace.Tracer {
 	if c := lastTracer.Load(); c != nil && c.tp == tp {
 		return c.t
 	}
-	var t trace.Tracer
-	if p, ok := tp.(*provider); ok {
-		t = p.lean // Setup's: this package's spans are the lean tracer's
-	} else {
-		t = tp.Tracer(instrumentation)
-	}
+	t := tp.Tracer(instrumentation)
 	if reflect.TypeOf(tp).Comparable() {
 		lastTracer.Store(&providerTracer{tp: tp, t: t})
 	}
@@ -149,11 +144,7 @@ var (
 // start starts a span of p with opts as a child of ctx's span.
 func (p *procSpans) start(ctx context.Context, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
 	ctx, sp := tracer().Start(ctx, p.name, opts...)
-	if s, ok := sp.(*span); ok {
-		s.setShared(p.attrs) // kept by reference
-	} else {
-		sp.SetAttributes(p.attrs...) // not copied: the SDK appends them to the span's own
-	}
+	sp.SetAttributes(p.attrs...) // not copied: the SDK appends them to the span's own
 	return ctx, sp
 }
 

@@ -8,7 +8,6 @@ import (
 
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // execSpans does what the interceptors do for one traced exec, without the calls: the
@@ -36,25 +35,17 @@ func execSpans(ctx context.Context, h *[3]http.Header) {
 func newHeaders() *[3]http.Header { return &[3]http.Header{{}, {}, {}} }
 
 // BenchmarkExecSpans: the in-process cost of tracing one exec (4 spans, 2 injections, 1
-// extraction; exported in batches to an exporter that drops them) with the SDK's spans
-// and its BatchSpanProcessor (sdk-batch), the SDK's spans and Setup's batcher (batcher),
-// and as Setup traces: the lean tracer's spans and the batcher (lean), in time, CPU time
-// (the export goroutine's wake-ups and, for lean, the spans' snapshots included) and
-// allocations.
+// extraction; exported in batches to an exporter that drops them) with Setup's batcher
+// and with the SDK's BatchSpanProcessor, in time, CPU time (the export goroutine's
+// wake-ups included) and allocations.
 func BenchmarkExecSpans(b *testing.B) {
-	for _, mode := range []string{"sdk-batch", "batcher", "lean"} {
+	for _, mode := range []string{"sdk-batch", "batcher"} {
 		b.Run(mode, func(b *testing.B) {
 			var sp sdktrace.SpanProcessor = newBatcher(&discard{}, time.Second, batchQueueSize, batchSize)
 			if mode == "sdk-batch" {
 				sp = sdktrace.NewBatchSpanProcessor(&discard{}, sdktrace.WithBatchTimeout(time.Second))
 			}
-			var tp interface {
-				trace.TracerProvider
-				Shutdown(context.Context) error
-			} = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp))
-			if mode == "lean" { // Setup's
-				tp = newProvider(newBatcher(&discard{}, time.Second, batchQueueSize, batchSize), 1, testResource)
-			}
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp))
 			prev := otel.GetTracerProvider()
 			otel.SetTracerProvider(tp)
 			b.Cleanup(func() { _ = tp.Shutdown(context.Background()); otel.SetTracerProvider(prev) })

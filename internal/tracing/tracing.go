@@ -169,7 +169,17 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (shutdown func(conte
 		attribute.String("service.name", c.ServiceName),
 		attribute.String("service.version", version.String()),
 	)
-	tp := newProvider(newBatcher(exp, cmp.Or(c.BatchTimeout, defaultBatchTimeout), batchQueueSize, batchSize), c.SampleRatio, res)
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithSpanProcessor(newBatcher(exp, cmp.Or(c.BatchTimeout, defaultBatchTimeout), batchQueueSize, batchSize)),
+		sdktrace.WithResource(res),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SampleRatio))),
+		// Bounds per span (every one given: a raw limit of 0 allows none). No span of ours
+		// comes near them.
+		sdktrace.WithRawSpanLimits(sdktrace.SpanLimits{
+			AttributeValueLengthLimit: 256, AttributeCountLimit: 32, EventCountLimit: 32,
+			LinkCountLimit: 4, AttributePerEventCountLimit: 8, AttributePerLinkCountLimit: 8,
+		}),
+	)
 	otel.SetErrorHandler(rateLimited(log))
 	otel.SetTracerProvider(tp)
 	log.Info("tracing on", "otlp_endpoint", u.Scheme+"://"+u.Host, "protocol", cmp.Or(c.Protocol, ProtocolGRPC), "sample_ratio", c.SampleRatio)

@@ -157,9 +157,7 @@ func byName(spans []sdktrace.ReadOnlySpan) map[string][]sdktrace.ReadOnlySpan {
 // TestOneTraceAcrossHops: a public call is a new trace linking the caller's; the runner
 // hop continues it (parent links intact); the agent gets the runner's client span as its
 // parent in traceparent; no span carries more than the procedure.
-func TestOneTraceAcrossHops(t *testing.T) { bothRecorders(t, testOneTraceAcrossHops) }
-
-func testOneTraceAcrossHops(t *testing.T, recorder func(*testing.T, float64) ender) {
+func TestOneTraceAcrossHops(t *testing.T) {
 	rec := recorder(t, 1)
 	gw, agent, _ := chain(t)
 	req := connect.NewRequest(&agentv1.ExecRequest{Command: []string{"echo", "secret-arg"}})
@@ -220,9 +218,7 @@ func testOneTraceAcrossHops(t *testing.T, recorder func(*testing.T, float64) end
 }
 
 // TestErrorStatusCodeOnly: a failed call's spans have the code, not the message.
-func TestErrorStatusCodeOnly(t *testing.T) { bothRecorders(t, testErrorStatusCodeOnly) }
-
-func testErrorStatusCodeOnly(t *testing.T, recorder func(*testing.T, float64) ender) {
+func TestErrorStatusCodeOnly(t *testing.T) {
 	rec := recorder(t, 1)
 	gw, _, runner := chain(t)
 	runner.fail = true
@@ -239,9 +235,7 @@ func testErrorStatusCodeOnly(t *testing.T, recorder func(*testing.T, float64) en
 
 // TestUntracedClientCall: a call made outside any trace (a background loop) makes no
 // span and sends no traceparent.
-func TestUntracedClientCall(t *testing.T) { bothRecorders(t, testUntracedClientCall) }
-
-func testUntracedClientCall(t *testing.T, recorder func(*testing.T, float64) ender) {
+func TestUntracedClientCall(t *testing.T) {
 	rec := recorder(t, 1)
 	agent := &hop{}
 	c := client(serve(t, agent), Client())
@@ -263,9 +257,7 @@ func testUntracedClientCall(t *testing.T, recorder func(*testing.T, float64) end
 // TestStreamAndSteps: a server stream's client span ends when the response is closed;
 // Step and Child record children of the trace, also after the parent ended (a start that
 // outlives its create call).
-func TestStreamAndSteps(t *testing.T) { bothRecorders(t, testStreamAndSteps) }
-
-func testStreamAndSteps(t *testing.T, recorder func(*testing.T, float64) ender) {
+func TestStreamAndSteps(t *testing.T) {
 	rec := recorder(t, 1)
 	agent := &hop{}
 	c := client(serve(t, agent), Client())
@@ -301,9 +293,7 @@ func testStreamAndSteps(t *testing.T, recorder func(*testing.T, float64) ender) 
 
 // TestCallerCannotForceSampling: with ratio 0 a caller's sampled traceparent records
 // nothing, here or downstream.
-func TestCallerCannotForceSampling(t *testing.T) { bothRecorders(t, testCallerCannotForceSampling) }
-
-func testCallerCannotForceSampling(t *testing.T, recorder func(*testing.T, float64) ender) {
+func TestCallerCannotForceSampling(t *testing.T) {
 	rec := recorder(t, 0)
 	gw, agent, _ := chain(t)
 	req := connect.NewRequest(&agentv1.ExecRequest{})
