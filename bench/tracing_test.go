@@ -12,20 +12,22 @@ import (
 
 	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sandboxd/sandboxd/bench/abstat"
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/tracing"
 	"github.com/sandboxd/sandboxd/internal/tracing/jaegertest"
 )
 
-// BenchmarkTracingOverhead: tracing on (every call sampled, exported over OTLP/gRPC to a
-// real Jaeger, scripts/build-jaeger.sh) vs off, interleaved in the same run, through a
+// BenchmarkTracingOverhead: metrics and tracing on (the process's Prometheus metrics
+// recorded; every call sampled, exported over OTLP/gRPC to a real Jaeger,
+// scripts/build-jaeger.sh) vs both off (no metric recorded: counters.SetRecording; no
+// span: the no-op tracer provider), interleaved in the same run, through a
 // gateway and a runner behind runnerapi over mTLS (both hops traced, and the runner's
 // agent hop): the exec round trip of /bin/true (30 a round in each mode) and create → the
 // first exec has returned (4 a round in each mode, BENCH_TRACING_CREATES to change it; no
@@ -82,7 +84,16 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(remote.Close)
-	gw, id := serveGateway(b, remote)
+	gw, _ := serveGateway(b, remote)
+	// The execs' sandbox lives for an hour (the default lifetime, 10 minutes, is shorter
+	// than a run of 50 rounds on a loaded machine).
+	long := gatewaySleeper()
+	long.Sandbox.Spec.MaxLifetimeSeconds = 3600
+	res, err := gw.CreateSandbox(ctx, connect.NewRequest(long))
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := res.Msg.GetSandboxId()
 
 	prev := otel.GetTracerProvider()
 	shutdown, err := tracing.Setup(ctx, tracing.Config{Endpoint: "http://" + j.OTLPGRPC, ServiceName: "sandboxd-bench", SampleRatio: 1}, nil)
@@ -117,23 +128,29 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		b.StartTimer()
 		return d
 	}
-	// Warm up: connections, the image cache, the exporter's connection.
-	for _, tp := range []trace.TracerProvider{on, off} {
-		otel.SetTracerProvider(tp)
-		for range 3 {
-			exec(gw, id)
-		}
-		createFirst()
-	}
-
-	var execs, creates, execCPU abstat.Rounds // A: traced
+	// use switches metrics and tracing on or off together: the off mode records no metric
+	// (counters.SetRecording: the gateway's API interceptor and every other hook return at
+	// once) and traces nothing (OpenTelemetry's no-op tracer provider, as a process
+	// without --otlp-endpoint).
 	use := func(traced bool) {
+		counters.SetRecording(traced)
 		if traced {
 			otel.SetTracerProvider(on)
 		} else {
 			otel.SetTracerProvider(off)
 		}
 	}
+	// Warm up: connections, the image cache, the exporter's connection.
+	b.Cleanup(func() { counters.SetRecording(true) })
+	for _, mode := range []bool{true, false} {
+		use(mode)
+		for range 3 {
+			exec(gw, id)
+		}
+		createFirst()
+	}
+
+	var execs, creates, execCPU abstat.Rounds // A: metrics and tracing on
 	// abba is whether the k-th call of round i is traced: A B B A A B B A …, A being on in
 	// even rounds and off in odd ones, so that both modes see the same moments of a shared
 	// machine and neither always follows the other.
@@ -160,7 +177,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	otel.SetTracerProvider(on)
+	use(true)
 	eOn, _ := percentiles(b, "exec-traced", execs.All(true))
 	eOff, _ := percentiles(b, "exec-untraced", execs.All(false))
 	cOn, _ := percentiles(b, "create-first-exec-traced", creates.All(true))
@@ -186,7 +203,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	b.ReportMetric(eq.Hi, "exec-pair-ratio-ci95-hi")
 	b.ReportMetric(cq.Median, "create-first-exec-pair-ratio-median")
 	b.ReportMetric(cq.Hi, "create-first-exec-pair-ratio-ci95-hi")
-	fmt.Printf("tracing on (OTLP/gRPC to Jaeger, all sampled) vs off, gateway → runner over mTLS, %d rounds (ABBA), %d execs and %d creates each:\n",
+	fmt.Printf("metrics and tracing on (OTLP/gRPC to Jaeger, all sampled) vs both off, gateway → runner over mTLS, %d rounds (ABBA), %d execs and %d creates each:\n",
 		b.N, len(execs.All(true)), len(creates.All(true)))
 	for _, m := range []struct {
 		name                   string

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 )
 
 // Scopes of a runner health transition: the runner's state for every organization, or
@@ -69,6 +71,9 @@ func (m *Metrics) RegisterRunnerHealth(runners []string, states func() map[strin
 
 // RunnerHealthTransition counts one change of a runner's health state.
 func (m *Metrics) RunnerHealthTransition(runner, scope, from, to string) {
+	if !counters.Recording() {
+		return
+	}
 	if scope != HealthScopeOrganization {
 		scope = HealthScopeRunner
 	}

@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -23,7 +24,7 @@ type index struct {
 
 func (x index) Create(ctx context.Context, s store.Sandbox) (store.Sandbox, error) {
 	out, err := x.Sandboxes.Create(ctx, s)
-	if err == nil {
+	if err == nil && counters.Recording() {
 		x.m.Created(out.ID, out.CreatedAt)
 		x.m.StateChanged(out.ID, out.State, out.EndedAt != nil)
 		x.m.markStale()
@@ -33,7 +34,7 @@ func (x index) Create(ctx context.Context, s store.Sandbox) (store.Sandbox, erro
 
 func (x index) UpdateStatus(ctx context.Context, org, id string, u store.SandboxStatusUpdate) (store.Sandbox, error) {
 	out, err := x.Sandboxes.UpdateStatus(ctx, org, id, u)
-	if err == nil {
+	if err == nil && counters.Recording() {
 		x.m.StateChanged(id, out.State, out.EndedAt != nil)
 		x.m.markStale()
 	}

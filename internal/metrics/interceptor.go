@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 )
 
 // Services the API interceptor records: the public API (gateway) and the runner's direct
@@ -25,7 +27,8 @@ var streamKinds = map[string]string{
 
 // Interceptor records the API calls it sees under path (PathGateway or PathDirect):
 // creates and deletes by result and reason, exec latency, file reads and writes (latency
-// and bytes) and open streams. It adds no labels from requests.
+// and bytes) and open streams. It adds no labels from requests. While recording is off
+// (counters.SetRecording) it passes calls through untouched.
 func (m *Metrics) Interceptor(path string) connect.Interceptor {
 	if path != PathDirect {
 		path = PathGateway
@@ -53,7 +56,7 @@ type contentHolder interface{ GetContent() []byte }
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		meth := method(req.Spec().Procedure)
-		if meth == "" || req.Spec().IsClient {
+		if meth == "" || req.Spec().IsClient || !counters.Recording() {
 			return next(ctx, req)
 		}
 		start := time.Now()
@@ -96,7 +99,7 @@ func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conne
 func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		kind, ok := streamKinds[method(conn.Spec().Procedure)]
-		if !ok {
+		if !ok || !counters.Recording() {
 			return next(ctx, conn)
 		}
 		g := i.m.streams.WithLabelValues(kind, i.path)

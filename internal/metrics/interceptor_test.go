@@ -14,6 +14,7 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 )
 
 type stubService struct {
@@ -157,4 +158,60 @@ func TestInterceptorDirect(t *testing.T) {
 		t.Errorf("stream still counted after it ended:\n%s", grepLines(scrape, "cwsandbox_streams"))
 	}
 	lint(t, m)
+}
+
+// TestRecordingOff: with recording switched off (counters.SetRecording, what the
+// overhead benchmark's off mode uses) calls through the interceptor, the Observe* hooks
+// and the counters package record nothing; switched on again, they record as before.
+func TestRecordingOff(t *testing.T) {
+	m := New()
+	path, h := sandboxv1connect.NewSandboxServiceHandler(stubService{}, connect.WithInterceptors(m.Interceptor(PathGateway)))
+	mux := http.NewServeMux()
+	mux.Handle(path, h)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c := sandboxv1connect.NewSandboxServiceClient(srv.Client(), srv.URL)
+	ctx := context.Background()
+	calls := func() {
+		t.Helper()
+		m.Created("x", time.Now())
+		if _, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: "x"})); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: "x"})); err != nil {
+			t.Fatal(err)
+		}
+		m.ObserveFile(OpRead, PathGateway, time.Millisecond, 3, nil)
+		counters.StoreOp(counters.StoreExec, time.Millisecond)
+	}
+	const store = `cwsandbox_store_operation_duration_seconds_count{op="exec"}`
+	before := counters.Values()[store]
+	counters.SetRecording(false)
+	t.Cleanup(func() { counters.SetRecording(true) })
+	calls()
+	scrape := gather(t, m)
+	for _, absent := range []string{"cwsandbox_exec_duration_seconds_count", "cwsandbox_sandbox_deletes_total{", "cwsandbox_file_bytes_total{", "cwsandbox_sandbox_create_to_first_exec_seconds_count 1"} {
+		if strings.Contains(scrape, absent) {
+			t.Errorf("recorded while off: %s in:\n%s", absent, grepLines(scrape, "cwsandbox_"))
+		}
+	}
+	if got := counters.Values()[store]; got != before {
+		t.Errorf("store op recorded while off: %v, was %v", got, before)
+	}
+	counters.SetRecording(true)
+	calls()
+	scrape = gather(t, m)
+	for _, want := range []string{
+		`cwsandbox_exec_duration_seconds_count{path="gateway",result="ok"} 1`,
+		`cwsandbox_sandbox_deletes_total{reason="",result="ok"} 1`,
+		`cwsandbox_file_bytes_total{op="read",path="gateway"} 3`,
+		`cwsandbox_sandbox_create_to_first_exec_seconds_count 1`,
+	} {
+		if !strings.Contains(scrape, want+"\n") {
+			t.Errorf("missing %s once recording is on again:\n%s", want, grepLines(scrape, "cwsandbox_"))
+		}
+	}
+	if got := counters.Values()[store]; got != before+1 {
+		t.Errorf("store ops: %v, want %v", got, before+1)
+	}
 }

@@ -153,6 +153,9 @@ const (
 
 // AuditWriteFailed counts one audit event that could not be stored because of err.
 func (m *Metrics) AuditWriteFailed(err error) {
+	if !counters.Recording() {
+		return
+	}
 	reason := AuditFailError
 	if errors.Is(err, context.DeadlineExceeded) {
 		reason = AuditFailTimeout
@@ -226,18 +229,27 @@ func result(err error) (string, string) {
 // ObserveCreate counts one create; a successful one starts the time-to-RUNNING clock of
 // sandboxID.
 func (m *Metrics) ObserveCreate(err error) {
+	if !counters.Recording() {
+		return
+	}
 	res, reason := result(err)
 	m.creates.WithLabelValues(res, reason).Inc()
 }
 
 // ObserveDelete counts one delete.
 func (m *Metrics) ObserveDelete(err error) {
+	if !counters.Recording() {
+		return
+	}
 	res, reason := result(err)
 	m.deletes.WithLabelValues(res, reason).Inc()
 }
 
 // ObserveExec records one unary exec's duration on path (PathGateway or PathDirect).
 func (m *Metrics) ObserveExec(path string, d time.Duration, err error) {
+	if !counters.Recording() {
+		return
+	}
 	if path != PathDirect {
 		path = PathGateway
 	}
@@ -262,6 +274,9 @@ const (
 // ObserveFile records one ReadFile or WriteFile (op OpRead or OpWrite) on path
 // (PathGateway or PathDirect): its duration and, when it succeeded, its n content bytes.
 func (m *Metrics) ObserveFile(op, path string, d time.Duration, n int, err error) {
+	if !counters.Recording() {
+		return
+	}
 	if op != OpWrite {
 		op = OpRead
 	}
@@ -279,6 +294,9 @@ func (m *Metrics) ObserveFile(op, path string, d time.Duration, n int, err error
 // createdAt. At most maxPending clocks of each run; the oldest beyond pendingLimit are
 // dropped first.
 func (m *Metrics) Created(id string, createdAt time.Time) {
+	if !counters.Recording() {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.startClock(m.pending, id, createdAt)
@@ -303,6 +321,9 @@ func (m *Metrics) startClock(clocks map[string]time.Time, id string, at time.Tim
 // Executed stops sandbox id's create-to-first-exec clock at its first successful exec
 // (a failed one, err != nil, leaves it running).
 func (m *Metrics) Executed(id string, err error) {
+	if !counters.Recording() {
+		return
+	}
 	if err != nil {
 		return
 	}
@@ -320,6 +341,9 @@ func (m *Metrics) Executed(id string, err error) {
 // any ended state forgets it. A sandbox this process did not create is not observed (a
 // restarted gateway re-reading RUNNING sandboxes is no new start).
 func (m *Metrics) StateChanged(id, state string, ended bool) {
+	if !counters.Recording() {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if ended {

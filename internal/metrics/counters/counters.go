@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,21 @@ const (
 	CacheMiss   = "miss"
 	Other       = "other"
 )
+
+// off is whether recording is switched off (SetRecording).
+var off atomic.Bool
+
+// SetRecording switches the recording of every metric of the process on (the default) or
+// off: while off, the recording functions of this package and the hooks of
+// internal/metrics (its API interceptor, sandbox-index wrapper and Observe* methods)
+// return at once, recording nothing and taking no lock; the series keep their values
+// and are still served. For measuring what recording costs (bench/
+// BenchmarkTracingOverhead switches it call by call): a clock started while on and
+// stopped while off (time to RUNNING, create → first exec) is not observed.
+func SetRecording(on bool) { off.Store(!on) }
+
+// Recording reports whether metrics are recorded (SetRecording).
+func Recording() bool { return !off.Load() }
 
 // Collectors returns every series of this package, for registration.
 func Collectors() []prometheus.Collector {
@@ -101,6 +117,9 @@ func bounded(v string, allowed ...string) string {
 // EgressDecision counts one egress proxy connection's decision (one of the Egress*
 // values; another is "other").
 func EgressDecision(d string) {
+	if off.Load() {
+		return
+	}
 	egressDecisions.WithLabelValues(bounded(d, egressDecisionValues...)).Inc()
 }
 
@@ -120,6 +139,9 @@ const (
 
 // StoreOp records one store operation (one of the Store* ops; another is "other").
 func StoreOp(op string, d time.Duration) {
+	if off.Load() {
+		return
+	}
 	op = bounded(op, StoreExec, StoreQuery, StoreQueryRow, StoreTx)
 	storeDuration.WithLabelValues(op).Observe(d.Seconds())
 }
@@ -152,6 +174,9 @@ type ByteCounter struct{ c prometheus.Counter }
 
 // Add counts n bytes (nothing for n <= 0).
 func (b ByteCounter) Add(n int64) {
+	if off.Load() {
+		return
+	}
 	if n > 0 {
 		b.c.Add(float64(n)) // an integer: client_golang adds it to an atomic uint64
 	}
@@ -177,11 +202,17 @@ func codeClass(code int) string {
 
 // EdgeRequest counts one request an HTTPS endpoint answered with status code.
 func EdgeRequest(code int) {
+	if off.Load() {
+		return
+	}
 	edgeRequests.WithLabelValues(EdgeKindHTTPS, codeClass(code)).Inc()
 }
 
 // EdgePassthrough counts one TLS_PASSTHROUGH connection, spliced or not.
 func EdgePassthrough(spliced bool) {
+	if off.Load() {
+		return
+	}
 	r := EdgeUnreachable
 	if spliced {
 		r = EdgeSpliced
@@ -203,6 +234,9 @@ func init() {
 // hit when it was served from the local cache (no image fetched; a failed pull is a
 // miss), its duration, and whether it failed. Bytes are counted as layers arrive (ImagePullBytes).
 func ImagePull(hit bool, d time.Duration, err error) {
+	if off.Load() {
+		return
+	}
 	cache := CacheMiss
 	if hit && err == nil {
 		cache = CacheHit
@@ -223,6 +257,9 @@ const MaxReportedImageSize = 1 << 44
 // Kubernetes backend; not bytes fetched). Sizes outside (0, MaxReportedImageSize] are
 // not counted.
 func KubeletImageSize(n int64) {
+	if off.Load() {
+		return
+	}
 	if n > 0 && n <= MaxReportedImageSize {
 		kubeletImageSize.Add(float64(n))
 	}
@@ -232,6 +269,9 @@ func KubeletImageSize(n int64) {
 // from the kubelet's events), in image_pull_duration_seconds{result="error",cache="miss"}.
 // The failure itself is counted by ImagePullFailed.
 func ImagePullFailedDuration(d time.Duration) {
+	if off.Load() {
+		return
+	}
 	if d >= 0 {
 		imagePullDuration.WithLabelValues(ResultError, CacheMiss).Observe(d.Seconds())
 	}
@@ -248,12 +288,18 @@ var pullFailureReasons = []string{
 // backend: the kubelet's waiting reason, one of pullFailureReasons; another is "other"):
 // an image_pulls_total{result="error",cache="miss"} and an image_pull_failures_total by reason.
 func ImagePullFailed(reason string) {
+	if off.Load() {
+		return
+	}
 	imagePulls.WithLabelValues(ResultError, CacheMiss).Inc()
 	imagePullFailures.WithLabelValues(bounded(reason, pullFailureReasons...)).Inc()
 }
 
 // ImagePullBytes counts n compressed layer bytes fetched.
 func ImagePullBytes(n int64) {
+	if off.Load() {
+		return
+	}
 	if n > 0 {
 		imagePullBytes.Add(float64(n))
 	}
@@ -293,6 +339,9 @@ var reasonShape = regexp.MustCompile(`^CWSANDBOX_[A-Z0-9_]{1,64}$`)
 // CWSANDBOX_* reason (another value becomes "other"), and the constraints that rejected
 // runners (one entry per runner and constraint).
 func Placement(result string, rejections []string) {
+	if off.Load() {
+		return
+	}
 	if result != ResultOK && !reasonShape.MatchString(result) {
 		result = Other
 	}
