@@ -61,6 +61,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
@@ -263,6 +264,10 @@ type sandbox struct {
 	// its Pod (none are registered again). Guarded by Backend.mu.
 	egressIPs []netip.Addr
 	egressOff bool
+	// egress: s's egress secrets (CA, placeholders, values), in this process's memory
+	// only; nil for a sandbox without them, or one recovered after a restart (its
+	// injection hosts are refused then: EgressSecrets). Set before the Pod is made.
+	egress *egress.SandboxSecrets
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -307,6 +312,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	if cfg.Egress != nil {
 		if err := cfg.Egress.check(); err != nil {
+			return nil, fmt.Errorf("kubernetes backend: Egress: %w", err)
+		}
+		if err := writeEgressRoots(ctx, cfg.Client, cfg.Namespace, cfg.Egress.Roots); err != nil {
 			return nil, fmt.Errorf("kubernetes backend: Egress: %w", err)
 		}
 	}
