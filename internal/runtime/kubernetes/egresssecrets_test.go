@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"io/fs"
 	"net/netip"
@@ -77,12 +78,12 @@ func TestEgressSecretsNoValueInObjects(t *testing.T) {
 			if !strings.HasPrefix(ph, "sbx-secret-") {
 				t.Fatalf("placeholder %q", ph)
 			}
-			_, keyPEM, _, err := s.egress.Export()
+			_, keyDER, _, err := s.egress.Export()
 			if err != nil {
 				t.Fatal(err)
 			}
-			keyB64 := keyPEM[bytes.Index(keyPEM, []byte("\n"))+1:]
-			keyB64 = keyB64[:40]
+			// The key as PEM's body (or any base64 of it) starts so; raw, as DER.
+			keyB64 := []byte(base64.StdEncoding.EncodeToString(keyDER)[:40])
 
 			// Every object the fake API server holds.
 			var blobs [][]byte
@@ -114,7 +115,7 @@ func TestEgressSecretsNoValueInObjects(t *testing.T) {
 				return nil
 			})
 			for _, bl := range blobs {
-				for what, needle := range map[string][]byte{"value": []byte(testSecretValue), "placeholder": []byte(ph), "CA key": keyB64} {
+				for what, needle := range map[string][]byte{"value": []byte(testSecretValue), "placeholder": []byte(ph), "CA key": keyB64, "CA key (DER)": keyDER} {
 					if bytes.Contains(bl, needle) {
 						t.Errorf("the %s is in an API object or a runner file: %.200s", what, bl)
 					}
