@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -239,7 +240,7 @@ func TestKubernetesEgressSecrets(t *testing.T) {
 			}
 		}
 	}
-	cm, err := s.Client.CoreV1().ConfigMaps(c.namespace).Get(ctx, kubernetes.EgressRootsConfigMap, metav1.GetOptions{})
+	cm, err := s.Client.CoreV1().ConfigMaps(c.namespace).Get(ctx, gate.EgressRootsConfigMapName(runnerID), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

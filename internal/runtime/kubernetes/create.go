@@ -374,7 +374,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	addGVisorHints(pod, class)
 	b.applyEgressPod(pod, spec)
-	applyEgressSecretsPod(pod, spec)
+	applyEgressSecretsPod(pod, spec, b.cfg.RunnerID)
 	b.addHello(pod, s)
 	b.addFiller(pod, spec)
 	applyClaims(pod, claims)

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/egress"
@@ -50,18 +52,15 @@ type EgressConfig struct {
 	ProxyPort, DNSPort int
 	// Roots is the public CA bundle sandboxes with egress secrets trust besides their
 	// own CA (bundle.pem starts with it; egress.ReadRoots): New writes it into the
-	// ConfigMap EgressRootsConfigMap of the namespace, once for all sandboxes. At most
+	// runner's ConfigMap gate.EgressRootsConfigMapName(RunnerID) of the namespace, once
+	// for all its sandboxes. PEM certificates only (New refuses anything else), at most
 	// MaxEgressRoots; nil: bundle.pem is the sandbox CA alone.
 	Roots []byte
 }
 
-// EgressRootsConfigMap is the ConfigMap of the sandbox namespace holding
-// EgressConfig.Roots (item gate.EgressRootsFile); MaxEgressRoots bounds it (a ConfigMap
-// holds at most 1 MiB).
-const (
-	EgressRootsConfigMap = "sandboxd-egress-roots"
-	MaxEgressRoots       = 900 << 10
-)
+// MaxEgressRoots bounds EgressConfig.Roots, written into the runner's ConfigMap
+// gate.EgressRootsConfigMapName (a ConfigMap holds at most 1 MiB).
+const MaxEgressRoots = 900 << 10
 
 func (c *EgressConfig) check() error {
 	switch {
@@ -75,6 +74,8 @@ func (c *EgressConfig) check() error {
 		return fmt.Errorf("proxy port %d and DNS port %d: want 1-65535", c.ProxyPort, c.DNSPort)
 	case len(c.Roots) > MaxEgressRoots:
 		return fmt.Errorf("the roots bundle has %d bytes, at most %d (a ConfigMap's limit): give a smaller one (--egress-roots)", len(c.Roots), MaxEgressRoots)
+	case len(c.Roots) > 0 && !x509.NewCertPool().AppendCertsFromPEM(c.Roots):
+		return errors.New("the roots bundle holds no PEM certificate (--egress-roots: a PEM file of CA certificates, such as /etc/ssl/certs/ca-certificates.crt)")
 	}
 	for _, a := range c.ProxyAddrs {
 		if !a.IsValid() {
@@ -342,26 +343,41 @@ func egressStartEnv(c *runtime.Container, placeholders map[string]string) []stri
 	return agentconfig.MergeEnv(nil, env)
 }
 
-// writeEgressRoots writes the roots ConfigMap (create, or update a different one).
-func writeEgressRoots(ctx context.Context, client k8s.Interface, ns string, roots []byte) error {
-	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: EgressRootsConfigMap, Namespace: ns, Labels: map[string]string{LabelManagedBy: ManagedBy}},
-		Data:       map[string]string{gate.EgressRootsFile: string(roots)},
-	}
+// writeEgressRoots writes runner runnerID's roots ConfigMap
+// (gate.EgressRootsConfigMapName): create, or update one that differs (again on a
+// conflict with a concurrent writer, a replica of the same runner).
+func writeEgressRoots(ctx context.Context, client k8s.Interface, ns, runnerID string, roots []byte) error {
+	name := gate.EgressRootsConfigMapName(runnerID)
+	data := map[string]string{gate.EgressRootsFile: string(roots)}
 	cms := client.CoreV1().ConfigMaps(ns)
-	old, err := cms.Get(ctx, EgressRootsConfigMap, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			return writeEgressRoots(ctx, client, ns, roots)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		old, err := cms.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			cm := &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRunner: runnerID}},
+				Data:       data,
+			}
+			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) { // made meanwhile: read it again
+				return apierrors.NewConflict(corev1.Resource("configmaps"), name, err)
+			}
+			return err
+		case err != nil:
+			return err
+		case maps.Equal(old.Data, data) && old.Labels[LabelRunner] == runnerID && old.Labels[LabelManagedBy] == ManagedBy:
+			return nil
 		}
-	case err == nil && old.Data[gate.EgressRootsFile] != string(roots):
-		old.Data = cm.Data
+		old.Data = data
+		if old.Labels == nil {
+			old.Labels = map[string]string{}
+		}
+		old.Labels[LabelManagedBy], old.Labels[LabelRunner] = ManagedBy, runnerID
 		_, err = cms.Update(ctx, old, metav1.UpdateOptions{})
-	}
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("roots ConfigMap %s: %w", EgressRootsConfigMap, err)
+		return fmt.Errorf("roots ConfigMap %s: %w", name, err)
 	}
 	return nil
 }
@@ -371,7 +387,7 @@ func writeEgressRoots(ctx context.Context, client k8s.Interface, ns string, root
 // gate.EgressCAFile: public) and the roots ConfigMap, and its install writes ca.pem and
 // bundle.pem into an emptyDir that every other container mounts read-only at
 // egress.CAMount. No key, value or placeholder is in the Pod.
-func applyEgressSecretsPod(pod *corev1.Pod, spec *runtime.Spec) {
+func applyEgressSecretsPod(pod *corev1.Pod, spec *runtime.Spec, runnerID string) {
 	if len(spec.Network.EgressSecrets()) == 0 {
 		return
 	}
@@ -382,7 +398,7 @@ func applyEgressSecretsPod(pod *corev1.Pod, spec *runtime.Spec) {
 			Sources: []corev1.VolumeProjection{
 				{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: secretName(spec.ID)},
 					Items: []corev1.KeyToPath{{Key: gate.EgressCAFile, Path: gate.EgressCAFile}}}},
-				{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: EgressRootsConfigMap},
+				{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: gate.EgressRootsConfigMapName(runnerID)},
 					Items: []corev1.KeyToPath{{Key: gate.EgressRootsFile, Path: gate.EgressRootsFile}}, Optional: ptr(true)}},
 			},
 		}}},

@@ -42,7 +42,7 @@ func egressSecretSpec(id string) *runtime.Spec {
 // lookup for the Pod's address returns secrets that inject the value.
 func TestEgressSecretsNoValueInObjects(t *testing.T) {
 	e := testEgress()
-	e.Roots = []byte("-----BEGIN CERTIFICATE-----\nroots\n-----END CERTIFICATE-----\n")
+	e.Roots = testRootsPEM(t, "roots")
 	dir := t.TempDir()
 	cfg := Config{Egress: e, StartTimeout: time.Second, MaxPrepull: -1, LogDir: filepath.Join(dir, "logs"), SnapshotCacheDir: filepath.Join(dir, "snap")}
 	for _, spec := range []*runtime.Spec{egressSecretSpec("sec-1"), func() *runtime.Spec {
@@ -128,7 +128,7 @@ func TestEgressSecretsNoValueInObjects(t *testing.T) {
 			if !bytes.Equal(sec.Data[gate.EgressCAFile], s.egress.CACertPEM()) {
 				t.Error("the sandbox Secret lacks the CA certificate for the gate")
 			}
-			cm, err := cs.CoreV1().ConfigMaps("sbx").Get(ctx, EgressRootsConfigMap, metav1.GetOptions{})
+			cm, err := cs.CoreV1().ConfigMaps("sbx").Get(ctx, gate.EgressRootsConfigMapName(b.cfg.RunnerID), metav1.GetOptions{})
 			if err != nil || cm.Data[gate.EgressRootsFile] != string(e.Roots) {
 				t.Errorf("roots ConfigMap: %v %+v", err, cm)
 			}

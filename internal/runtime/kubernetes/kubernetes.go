@@ -314,7 +314,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		if err := cfg.Egress.check(); err != nil {
 			return nil, fmt.Errorf("kubernetes backend: Egress: %w", err)
 		}
-		if err := writeEgressRoots(ctx, cfg.Client, cfg.Namespace, cfg.Egress.Roots); err != nil {
+		if err := writeEgressRoots(ctx, cfg.Client, cfg.Namespace, cfg.RunnerID, cfg.Egress.Roots); err != nil {
 			return nil, fmt.Errorf("kubernetes backend: Egress: %w", err)
 		}
 	}

@@ -1,6 +1,8 @@
 package gate
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +12,7 @@ import (
 
 // Egress secrets (docs/secrets.md; the runner's internal/runtime/kubernetes egress.go):
 // the sandbox's CA certificate (public; the sandbox Secret's item EgressCAFile) and the
-// runner's public roots (one ConfigMap of the namespace, item EgressRootsFile) are
+// runner's public roots (its ConfigMap EgressRootsConfigMapName, item EgressRootsFile) are
 // mounted in the gate container only, at EgressSrcDir. The gate's install writes ca.pem
 // and bundle.pem (roots, then the CA) into the EgressDir emptyDir, which every workload
 // container mounts read-only at /etc/sandboxd-egress (egress.CAMount). The CA's key is
@@ -76,4 +78,21 @@ func readBounded(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxEgressPEM)
 	}
 	return b, nil
+}
+
+// EgressRootsConfigMapPrefix begins the name of each runner's roots ConfigMap
+// (EgressRootsConfigMapName).
+const EgressRootsConfigMapPrefix = "sandboxd-egress-roots-"
+
+// EgressRootsConfigMapName is the ConfigMap of the sandbox namespace holding runner
+// runnerID's roots (item EgressRootsFile): one per runner, as several runners may share
+// a namespace. The ID itself when it is a DNS label (lower-case letters, digits and '-',
+// at most 63), else 16 hex digits of its SHA-256. The runner's Role names it
+// (internal/install).
+func EgressRootsConfigMapName(runnerID string) string {
+	if dnsLabel(runnerID) {
+		return EgressRootsConfigMapPrefix + runnerID
+	}
+	h := sha256.Sum256([]byte(runnerID))
+	return EgressRootsConfigMapPrefix + hex.EncodeToString(h[:8])
 }
