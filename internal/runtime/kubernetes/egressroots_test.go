@@ -1,12 +1,15 @@
 package kubernetes
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"log/slog"
 	"math/big"
 	"strings"
 	"testing"
@@ -19,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
@@ -160,5 +164,37 @@ func TestEgressRootsNotPEM(t *testing.T) {
 	_, err := New(t.Context(), Config{Client: fake.NewSimpleClientset(), Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1", Egress: e, MaxPrepull: -1})
 	if err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
 		t.Fatalf("New with bad roots: %v", err)
+	}
+}
+
+// TestEgressRootsForbidden: a runner upgraded before its Role (no rule for configmaps)
+// starts with host-name rules on and egress secrets off, says why once in its log, and
+// refuses a spec with egress secrets naming the missing rule.
+func TestEgressRootsForbidden(t *testing.T) {
+	cs := fake.NewSimpleClientset()
+	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("configmaps"), "", errors.New("RBAC: no rule"))
+	})
+	var logBuf bytes.Buffer
+	e := testEgress()
+	e.Roots = testRootsPEM(t, "r")
+	b, err := New(t.Context(), Config{Client: cs, Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1", Egress: e, MaxPrepull: -1,
+		Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	if err != nil {
+		t.Fatalf("New with a Role lacking configmaps: %v", err)
+	}
+	defer b.Close()
+	if s := b.Support(); !s.NoEgressSecrets || s.NoDNSEgress {
+		t.Errorf("Support %+v: want egress secrets off, host-name rules on", s)
+	}
+	if n := strings.Count(logBuf.String(), "egress secrets are off"); n != 1 || !strings.Contains(logBuf.String(), "configmaps") {
+		t.Errorf("log (%d lines about it): %s", n, logBuf.String())
+	}
+	_, err = b.Create(t.Context(), egressSecretSpec("fb-1"))
+	if !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "sandboxd-egress-roots-r1") || !strings.Contains(err.Error(), "configmaps") {
+		t.Errorf("Create with egress secrets: %v", err)
+	}
+	if err := b.checkEgress(hostNameSpec("fb-2", runtime.EgressRule{DNSName: "api.example.com"})); err != nil {
+		t.Errorf("host-name rule without secrets: %v", err)
 	}
 }
