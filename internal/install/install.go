@@ -38,6 +38,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
 // Names and labels of what the control plane installs.
@@ -425,8 +426,10 @@ func Objects(v Values) []runtime.Object {
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "delete", "patch"}},
 				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "create", "update", "delete", "patch"}},
-				// The egress roots ConfigMap (egress secrets).
-				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "create", "update"}},
+				// The runner's egress roots ConfigMap (egress secrets): create (a create
+				// names no object), get and update on that name only.
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{gate.EgressRootsConfigMapName(v.RunnerID)}, Verbs: []string{"get", "update"}},
 				{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "create", "update", "patch", "delete"}},
 				{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
 				// list: the kubelet's image pull events (the image pull metrics).
