@@ -260,13 +260,15 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
 		inPod := acfg
-		if holdInStandby(spec, plan) || warm != "" || b.usesEgress(spec) {
+		if holdInStandby(spec, plan) || warm != "" || b.usesEgress(spec) || len(spec.Network.EgressSecrets()) > 0 {
 			// Held in standby until the restored volumes are filled (snapshot.go), and a
 			// GLOBAL writer's until its filler's agent answers (also on an empty volume):
 			// the gate's hold and the commit go through that agent. With host-name
 			// rules, until the Pod's address is in the egress registry (egress.go): the
 			// kubelet reports it up to a relist after the containers start, and the
-			// runner's DNS refuses an address it does not know.
+			// runner's DNS refuses an address it does not know. With egress secrets
+			// always (besides): their placeholders are in the Start config only, never
+			// in the Secret's config.json.
 			start := acfg
 			start.Identity = nil
 			if startCfg, err = json.Marshal(&start); err != nil {

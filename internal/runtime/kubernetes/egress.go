@@ -282,6 +282,8 @@ func (b *Backend) checkEgress(spec *runtime.Spec) error {
 			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: this Kubernetes runner has no egress proxy to inject egress secrets (--egress-proxy-listen)", runtime.ErrInvalidSpec, i)
 		case b.noEgressSecrets != "":
 			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: this Kubernetes runner gives no egress secrets: %s", runtime.ErrInvalidSpec, i, b.noEgressSecrets)
+		case spec.Network.DenyEgress:
+			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: an egress secret under deny-all egress reaches no host: drop deny_egress or the secret", runtime.ErrInvalidSpec, i)
 		case len(spec.InitContainers) > 0:
 			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: egress secrets are not given to sandboxes with init containers on Kubernetes runners yet (init containers start before the runner can hand them their placeholders); drop the init containers or use a local runner", runtime.ErrInvalidSpec, i)
 		}

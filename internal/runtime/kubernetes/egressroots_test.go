@@ -198,3 +198,17 @@ func TestEgressRootsForbidden(t *testing.T) {
 		t.Errorf("host-name rule without secrets: %v", err)
 	}
 }
+
+// TestEgressSecretsDenyEgressRefused: an egress secret under deny-all egress is refused
+// (it would grant nothing, and the Pod would not be held for its placeholders).
+func TestEgressSecretsDenyEgressRefused(t *testing.T) {
+	b, cs := newFakeBackend(t, Config{Egress: testEgress(), MaxPrepull: -1, StartTimeout: time.Second})
+	spec := egressSecretSpec("deny-1")
+	spec.Network.DenyEgress = true
+	if _, err := b.Create(t.Context(), spec); !errors.Is(err, runtime.ErrInvalidSpec) || !strings.Contains(err.Error(), "deny") {
+		t.Fatalf("Create: %v", err)
+	}
+	if secs, _ := cs.CoreV1().Secrets("sbx").List(t.Context(), metav1.ListOptions{}); len(secs.Items) != 0 {
+		t.Errorf("%d Secrets made", len(secs.Items))
+	}
+}
