@@ -2,8 +2,13 @@ package kubernetes
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
+	"fmt"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -82,8 +87,8 @@ func TestEgressSecretsNoValueInObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The key as PEM's body (or any base64 of it) starts so; raw, as DER.
-			keyB64 := []byte(base64.StdEncoding.EncodeToString(keyDER)[:40])
+			needles := caKeyNeedles(t, keyDER)
+			needles["value"], needles["placeholder"] = []byte(testSecretValue), []byte(ph)
 
 			// Every object the fake API server holds.
 			var blobs [][]byte
@@ -115,7 +120,7 @@ func TestEgressSecretsNoValueInObjects(t *testing.T) {
 				return nil
 			})
 			for _, bl := range blobs {
-				for what, needle := range map[string][]byte{"value": []byte(testSecretValue), "placeholder": []byte(ph), "CA key": keyB64, "CA key (DER)": keyDER} {
+				for what, needle := range needles {
 					if bytes.Contains(bl, needle) {
 						t.Errorf("the %s is in an API object or a runner file: %.200s", what, bl)
 					}
@@ -219,4 +224,53 @@ func TestEgressSecretsLostOnRecover(t *testing.T) {
 	if g := b.EgressGrants(ip); !slices.Equal(g, []string{"api.inject.test"}) {
 		t.Errorf("grants %q", g)
 	}
+}
+
+// caKeyNeedles are the forms a P-256 key (PKCS#8 DER) could leak in: its 32-byte scalar
+// D raw, in hex and in base64 at each of the 3 byte alignments (the characters that
+// depend on D alone), the full base64 of its PKCS#8 and SEC1 DER, the DER itself, and
+// each PEM body line after the first (the first is a prefix every P-256 key shares).
+func caKeyNeedles(t *testing.T, pkcs8 []byte) map[string][]byte {
+	t.Helper()
+	k, err := x509.ParsePKCS8PrivateKey(pkcs8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, ok := k.(*ecdsa.PrivateKey)
+	if !ok {
+		t.Fatalf("CA key %T", k)
+	}
+	d := key.D.FillBytes(make([]byte, 32))
+	sec1, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string][]byte{
+		"CA key D": d, "CA key D (hex)": []byte(hex.EncodeToString(d)), "CA key D (HEX)": []byte(strings.ToUpper(hex.EncodeToString(d))),
+		"CA key (PKCS#8 DER)": pkcs8, "CA key (SEC1 DER)": sec1,
+		"CA key (PKCS#8 base64)": []byte(base64.StdEncoding.EncodeToString(pkcs8)),
+		"CA key (SEC1 base64)":   []byte(base64.StdEncoding.EncodeToString(sec1)),
+	}
+	for o := range 3 {
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
+			b := enc.EncodeToString(append(make([]byte, o), d...))
+			from, to := 0, len(b)
+			if o > 0 {
+				from = 4 // the first group mixes in the bytes before D
+			}
+			if (o+len(d))%3 != 0 {
+				to -= 4 // the last group mixes in the bytes after D
+			}
+			n[fmt.Sprintf("CA key D (base64 at %d, %p)", o, enc)] = []byte(b[from:to])
+		}
+	}
+	for _, blk := range []*pem.Block{{Type: "PRIVATE KEY", Bytes: pkcs8}, {Type: "EC PRIVATE KEY", Bytes: sec1}} {
+		lines := strings.Split(strings.TrimSpace(string(pem.EncodeToMemory(blk))), "\n")
+		for i, l := range lines[2 : len(lines)-1] { // after the header and the first body line
+			if len(l) >= 16 {
+				n[fmt.Sprintf("CA key (%s PEM line %d)", blk.Type, i+2)] = []byte(l)
+			}
+		}
+	}
+	return n
 }

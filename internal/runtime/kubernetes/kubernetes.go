@@ -186,12 +186,12 @@ type Backend struct {
 	// noEgressSecrets: why this runner with Config.Egress gives no egress secrets ("": it
 	// does): New could not write its roots ConfigMap (Forbidden: an old Role).
 	noEgressSecrets string
-	log      *slog.Logger
-	pods     cache.Indexer
-	stop     chan struct{}
-	ctx      context.Context // ends with Close
-	cancel   context.CancelFunc
-	selector labels.Selector
+	log             *slog.Logger
+	pods            cache.Indexer
+	stop            chan struct{}
+	ctx             context.Context // ends with Close
+	cancel          context.CancelFunc
+	selector        labels.Selector
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
