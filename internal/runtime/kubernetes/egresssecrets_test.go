@@ -196,32 +196,56 @@ func TestEgressSecretsNoValueInObjects(t *testing.T) {
 	}
 }
 
-// TestEgressSecretsLostOnRecover: a sandbox with egress secrets as a restarted runner
-// knows it (from its persisted spec: no values, no CA) is served, at its address,
-// secrets that refuse its injection hosts (Lost), as on a local runner; one without
-// secret rules gets none.
+// TestEgressSecretsLostOnRecover: a sandbox with egress secrets that a restarted
+// runner recovers (the real Recover, from the Pod and Secret another Backend made on the
+// same cluster: no values, no CA) is served, at its address once the Pod runs, secrets
+// that refuse its injection hosts (Lost), as on a local runner, and its grants.
 func TestEgressSecretsLostOnRecover(t *testing.T) {
-	b, _ := newFakeBackend(t, Config{Egress: testEgress(), MaxPrepull: -1})
+	cfg := Config{Egress: testEgress(), MaxPrepull: -1, StartTimeout: time.Minute}
+	b1, cs := newFakeBackend(t, cfg)
 	spec := egressSecretSpec("rec-1")
-	spec.EgressSecretValues = nil // what spec.json holds
-	raw, _ := json.Marshal(spec)
-	var persisted runtime.Spec
-	if err := json.Unmarshal(raw, &persisted); err != nil {
+	go func() { _, _ = b1.Create(t.Context(), spec) }()
+	waitFor(t, "the first runner's Pod", func() bool {
+		_, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+		return err == nil
+	})
+	// The fake API server sets no UID; Recover and the registry key on it.
+	p0, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	s := &sandbox{id: "rec-1", spec: persisted, uid: "u1", changed: make(chan struct{}), done: make(chan struct{})}
-	b.mu.Lock()
-	b.sandboxes["rec-1"] = s
-	b.mu.Unlock()
+	p0.UID = "u-rec-1"
+	if _, err := cs.CoreV1().Pods("sbx").Update(t.Context(), p0, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Client, cfg.Namespace, cfg.RunnerID, cfg.AgentImage, cfg.PlatformRegistry = cs, "sbx", b1.cfg.RunnerID, b1.cfg.AgentImage, b1.cfg.PlatformRegistry
+	b2, err := New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	recs, err := b2.Recover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(recs, func(r runtime.Recovered) bool { return r.Spec.ID == spec.ID }) {
+		t.Fatalf("recovered %d sandboxes, not %s", len(recs), spec.ID)
+	}
 	ip := netip.MustParseAddr("10.244.0.11")
-	b.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName("rec-1"), Namespace: "sbx", UID: types.UID("u1"),
-		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRunner: "r1", LabelSandbox: "rec-1"}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}}, false)
-	ss := b.EgressSecrets(ip)
-	if ss == nil || !ss.Lost {
+	pod, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName(spec.ID), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase, pod.Status.PodIP, pod.Status.PodIPs = corev1.PodRunning, ip.String(), []corev1.PodIP{{IP: ip.String()}}
+	if _, err := cs.CoreV1().Pods("sbx").UpdateStatus(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the recovered Pod's address registered", func() bool { return b2.EgressSecrets(ip) != nil })
+	ss := b2.EgressSecrets(ip)
+	if !ss.Lost {
 		t.Fatalf("recovered sandbox: secrets %+v, want Lost", ss)
 	}
-	if g := b.EgressGrants(ip); !slices.Equal(g, []string{"api.inject.test"}) {
+	if g := b2.EgressGrants(ip); !slices.Equal(g, []string{"api.inject.test"}) {
 		t.Errorf("grants %q", g)
 	}
 }
