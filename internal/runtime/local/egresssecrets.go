@@ -25,11 +25,7 @@ const (
 	// EgressCAMount is where a sandbox with egress secrets finds its CA (egress.CAMount).
 	EgressCAMount = egress.CAMount
 	dirEgressCA   = "egress-ca" // in the sandbox dir: what EgressCAMount shows
-	egressCATTL   = egress.CATTL
 )
-
-// DefaultRootsFiles are the host CA bundles tried, in order, for bundle.pem.
-var DefaultRootsFiles = egress.DefaultRootsFiles
 
 // EgressSecretsSetter is what a Network offers to serve egress secrets (the stack's
 // adapter of *network.Manager): SetEgressSecrets hands the egress proxy a sandbox's
@@ -160,7 +156,7 @@ func egressEnv(c *runtime.Container, placeholders map[string]string) map[string]
 }
 
 // egressRoots is the host bundle bundle.pem starts with (Config.EgressRootsFile or the
-// first of DefaultRootsFiles; none: empty).
+// first of egress.DefaultRootsFiles; none: empty).
 func (b *Backend) egressRoots() ([]byte, error) { return egress.ReadRoots(b.cfg.EgressRootsFile) }
 
 // registerEgressSecrets hands s's secrets to the network's proxy (attachment cid).
