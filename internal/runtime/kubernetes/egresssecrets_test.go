@@ -264,7 +264,10 @@ func caKeyNeedles(t *testing.T, pkcs8 []byte) map[string][]byte {
 	if !ok {
 		t.Fatalf("CA key %T", k)
 	}
-	d := key.D.FillBytes(make([]byte, 32))
+	d, err := key.Bytes()
+	if err != nil || len(d) != 32 {
+		t.Fatalf("the key's scalar: %d bytes, %v", len(d), err)
+	}
 	sec1, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
