@@ -31,8 +31,8 @@ type hardeningFlags struct {
 func (h *hardeningFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.disk, "disk", "10Gi", "size limit of each sandbox's writable root filesystem layer, e.g. 10Gi (0: none); on Kubernetes its ephemeral-storage limit")
 	fs.BoolVar(&h.noUserNS, "no-userns", false, "local backend: run runc sandboxes without a user namespace of their own (root inside is then root on the host)")
-	fs.StringVar(&h.egressUpstreamCA, "egress-upstream-ca", "", "local backend: PEM file of the roots the egress proxy verifies the hosts it injects egress secrets for against (default: the system roots)")
-	fs.StringVar(&h.egressRoots, "egress-roots", "", "local backend: PEM bundle sandboxes with egress secrets trust besides their own CA (/etc/sandboxd-egress/bundle.pem; default: the host's system bundle)")
+	fs.StringVar(&h.egressUpstreamCA, "egress-upstream-ca", "", "PEM file of the roots the egress proxy verifies the hosts it injects egress secrets for against (default: the system roots)")
+	fs.StringVar(&h.egressRoots, "egress-roots", "", "PEM bundle sandboxes with egress secrets trust besides their own CA (/etc/sandboxd-egress/bundle.pem; default: the host's system bundle; on Kubernetes at most 900 KiB, PEM certificates, written into the ConfigMap sandboxd-egress-roots-<runner-id>)")
 	fs.IntVar(&h.forkSentries, "fork-sentries", 0, fmt.Sprintf("local backend: most forks holding a gVisor sandbox of their own before it is restored (waiting for their source's checkpoint), shared fairly by organizations; 0: max(4, 2×GOMAXPROCS), -1: no bound, at most %d", local.MaxForkSentries))
 	fs.StringVar(&h.ociRuntime, "oci-runtime", "runc", "local backend: the OCI runtime that runs the runc runtime class: runc (/usr/sbin/runc) or crun (/usr/bin/crun, cheaper per create; docs/oci-runtime.md)")
 	fs.Var(&h.openReserved, "egress-allow-reserved", "CIDR of a reserved range (private, CGNAT, link-local, …) that sandboxes' explicit cidr egress rules may reach on this runner, when their policy allows (repeatable; the sandbox subnet and the host's addresses cannot be opened; \"any\" never includes it)")

@@ -44,6 +44,9 @@ type kubernetesFlags struct {
 	egressProxyListen, egressDNSListen string
 	egressProxyAddrs, egressDNSAddr    string
 	egressForbid                       string
+	// egressUpstreamCA and egressRoots: --egress-upstream-ca and --egress-roots (egress
+	// secrets' trust; set from the hardening flags).
+	egressUpstreamCA, egressRoots string
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -249,7 +252,8 @@ func (k *kubernetesFlags) egress() (*stack.KubernetesEgress, error) {
 			return nil, fmt.Errorf("%s %q: want host:port with a port 1..65535", l.flag, l.v)
 		}
 	}
-	eg := &stack.KubernetesEgress{ProxyListen: k.egressProxyListen, DNSListen: k.egressDNSListen}
+	eg := &stack.KubernetesEgress{ProxyListen: k.egressProxyListen, DNSListen: k.egressDNSListen,
+		UpstreamCAFile: k.egressUpstreamCA, RootsFile: k.egressRoots}
 	var v4, v6 int
 	for a := range strings.SplitSeq(k.egressProxyAddrs, ",") {
 		ip, err := netip.ParseAddr(strings.TrimSpace(a))

@@ -297,6 +297,7 @@ func (c runnerConfig) startBackend(ctx context.Context, runnerID string, logger 
 		}
 		kube.blobs = c.blobStore
 		kube.insecure = c.insecure
+		kube.egressUpstreamCA, kube.egressRoots = c.hard.egressUpstreamCA, c.hard.egressRoots
 		if kst, err = kube.start(ctx, runnerID, c.dataDir, logger); err != nil {
 			return nil, nil, nil, 0, nil, err
 		}

@@ -38,6 +38,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
 // Names and labels of what the control plane installs.
@@ -425,6 +426,10 @@ func Objects(v Values) []runtime.Object {
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "delete", "patch"}},
 				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "create", "update", "delete", "patch"}},
+				// The runner's egress roots ConfigMap (egress secrets): create (a create
+				// names no object), get and update on that name only.
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{gate.EgressRootsConfigMapName(v.RunnerID)}, Verbs: []string{"get", "update"}},
 				{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "create", "update", "patch", "delete"}},
 				{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
 				// list: the kubelet's image pull events (the image pull metrics).
@@ -873,7 +878,7 @@ func Diagnose(err error) Diagnosis {
 		h := []string{
 			fmt.Sprintf("the cluster credential lacks RBAC to %s %s (%s): grant its user a ClusterRole with get, create, patch and delete on %s (and on every kind the runner chart installs: namespaces, serviceaccounts, secrets, persistentvolumeclaims, services, deployments, roles, rolebindings, clusterroles, clusterrolebindings), or register the cluster with a credential that has them",
 				op, resource, scope, resource),
-			"a Role may only grant what its creator holds: the credential also needs the runner's own rules (pods, secrets, networkpolicies, persistentvolumeclaims, events, leases, deployments; and list on nodes, for the image pre-pull ClusterRole) to create its Roles and ClusterRole",
+			"a Role may only grant what its creator holds: the credential also needs the runner's own rules (pods, secrets, configmaps, networkpolicies, persistentvolumeclaims, events, leases, deployments; and list on nodes, for the image pre-pull ClusterRole) to create its Roles and ClusterRole",
 		}
 		return Diagnosis{Reason: apierr.InstallForbidden, Hints: h}
 	case apierrors.IsUnauthorized(err):

@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -374,5 +375,28 @@ func TestRuntimeClassesCopiesAgree(t *testing.T) {
 	want := install.RuntimeClassesArg(map[string]string{"runc": "", "gvisor": "gvisor"})
 	if len(example) != 1 || string(example[0][1]) != want {
 		t.Errorf("the manifest's commented example %q, want one %q", example, want)
+	}
+}
+
+// TestObjectsConfigMapRules: the sandbox Role lets the runner create ConfigMaps and get
+// and update only its own egress roots ConfigMap.
+func TestObjectsConfigMapRules(t *testing.T) {
+	v := install.Values{RunnerID: "r1", Namespace: "sandboxd-r1", Image: "img:1", AgentImage: "agent:1", ControlPlane: "cp:8443", BootstrapToken: "tok"}
+	var got []rbacv1.PolicyRule
+	for _, o := range install.Objects(v) {
+		if r, ok := o.(*rbacv1.Role); ok && strings.HasSuffix(r.Name, "-sandboxes") {
+			for _, rule := range r.Rules {
+				if slices.Contains(rule.Resources, "configmaps") {
+					got = append(got, rule)
+				}
+			}
+		}
+	}
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"sandboxd-egress-roots-r1"}, Verbs: []string{"get", "update"}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("configmaps rules %+v, want %+v", got, want)
 	}
 }

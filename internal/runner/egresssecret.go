@@ -2,6 +2,7 @@ package runner
 
 import (
 	"fmt"
+	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -113,6 +114,9 @@ func ValidateEgressSecrets(spec *runtime.Spec, values bool, add func(field, form
 	if n > runtime.MaxSecretEnvVars {
 		add("spec.network.egress", "%d egress secrets, at most %d", n, runtime.MaxSecretEnvVars)
 	}
+	if n > 0 {
+		egressCAPathReserved(spec, add)
+	}
 	if values {
 		keys := map[string]bool{}
 		for _, r := range spec.Network.EgressSecrets() {
@@ -193,4 +197,33 @@ func checkEgressState(spec *runtime.Spec, st *runtime.EgressState) (time.Time, e
 		return time.Time{}, err
 	}
 	return ss.CACert().NotAfter, nil
+}
+
+// egressCAPathReserved refuses a volume mount or a file at or below egress.CAMount in a
+// sandbox with egress secrets: the runner mounts the sandbox's CA there (read-only, in
+// every container), and a user's volume or file would shadow or fight it.
+func egressCAPathReserved(spec *runtime.Spec, add func(field, format string, args ...any)) {
+	under := func(p string) bool {
+		p = path.Clean("/" + p)
+		return p == egress.CAMount || strings.HasPrefix(p, egress.CAMount+"/")
+	}
+	for i, c := range spec.AllContainers() {
+		prefix := "spec.containers[0]"
+		switch {
+		case i < len(spec.InitContainers):
+			prefix = fmt.Sprintf("spec.init_containers[%d]", i)
+		case c != &spec.Container:
+			prefix = fmt.Sprintf("spec.containers[%d]", i-len(spec.InitContainers))
+		}
+		for j, m := range c.VolumeMounts {
+			if under(m.Path) {
+				add(fmt.Sprintf("%s.volume_mounts[%d].path", prefix, j), "%s is reserved for the sandbox's egress CA in a sandbox with egress secrets; mount the volume elsewhere", egress.CAMount)
+			}
+		}
+		for j, f := range c.Files {
+			if under(f.Path) {
+				add(fmt.Sprintf("%s.files[%d].path", prefix, j), "%s is reserved for the sandbox's egress CA in a sandbox with egress secrets; put the file elsewhere", egress.CAMount)
+			}
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -243,10 +244,40 @@ func TestEgressSecretsRefusedWithoutInjection(t *testing.T) {
 	can := runtime.Support{NoEgressSecrets: true}
 	n := &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "b.example.com"}, {DNSName: "a.example.com", Secret: &runtime.EgressSecret{Store: "p", Path: "a", EnvVar: "A"}}}}
 	err := supported(n, can)
-	if err == nil || !strings.Contains(err.Error(), "egress[1].sandboxd_secret") || !strings.Contains(err.Error(), "cannot inject egress secrets yet") || strings.Contains(err.Error(), "egress[0]") {
+	if err == nil || !strings.Contains(err.Error(), "egress[1].sandboxd_secret") || !strings.Contains(err.Error(), "does not terminate the sandbox") || strings.Contains(err.Error(), "egress[0]") {
 		t.Fatalf("err = %v", err)
 	}
 	if err := supported(&runtime.Network{Egress: n.Egress[:1]}, can); err != nil {
 		t.Errorf("a plain host-name rule: %v", err)
+	}
+}
+
+// TestEgressCAPathReserved: in a sandbox with egress secrets, a volume mount or a file at
+// or below /etc/sandboxd-egress (any container) is a field violation; without egress
+// secrets the path is the user's.
+func TestEgressCAPathReserved(t *testing.T) {
+	spec := &runtime.Spec{
+		Container: runtime.Container{Files: []runtime.File{{Path: "/etc/sandboxd-egress/bundle.pem"}, {Path: "/etc/sandboxd-egressx"}}},
+		Sidecars: []runtime.Container{{Name: "side", VolumeMounts: []runtime.VolumeMount{{Volume: "v", Path: "/etc/sandboxd-egress/"}, {Volume: "v", Path: "/data"}},
+			Files: []runtime.File{{Path: "/etc/../etc/sandboxd-egress/ca.pem"}}}},
+		Network:            &runtime.Network{Egress: []runtime.EgressRule{{DNSName: "a.example.com", Secret: &runtime.EgressSecret{Store: "prod", Path: "api", EnvVar: "A"}}}},
+		EgressSecretValues: map[string]string{"prod/api": "v"},
+	}
+	err := checkEgressSecrets(spec)
+	var verr *ValidationError
+	if !errors.As(err, &verr) {
+		t.Fatalf("err %v, want a *ValidationError", err)
+	}
+	var got []string
+	for _, v := range verr.Violations {
+		got = append(got, v.Field)
+	}
+	want := []string{"spec.containers[0].files[0].path", "spec.containers[1].volume_mounts[0].path", "spec.containers[1].files[0].path"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("violations %v, want %v", got, want)
+	}
+	spec.Network, spec.EgressSecretValues = nil, nil
+	if err := checkEgressSecrets(spec); err != nil {
+		t.Fatalf("without egress secrets: %v", err)
 	}
 }

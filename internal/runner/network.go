@@ -207,7 +207,7 @@ func supported(n *runtime.Network, can runtime.Support) error {
 		for i, r := range n.Egress {
 			if r.Secret != nil {
 				vs.add(fmt.Sprintf("spec.network.egress[%d].sandboxd_secret", i),
-					"this runner cannot inject egress secrets yet: its backend (Kubernetes) enforces host-name rules through its egress proxy, which does not terminate the sandbox's TLS; use a local runner")
+					"this runner cannot inject egress secrets: it enforces host-name rules but does not terminate the sandbox's TLS to their hosts; use a runner that can")
 			}
 		}
 	}

@@ -66,8 +66,8 @@ type Support struct {
 	// one on such a runner tries the next runner).
 	NoGlobalVolumeSubPaths bool
 	// NoEgressSecrets: the runner enforces host-name rules but injects no egress secrets
-	// (EgressRule.Secret): the Kubernetes backend with its egress proxy, which splices
-	// only (NoDNSEgress implies it). Set by the backend; the runner refuses such rules at
+	// (EgressRule.Secret): a Kubernetes runner whose Role does not let it write its
+	// egress roots ConfigMap (NoDNSEgress implies it). Set by the backend; the runner refuses such rules at
 	// create, placement sends such a sandbox elsewhere. On the wire a lack: an older
 	// runner that does not say either injects them or reports NoDNSEgress.
 	NoEgressSecrets bool

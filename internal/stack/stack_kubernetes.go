@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,6 +92,11 @@ type KubernetesEgress struct {
 	// when they are not private); with Forbidden nil, the proxy refuses them, the
 	// platform's reserved ranges, the host's addresses, and ProxyAddrs and DNSAddr.
 	Forbid []netip.Prefix
+	// UpstreamCAFile: PEM roots the proxy verifies the hosts it injects egress secrets
+	// for against ("": the system roots). RootsFile: the public bundle sandboxes with
+	// egress secrets trust besides their own CA ("": the first of
+	// egress.DefaultRootsFiles; at most kubernetes.MaxEgressRoots).
+	UpstreamCAFile, RootsFile string
 }
 
 // egressUpstreams are the resolvers the egress DNS relays to: cfg.Upstreams, else the
@@ -113,6 +119,10 @@ const (
 	egressMaxConns       = 16384
 	egressMaxConnsPerOrg = egressMaxConns / 4
 )
+
+// EgressAuditFile is the egress secrets' audit log of a Kubernetes runner, in its data
+// dir (egress.AuditLog: JSON lines, rotated to EgressAuditFile.1).
+const EgressAuditFile = "egress-audit.jsonl"
 
 // KubernetesStack is a runner driving Pods.
 type KubernetesStack struct {
@@ -221,6 +231,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		proxyL, dnsTCP net.Listener
 		dnsUDP         net.PacketConn
 		ups            []string
+		upstreamRoots  *x509.CertPool
 	)
 	if cfg.Egress != nil {
 		ups = egressUpstreams(cfg.Egress, "/etc/resolv.conf")
@@ -232,10 +243,19 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		if eg, proxyL, dnsUDP, dnsTCP, err = listenEgress(cfg.Egress); err != nil {
 			return nil, err
 		}
+		if upstreamRoots, err = egress.ReadUpstreamRoots(cfg.Egress.UpstreamCAFile); err != nil {
+			eg.Close()
+			return nil, fmt.Errorf("stack: %w", err)
+		}
+		roots, err := egress.ReadRoots(cfg.Egress.RootsFile)
+		if err != nil {
+			eg.Close()
+			return nil, fmt.Errorf("stack: egress roots: %w", err)
+		}
 		peers := bc.RunnerPeers
 		bc.Egress = &kubernetes.EgressConfig{
 			ProxyAddrs: cfg.Egress.ProxyAddrs, DNSAddr: cfg.Egress.DNSAddr, Peers: peers,
-			ProxyPort: portOf(eg.ProxyAddr), DNSPort: portOf(eg.DNSAddr),
+			ProxyPort: portOf(eg.ProxyAddr), DNSPort: portOf(eg.DNSAddr), Roots: roots,
 		}
 	}
 	if bc.Namespace == "" {
@@ -269,9 +289,16 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		}
 		eg.Proxy = &egress.Proxy{Grants: backend.EgressGrants, Known: backend.EgressKnown,
 			Resolver: cfg.Egress.Resolver, Forbidden: forbidden, Log: log, MaxConns: egressMaxConns,
-			Group: backend.EgressGroup, MaxConnsPerGroup: egressMaxConnsPerOrg}
+			Group: backend.EgressGroup, MaxConnsPerGroup: egressMaxConnsPerOrg,
+			// Egress secrets: the proxy terminates a sandbox's TLS to its injection
+			// hosts with the sandbox's CA (values and key in this process only), each
+			// use audited in the data dir (the runner's volume), as on a local runner.
+			Secrets: backend.EgressSecrets, UpstreamRoots: upstreamRoots,
+			Audit: &egress.AuditLog{Path: filepath.Join(cfg.DataDir, EgressAuditFile)}}
 		// The servers close their connections first, then the sockets go.
+		eg.Proxy.Audit.Errorf = func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) }
 		eg.closers = append([]func() error{eg.DNS.Close, eg.Proxy.Close}, eg.closers...)
+		eg.closers = append(eg.closers, eg.Proxy.Audit.Close)
 		eg.wg.Go(func() { _ = eg.DNS.ServeUDP(dnsUDP) })
 		eg.wg.Go(func() { _ = eg.DNS.ServeTCP(dnsTCP) })
 		eg.wg.Go(func() { _ = eg.Proxy.Serve(proxyL) })

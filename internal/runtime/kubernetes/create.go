@@ -80,6 +80,12 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if err := b.checkEgress(spec); err != nil {
 		return runtime.Info{}, err
 	}
+	// Egress secrets (egress.go): the CA and the values stay in this process; the
+	// placeholders reach the containers only through their agents' Start.
+	egressSecrets, placeholders, err := prepareEgressSecrets(spec)
+	if err != nil {
+		return runtime.Info{}, err
+	}
 	// A working directory the image sets below a restored volume's mount: the fill must
 	// know it (snapshot.go imageWorkDirs), so Create, its Pod and the persisted spec use
 	// it as the spec's.
@@ -117,7 +123,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 		argv  []string
 	)
 	if spec.Multi() {
-		if grp, err = b.prepareGroup(ctx, spec); err != nil {
+		if grp, err = b.prepareGroup(ctx, spec, placeholders); err != nil {
 			return runtime.Info{}, err
 		}
 	} else {
@@ -156,7 +162,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	defer release()
 	persisted := *spec
-	persisted.PullCredentials = nil
+	persisted.PullCredentials, persisted.EgressSecretValues = nil, nil
 	persisted.RuntimeClass = class
 
 	client, clientPEM, clientKeyPEM, err := selfSigned("sandboxd-runner")
@@ -169,7 +175,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	s := &sandbox{
 		id: spec.ID, spec: persisted, class: class, client: client, server: server.Certificate[0],
-		changed: make(chan struct{}), done: make(chan struct{}),
+		changed: make(chan struct{}), done: make(chan struct{}), egress: egressSecrets,
 	}
 	if b.hello != nil && !spec.Multi() {
 		// Groups: the gate's primary socket lies elsewhere; they wait for the kubelet.
@@ -218,6 +224,9 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if s.helloKey != nil {
 		data[gate.HelloKeyFile] = s.helloKey
 	}
+	if egressSecrets != nil {
+		data[gate.EgressCAFile] = egressSecrets.CACertPEM() // the certificate only: public
+	}
 	if needsFiller(spec) {
 		// The volume filler's agent (globalvol.go): GLOBAL copies, restored scratch volumes.
 		cfg, ident, err := fillerConfig(spec.ID)
@@ -237,7 +246,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	} else {
 		acfg := agentconfig.Config{
 			Argv:         argv,
-			Env:          agentconfig.MergeEnv(nil, spec.Env),
+			Env:          egressStartEnv(&spec.Container, placeholders),
 			WorkingDir:   spec.WorkingDir,
 			RestartLimit: spec.RestartLimit,
 			Hostname:     runtime.Hostname(spec.ID),
@@ -251,13 +260,15 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 			acfg.Files = append(acfg.Files, agentconfig.File{Path: f.Path, Content: f.Content, Mode: f.Mode})
 		}
 		inPod := acfg
-		if holdInStandby(spec, plan) || warm != "" || b.usesEgress(spec) {
+		if holdInStandby(spec, plan) || warm != "" || b.usesEgress(spec) || len(spec.Network.EgressSecrets()) > 0 {
 			// Held in standby until the restored volumes are filled (snapshot.go), and a
 			// GLOBAL writer's until its filler's agent answers (also on an empty volume):
 			// the gate's hold and the commit go through that agent. With host-name
 			// rules, until the Pod's address is in the egress registry (egress.go): the
 			// kubelet reports it up to a relist after the containers start, and the
-			// runner's DNS refuses an address it does not know.
+			// runner's DNS refuses an address it does not know. With egress secrets
+			// always (besides): their placeholders are in the Start config only, never
+			// in the Secret's config.json.
 			start := acfg
 			start.Identity = nil
 			if startCfg, err = json.Marshal(&start); err != nil {
@@ -365,6 +376,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	}
 	addGVisorHints(pod, class)
 	b.applyEgressPod(pod, spec)
+	applyEgressSecretsPod(pod, spec, b.cfg.RunnerID)
 	b.addHello(pod, s)
 	b.addFiller(pod, spec)
 	applyClaims(pod, claims)

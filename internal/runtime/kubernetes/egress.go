@@ -2,8 +2,10 @@ package kubernetes
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -11,10 +13,17 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
+	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
 // Host-name egress rules (issue 23; docs/network.md "Kubernetes backend"). NetworkPolicy
@@ -41,7 +50,17 @@ type EgressConfig struct {
 	// runner's listen ports). At least one peer.
 	Peers              []networkingv1.NetworkPolicyPeer
 	ProxyPort, DNSPort int
+	// Roots is the public CA bundle sandboxes with egress secrets trust besides their
+	// own CA (bundle.pem starts with it; egress.ReadRoots): New writes it into the
+	// runner's ConfigMap gate.EgressRootsConfigMapName(RunnerID) of the namespace, once
+	// for all its sandboxes. PEM certificates only (New refuses anything else), at most
+	// MaxEgressRoots; nil: bundle.pem is the sandbox CA alone.
+	Roots []byte
 }
+
+// MaxEgressRoots bounds EgressConfig.Roots, written into the runner's ConfigMap
+// gate.EgressRootsConfigMapName (a ConfigMap holds at most 1 MiB).
+const MaxEgressRoots = 900 << 10
 
 func (c *EgressConfig) check() error {
 	switch {
@@ -53,6 +72,10 @@ func (c *EgressConfig) check() error {
 		return errors.New("no NetworkPolicy peer for the runner")
 	case c.ProxyPort < 1 || c.ProxyPort > 65535 || c.DNSPort < 1 || c.DNSPort > 65535:
 		return fmt.Errorf("proxy port %d and DNS port %d: want 1-65535", c.ProxyPort, c.DNSPort)
+	case len(c.Roots) > MaxEgressRoots:
+		return fmt.Errorf("the roots bundle has %d bytes, at most %d (a ConfigMap's limit): give a smaller one (--egress-roots)", len(c.Roots), MaxEgressRoots)
+	case len(c.Roots) > 0 && !x509.NewCertPool().AppendCertsFromPEM(c.Roots):
+		return errors.New("the roots bundle holds no PEM certificate (--egress-roots: a PEM file of CA certificates, such as /etc/ssl/certs/ca-certificates.crt)")
 	}
 	for _, a := range c.ProxyAddrs {
 		if !a.IsValid() {
@@ -68,6 +91,10 @@ type egressSource struct {
 	uid    types.UID
 	org    string // the sandbox's organization: the egress DNS and proxy bound each org's share
 	grants []string
+	// secrets: what the proxy injects for this source (nil: none); injectHosts: the
+	// hosts the spec's rules attach secrets to (refused when secrets is nil: lost).
+	secrets     *egress.SandboxSecrets
+	injectHosts []string
 }
 
 // hostNameGrants are the spec's dns_name patterns, lower-cased without a trailing dot;
@@ -171,8 +198,13 @@ func (b *Backend) egressObserveLocked(s *sandbox) {
 			delete(b.egressBySrc, a)
 		}
 	}
+	var hosts []string
+	for _, r := range s.spec.Network.EgressSecrets() {
+		hosts = append(hosts, r.DNSName)
+	}
 	for _, a := range want {
-		b.egressBySrc[a] = &egressSource{id: s.id, uid: s.uid, org: s.spec.Meta[runtime.MetaOrg], grants: grants}
+		b.egressBySrc[a] = &egressSource{id: s.id, uid: s.uid, org: s.spec.Meta[runtime.MetaOrg], grants: grants,
+			secrets: s.egress, injectHosts: hosts}
 	}
 	s.egressIPs = want
 }
@@ -234,19 +266,158 @@ func (b *Backend) egressPolicyRule() networkingv1.NetworkPolicyEgressRule {
 	}
 }
 
-// checkEgress refuses what host-name rules cannot do here yet: egress secrets (the proxy
-// does not inject on this backend), and a container that adds NET_RAW (raw sockets
-// could forge another Pod's source address, which is what the grants are keyed by).
+// checkEgress refuses what host-name rules cannot do here: egress secrets without the
+// runner's egress proxy, egress secrets beside init containers (their agents are not
+// held and the gate is not up while they run: the placeholders could only travel in the
+// sandbox Secret, i.e. etcd), and a container that adds NET_RAW (raw sockets could forge
+// another Pod's source address, which is what the grants are keyed by).
 func (b *Backend) checkEgress(spec *runtime.Spec) error {
 	if spec.Network == nil {
 		return b.checkNetRaw(spec)
 	}
 	for i, r := range spec.Network.Egress {
-		if r.Secret != nil {
-			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: Kubernetes runners do not inject egress secrets yet; use a local runner", runtime.ErrInvalidSpec, i)
+		switch {
+		case r.Secret == nil:
+		case b.cfg.Egress == nil:
+			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: this Kubernetes runner has no egress proxy to inject egress secrets (--egress-proxy-listen)", runtime.ErrInvalidSpec, i)
+		case b.noEgressSecrets != "":
+			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: this Kubernetes runner gives no egress secrets: %s", runtime.ErrInvalidSpec, i, b.noEgressSecrets)
+		case spec.Network.DenyEgress:
+			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: an egress secret under deny-all egress reaches no host: drop deny_egress or the secret", runtime.ErrInvalidSpec, i)
+		case len(spec.InitContainers) > 0:
+			return fmt.Errorf("%w: network.egress[%d].sandboxd_secret: egress secrets are not given to sandboxes with init containers on Kubernetes runners yet (init containers start before the runner can hand them their placeholders); drop the init containers or use a local runner", runtime.ErrInvalidSpec, i)
 		}
 	}
 	return b.checkNetRaw(spec)
+}
+
+// EgressSecrets is what the egress proxy injects for the sandbox Pod at src (for
+// egress.Proxy.Secrets): its secrets, or, for a sandbox whose rules carry secrets this
+// process was not given (recovered after a restart: the values and the CA key were in
+// the old process's memory only), a record that refuses its connections to those hosts
+// (as on the local backend); nil for an address that is no such sandbox.
+func (b *Backend) EgressSecrets(src netip.Addr) *egress.SandboxSecrets {
+	b.egressMu.RLock()
+	e := b.egressBySrc[src.Unmap()]
+	b.egressMu.RUnlock()
+	switch {
+	case e == nil:
+		return nil
+	case e.secrets != nil:
+		return e.secrets
+	case len(e.injectHosts) > 0:
+		return egress.LostSecrets(e.id, e.org, e.injectHosts)
+	}
+	return nil
+}
+
+// prepareEgressSecrets makes the CA and placeholders of a new sandbox whose rules carry
+// egress secrets (nil, nil without). The values stay in the returned secrets (runner
+// memory); the placeholders go to the workload only through its agent's Start (the
+// gate channel), never into an API object.
+func prepareEgressSecrets(spec *runtime.Spec) (*egress.SandboxSecrets, map[string]string, error) {
+	rules := spec.Network.EgressSecrets()
+	if len(rules) == 0 {
+		return nil, nil, nil
+	}
+	var egRules []egress.Rule
+	for _, r := range rules {
+		sec := r.Secret
+		egRules = append(egRules, egress.Rule{Host: r.DNSName, Header: sec.HeaderName(), Secret: sec.Key(), EnvVar: sec.EnvVar})
+	}
+	ss, ph, err := egress.Build(spec.ID, spec.Meta[runtime.MetaOrg], egRules, spec.EgressSecretValues)
+	if errors.Is(err, egress.ErrNoValue) {
+		return nil, nil, fmt.Errorf("%w: %w", runtime.ErrInvalidSpec, err)
+	}
+	return ss, ph, err
+}
+
+// egressStartEnv is the environment of c's Start config: its own, with the placeholders
+// and the trust variables (egress.ContainerEnv) when the sandbox has egress secrets.
+func egressStartEnv(c *runtime.Container, placeholders map[string]string) []string {
+	if placeholders == nil {
+		return agentconfig.MergeEnv(nil, c.Env)
+	}
+	add := egress.ContainerEnv(nil, func(k string) bool { _, set := c.Env[k]; return set }, placeholders)
+	env := maps.Clone(c.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, add)
+	return agentconfig.MergeEnv(nil, env)
+}
+
+// writeEgressRoots writes runner runnerID's roots ConfigMap
+// (gate.EgressRootsConfigMapName): create, or update one that differs (again on a
+// conflict with a concurrent writer, a replica of the same runner).
+func writeEgressRoots(ctx context.Context, client k8s.Interface, ns, runnerID string, roots []byte) error {
+	name := gate.EgressRootsConfigMapName(runnerID)
+	data := map[string]string{gate.EgressRootsFile: string(roots)}
+	cms := client.CoreV1().ConfigMaps(ns)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		old, err := cms.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			cm := &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRunner: runnerID}},
+				Data:       data,
+			}
+			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) { // made meanwhile: read it again
+				return apierrors.NewConflict(corev1.Resource("configmaps"), name, err)
+			}
+			return err
+		case err != nil:
+			return err
+		case maps.Equal(old.Data, data) && old.Labels[LabelRunner] == runnerID && old.Labels[LabelManagedBy] == ManagedBy:
+			return nil
+		}
+		old.Data = data
+		if old.Labels == nil {
+			old.Labels = map[string]string{}
+		}
+		old.Labels[LabelManagedBy], old.Labels[LabelRunner] = ManagedBy, runnerID
+		_, err = cms.Update(ctx, old, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("roots ConfigMap %s: %w", name, err)
+	}
+	return nil
+}
+
+// applyEgressSecretsPod gives the Pod of a sandbox with egress secrets its trust
+// material: the gate mounts the sandbox CA's certificate (the sandbox Secret's item
+// gate.EgressCAFile: public) and the roots ConfigMap, and its install writes ca.pem and
+// bundle.pem into an emptyDir that every other container mounts read-only at
+// egress.CAMount. No key, value or placeholder is in the Pod.
+func applyEgressSecretsPod(pod *corev1.Pod, spec *runtime.Spec, runnerID string) {
+	if len(spec.Network.EgressSecrets()) == 0 {
+		return
+	}
+	const src, out = "egress-src", "egress-ca"
+	pod.Spec.Volumes = append(pod.Spec.Volumes,
+		corev1.Volume{Name: src, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			DefaultMode: ptr(int32(0o444)),
+			Sources: []corev1.VolumeProjection{
+				{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: secretName(spec.ID)},
+					Items: []corev1.KeyToPath{{Key: gate.EgressCAFile, Path: gate.EgressCAFile}}}},
+				{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: gate.EgressRootsConfigMapName(runnerID)},
+					Items: []corev1.KeyToPath{{Key: gate.EgressRootsFile, Path: gate.EgressRootsFile}}, Optional: ptr(true)}},
+			},
+		}}},
+		corev1.Volume{Name: out, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
+	)
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if c.Name == containerGate {
+			c.VolumeMounts = append(c.VolumeMounts,
+				corev1.VolumeMount{Name: src, MountPath: gate.EgressSrcDir, ReadOnly: true},
+				corev1.VolumeMount{Name: out, MountPath: gate.EgressDir})
+			continue
+		}
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: out, MountPath: egress.CAMount, ReadOnly: true})
+	}
 }
 
 // checkNetRaw refuses CAP_NET_RAW in any container of any spec on a runner that serves

@@ -196,11 +196,17 @@ func TestEgressPodDNS(t *testing.T) {
 	}
 }
 
-// TestEgressRefusals: egress secrets are refused on this backend (configured or not), as
-// is a container adding NET_RAW beside host-name rules; nothing is made then. Without
-// Egress the backend reports NoDNSEgress, with it not; New refuses an incomplete Egress.
+// TestEgressRefusals: egress secrets are refused on a runner without Egress and beside
+// init containers, as is a container adding NET_RAW beside host-name rules; nothing is
+// made then. Without Egress the backend reports NoDNSEgress and NoEgressSecrets, with it
+// neither; New refuses an incomplete Egress.
 func TestEgressRefusals(t *testing.T) {
 	secret := hostNameSpec("ref-1", runtime.EgressRule{DNSName: "api.example.com", Secret: &runtime.EgressSecret{Store: "s", Path: "p", EnvVar: "TOKEN"}})
+	secret.EgressSecretValues = map[string]string{"s/p": "v"}
+	secretInit := hostNameSpec("ref-1b", runtime.EgressRule{DNSName: "api.example.com", Secret: &runtime.EgressSecret{Store: "s", Path: "p", EnvVar: "TOKEN"}})
+	secretInit.EgressSecretValues = map[string]string{"s/p": "v"}
+	secretInit.Name = "main"
+	secretInit.InitContainers = []runtime.Container{{Name: "init", Image: "busybox", Command: "true"}}
 	raw := hostNameSpec("ref-2", runtime.EgressRule{DNSName: "api.example.com"})
 	raw.Security = &runtime.Security{CapAdd: []string{"CAP_NET_RAW"}}
 	// Without host-name rules of its own, on a runner that serves them: its raw sockets
@@ -215,8 +221,8 @@ func TestEgressRefusals(t *testing.T) {
 		spec *runtime.Spec
 		want string
 	}{
-		{Config{Egress: testEgress()}, secret, "sandboxd_secret: Kubernetes runners do not inject egress secrets yet"},
-		{Config{}, secret, "sandboxd_secret: Kubernetes runners do not inject egress secrets yet"},
+		{Config{}, secret, "sandboxd_secret: this Kubernetes runner has no egress proxy to inject egress secrets"},
+		{Config{Egress: testEgress()}, secretInit, "sandboxd_secret: egress secrets are not given to sandboxes with init containers on Kubernetes runners yet"},
 		{Config{Egress: testEgress()}, raw, "security.cap_add: CAP_NET_RAW is not allowed on Kubernetes runners that serve host-name egress rules"},
 		{Config{Egress: testEgress()}, rawPlain, "security.cap_add: CAP_NET_RAW is not allowed on Kubernetes runners that serve host-name egress rules"},
 		{Config{Egress: testEgress()}, rawNoNet, "security.cap_add: CAP_NET_RAW is not allowed on Kubernetes runners that serve host-name egress rules"},
@@ -235,8 +241,11 @@ func TestEgressRefusals(t *testing.T) {
 		t.Error("a runner without Egress reports host-name rules enforceable")
 	}
 	configured, _ := newFakeBackend(t, Config{MaxPrepull: -1, Egress: testEgress()})
-	if sup := configured.Support(); sup.NoDNSEgress || !sup.NoEgressSecrets {
-		t.Errorf("a runner with Egress reports %+v, want host names without egress secrets", sup)
+	if sup := configured.Support(); sup.NoDNSEgress || sup.NoEgressSecrets {
+		t.Errorf("a runner with Egress reports %+v, want host names and egress secrets", sup)
+	}
+	if sup := plain.Support(); !sup.NoEgressSecrets {
+		t.Errorf("a runner without Egress reports %+v, want no egress secrets", sup)
 	}
 	for name, mod := range map[string]func(*EgressConfig){
 		"no proxy":  func(c *EgressConfig) { c.ProxyAddrs = nil },

@@ -158,7 +158,7 @@ func TestGlobalVolumeFiller(t *testing.T) {
 	if err != nil || len(plan) != 1 || plan[0].container != containerFiller {
 		t.Errorf("group plan %+v, %v; want the filler", plan, err)
 	}
-	g, err := b.prepareGroup(context.Background(), gspec)
+	g, err := b.prepareGroup(context.Background(), gspec, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestGlobalVolumeFillerDisk(t *testing.T) {
 		b.addFiller(pod, spec)
 		gspec := globalSpec(d)
 		gspec.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
-		g, err := b.prepareGroup(context.Background(), gspec)
+		g, err := b.prepareGroup(context.Background(), gspec, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

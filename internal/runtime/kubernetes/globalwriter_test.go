@@ -97,7 +97,7 @@ func TestGlobalVolumeWriterPod(t *testing.T) {
 	// A group writer: the primary gets the termination log too, the gate the hold.
 	gspec := writerSpec(d)
 	gspec.Sidecars = []runtime.Container{{Name: "web", Image: "busybox", Command: "sh"}}
-	g, err := b.prepareGroup(context.Background(), gspec)
+	g, err := b.prepareGroup(context.Background(), gspec, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

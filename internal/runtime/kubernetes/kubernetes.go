@@ -61,6 +61,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
@@ -181,13 +182,16 @@ type Config struct {
 
 // Backend is the Kubernetes runtime.Backend.
 type Backend struct {
-	cfg      Config
-	log      *slog.Logger
-	pods     cache.Indexer
-	stop     chan struct{}
-	ctx      context.Context // ends with Close
-	cancel   context.CancelFunc
-	selector labels.Selector
+	cfg Config
+	// noEgressSecrets: why this runner with Config.Egress gives no egress secrets ("": it
+	// does): New could not write its roots ConfigMap (Forbidden: an old Role).
+	noEgressSecrets string
+	log             *slog.Logger
+	pods            cache.Indexer
+	stop            chan struct{}
+	ctx             context.Context // ends with Close
+	cancel          context.CancelFunc
+	selector        labels.Selector
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -263,6 +267,10 @@ type sandbox struct {
 	// its Pod (none are registered again). Guarded by Backend.mu.
 	egressIPs []netip.Addr
 	egressOff bool
+	// egress: s's egress secrets (CA, placeholders, values), in this process's memory
+	// only; nil for a sandbox without them, or one recovered after a restart (its
+	// injection hosts are refused then: EgressSecrets). Set before the Pod is made.
+	egress *egress.SandboxSecrets
 
 	// Guarded by Backend.mu.
 	pod     *corev1.Pod // last seen
@@ -305,8 +313,17 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	case cfg.RunnerID == "" || len(cfg.RunnerID) > 63:
 		return nil, errors.New("kubernetes backend: RunnerID is required (at most 63 characters)")
 	}
+	noEgressSecrets := ""
 	if cfg.Egress != nil {
 		if err := cfg.Egress.check(); err != nil {
+			return nil, fmt.Errorf("kubernetes backend: Egress: %w", err)
+		}
+		if err := writeEgressRoots(ctx, cfg.Client, cfg.Namespace, cfg.RunnerID, cfg.Egress.Roots); apierrors.IsForbidden(err) {
+			// A runner upgraded before its Role (deploy/README.md): host-name rules
+			// still work, egress secrets are off until the Role grants the ConfigMap.
+			noEgressSecrets = fmt.Sprintf("this runner's Role in namespace %s lacks the rule for its egress roots ConfigMap %s (apiGroups [\"\"], resources [configmaps], verbs create, and get and update on that name: upgrade the runner's chart or manifest)",
+				cfg.Namespace, gate.EgressRootsConfigMapName(cfg.RunnerID))
+		} else if err != nil {
 			return nil, fmt.Errorf("kubernetes backend: Egress: %w", err)
 		}
 	}
@@ -349,7 +366,10 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		cfg.HelloAddr = helloTo.String()
 	}
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy, LabelRunner: cfg.RunnerID})
-	b := &Backend{cfg: cfg, helloTo: helloTo, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
+	if noEgressSecrets != "" {
+		cfg.Logger.Warn("kubernetes backend: egress secrets are off", "reason", noEgressSecrets)
+	}
+	b := &Backend{cfg: cfg, noEgressSecrets: noEgressSecrets, helloTo: helloTo, log: cfg.Logger, stop: make(chan struct{}), selector: sel, sandboxes: map[string]*sandbox{},
 		egressBySrc: map[netip.Addr]*egressSource{},
 		snaps:       snapCache{limits: map[string]runtime.ArchiveLimits{}, inUse: map[string]int{}}}
 	b.cleanCache()

@@ -130,7 +130,7 @@ type group struct {
 }
 
 // prepareGroup resolves every container's command, security context and agent configs.
-func (b *Backend) prepareGroup(ctx context.Context, spec *runtime.Spec) (*group, error) {
+func (b *Backend) prepareGroup(ctx context.Context, spec *runtime.Spec, placeholders map[string]string) (*group, error) {
 	g := &group{members: members(spec), sc: map[string]*corev1.SecurityContext{}, secret: map[string][]byte{},
 		start: map[string][]byte{}, idents: map[string]*agentconfig.Identity{}}
 	for _, m := range g.members {
@@ -154,7 +154,7 @@ func (b *Backend) prepareGroup(ctx context.Context, spec *runtime.Spec) (*group,
 		g.idents[m.name] = ident
 		full := agentconfig.Config{
 			Argv:         argv,
-			Env:          agentconfig.MergeEnv(nil, c.Env),
+			Env:          egressStartEnv(c, placeholders), // none in init containers: checkEgress
 			WorkingDir:   c.WorkingDir,
 			RestartLimit: c.RestartLimit,
 			Hostname:     runtime.Hostname(spec.ID),

@@ -142,7 +142,7 @@ func TestPullPolicyPrivateImages(t *testing.T) {
 	if err := runtime.ValidateSpec(spec, maxIDLen); err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.prepareGroup(context.Background(), spec)
+	g, err := b.prepareGroup(context.Background(), spec, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -200,7 +200,8 @@ func newWarmPool(b *Backend) *warmPool {
 // Secret's volumes and its NetworkPolicy, and of its organization. ok false: spec is
 // not poolable (see above).
 func warmKey(spec *runtime.Spec) (string, bool) {
-	if spec.Multi() || spec.Engine != nil || len(spec.Volumes) > 0 || spec.ShareTokenHash != "" {
+	if spec.Multi() || spec.Engine != nil || len(spec.Volumes) > 0 || spec.ShareTokenHash != "" ||
+		len(spec.Network.EgressSecrets()) > 0 { // a CA and placeholders of its own per sandbox
 		return "", false
 	}
 	for _, svc := range spec.Services {

@@ -23,6 +23,7 @@ import (
 
 	agentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
 )
 
 // The runner's Roles are written three times: the Helm chart (templates/rbac.yaml),
@@ -101,7 +102,10 @@ func grants(r *rbacv1.Role) map[string]bool {
 	g := map[string]bool{}
 	for _, rule := range r.Rules {
 		names := rule.ResourceNames
-		if len(names) == 0 {
+		if len(names) == 0 || slices.Equal(rule.Resources, []string{"configmaps"}) && len(names) == 1 && strings.HasPrefix(names[0], gate.EgressRootsConfigMapPrefix) {
+			// The installer names the runner's egress roots ConfigMap (it knows the
+			// runner's ID); the chart and the manifest cannot (the ID is issued at
+			// registration) and grant the verbs namespace-wide: the same verbs.
 			names = []string{""}
 		}
 		for _, grp := range rule.APIGroups {

@@ -3,7 +3,6 @@ package local
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,22 +22,10 @@ import (
 // those hosts.
 
 const (
-	// EgressCAMount is where a sandbox with egress secrets finds its CA: ca.pem (the
-	// sandbox CA alone) and bundle.pem (the runner's public roots and the sandbox CA).
-	EgressCAMount = "/etc/sandboxd-egress"
+	// EgressCAMount is where a sandbox with egress secrets finds its CA (egress.CAMount).
+	EgressCAMount = egress.CAMount
 	dirEgressCA   = "egress-ca" // in the sandbox dir: what EgressCAMount shows
-	// egressCATTL: a year, so that forks (which keep their source's CA and count their
-	// lifetime from the fork) of forks can go on for months; the CA's key never leaves
-	// the runner's memory and the CA is name-constrained to the sandbox's injection hosts.
-	egressCATTL = 366 * 24 * time.Hour
 )
-
-// DefaultRootsFiles are the host CA bundles tried, in order, for bundle.pem.
-var DefaultRootsFiles = []string{
-	"/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, Alpine
-	"/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL
-	"/etc/ssl/cert.pem",                  // Alpine, macOS-like layouts
-}
 
 // EgressSecretsSetter is what a Network offers to serve egress secrets (the stack's
 // adapter of *network.Manager): SetEgressSecrets hands the egress proxy a sandbox's
@@ -91,23 +78,16 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec, from *egr
 			placeholders[sec.EnvVar] = ss.Injections[i].Placeholder
 		}
 	} else {
-		var injs []egress.Injection
+		var egRules []egress.Rule
 		for _, r := range rules {
 			sec := r.Secret
-			v, ok := spec.EgressSecretValues[sec.Key()]
-			if !ok {
-				return fmt.Errorf("%w: egress secret %s has no value", runtime.ErrInvalidSpec, sec.Key())
-			}
-			ph, err := egress.NewPlaceholder()
-			if err != nil {
-				return err
-			}
-			placeholders[sec.EnvVar] = ph
-			injs = append(injs, egress.Injection{Host: r.DNSName, Header: sec.HeaderName(), Placeholder: ph, Value: v, Secret: sec.Key()})
+			egRules = append(egRules, egress.Rule{Host: r.DNSName, Header: sec.HeaderName(), Secret: sec.Key(), EnvVar: sec.EnvVar})
 		}
 		var err error
-		if ss, err = egress.NewSandboxSecrets(s.id, spec.Meta[runtime.MetaOrg], injs, egressCATTL); err != nil {
-			return fmt.Errorf("sandbox %s: egress CA: %w", s.id, err)
+		if ss, placeholders, err = egress.Build(s.id, spec.Meta[runtime.MetaOrg], egRules, spec.EgressSecretValues); errors.Is(err, egress.ErrNoValue) {
+			return fmt.Errorf("%w: %w", runtime.ErrInvalidSpec, err)
+		} else if err != nil {
+			return err
 		}
 	}
 	dir := filepath.Join(s.dir, dirEgressCA)
@@ -119,7 +99,7 @@ func (b *Backend) prepareEgressSecrets(s *sandbox, spec *runtime.Spec, from *egr
 	if err != nil {
 		return fmt.Errorf("sandbox %s: egress CA bundle: %w", s.id, err)
 	}
-	bundle := append(append(roots, '\n'), caPEM...)
+	bundle := egress.Bundle(roots, caPEM)
 	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), caPEM, 0o644); err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
@@ -169,56 +149,15 @@ func (b *Backend) EgressCAExpiry(id string) (time.Time, bool) {
 	return ss.CACert().NotAfter, true
 }
 
-// egressTrustEnv is what points the common TLS stacks at the sandbox's bundle: OpenSSL
-// (Python's ssl, Ruby, …) reads SSL_CERT_FILE, curl CURL_CA_BUNDLE, Python requests
-// REQUESTS_CA_BUNDLE, Node.js adds NODE_EXTRA_CA_CERTS to its own roots.
-var egressTrustEnv = map[string]string{
-	"SSL_CERT_FILE":       EgressCAMount + "/bundle.pem",
-	"CURL_CA_BUNDLE":      EgressCAMount + "/bundle.pem",
-	"REQUESTS_CA_BUNDLE":  EgressCAMount + "/bundle.pem",
-	"NODE_EXTRA_CA_CERTS": EgressCAMount + "/ca.pem",
-}
-
 // egressEnv is c's secret environment with the placeholders (variable: placeholder) and
-// the trust variables the container does not set itself.
+// the trust variables the container does not set itself (egress.ContainerEnv).
 func egressEnv(c *runtime.Container, placeholders map[string]string) map[string]string {
-	env := maps.Clone(c.SecretEnv)
-	if env == nil {
-		env = map[string]string{}
-	}
-	maps.Copy(env, placeholders)
-	for k, v := range egressTrustEnv {
-		if _, set := c.Env[k]; !set {
-			if _, set := env[k]; !set {
-				env[k] = v
-			}
-		}
-	}
-	return env
+	return egress.ContainerEnv(c.SecretEnv, func(k string) bool { _, set := c.Env[k]; return set }, placeholders)
 }
 
 // egressRoots is the host bundle bundle.pem starts with (Config.EgressRootsFile or the
-// first of DefaultRootsFiles; none: empty).
-func (b *Backend) egressRoots() ([]byte, error) {
-	files := DefaultRootsFiles
-	if b.cfg.EgressRootsFile != "" {
-		files = []string{b.cfg.EgressRootsFile}
-	}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if errors.Is(err, os.ErrNotExist) && b.cfg.EgressRootsFile == "" {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(data) > 16<<20 {
-			return nil, fmt.Errorf("%s is larger than 16 MiB", f)
-		}
-		return data, nil
-	}
-	return nil, nil
-}
+// first of egress.DefaultRootsFiles; none: empty).
+func (b *Backend) egressRoots() ([]byte, error) { return egress.ReadRoots(b.cfg.EgressRootsFile) }
 
 // registerEgressSecrets hands s's secrets to the network's proxy (attachment cid).
 func (b *Backend) registerEgressSecrets(s *sandbox, cid string) error {

@@ -149,11 +149,11 @@ func TestPrepareForkEgressSecrets(t *testing.T) {
 	// refused, naming both ends; one ending before it is made, and its expiry is told.
 	long := mk("f5", "x")
 	long.Meta[runtime.MetaCreatedAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	long.Meta[runtime.MetaLifetime] = (egressCATTL + time.Hour).String()
+	long.Meta[runtime.MetaLifetime] = (egress.CATTL + time.Hour).String()
 	if err := b.prepareEgressSecrets(&sandbox{id: "f5", dir: t.TempDir()}, &long, src.egress); !errors.Is(err, egress.ErrCAExpiresFirst) {
 		t.Errorf("fork outliving the CA = %v", err)
 	}
-	long.Meta[runtime.MetaLifetime] = (egressCATTL - time.Hour).String()
+	long.Meta[runtime.MetaLifetime] = (egress.CATTL - time.Hour).String()
 	if err := b.prepareEgressSecrets(&sandbox{id: "f5", dir: t.TempDir()}, &long, src.egress); err != nil {
 		t.Errorf("fork ending before the CA = %v", err)
 	}

@@ -105,7 +105,7 @@ type Config struct {
 	// sandbox gets a new, empty network namespace (loopback only).
 	Network Network
 	// EgressRootsFile is the host CA bundle a sandbox with egress secrets trusts besides
-	// its own CA (bundle.pem); "": the first of DefaultRootsFiles.
+	// its own CA (bundle.pem); "": the first of egress.DefaultRootsFiles.
 	EgressRootsFile string
 	Logger          *slog.Logger
 	// Pool keeps pre-started containers for images recently created (see pool.go).

@@ -2800,7 +2800,8 @@ type EgressRule struct {
 	// one exact host, a secret of the organization's stores that the runner's egress proxy
 	// puts into the sandbox's HTTPS requests to that host, in place of a placeholder the
 	// sandbox gets in an environment variable; the value never enters the sandbox
-	// (docs/secrets.md). Local runners only.
+	// (docs/secrets.md). Local runners, and Kubernetes runners with the egress proxy
+	// (--egress-proxy-listen).
 	SandboxdSecret *EgressSecretInjection `protobuf:"bytes,100,opt,name=sandboxd_secret,json=sandboxdSecret,proto3" json:"sandboxd_secret,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

@@ -5475,8 +5475,9 @@ type CapacityResponse struct {
 	// commit them (its own create refuses what it cannot).
 	NoGlobalVolumeWriters bool `protobuf:"varint,32,opt,name=no_global_volume_writers,json=noGlobalVolumeWriters,proto3" json:"no_global_volume_writers,omitempty"`
 	// It injects no egress secrets (EgressRule.sandboxd_secret) although it enforces
-	// host-name rules (a Kubernetes runner with its egress proxy): placement sends a
-	// sandbox with one elsewhere. A lack on the wire: an older runner, which does not say,
+	// host-name rules (a Kubernetes runner with its egress proxy whose Role does not let it
+	// write its egress roots ConfigMap; in earlier releases every Kubernetes runner with
+	// the proxy): placement sends a sandbox with one elsewhere. A lack on the wire: an older runner, which does not say,
 	// either injects them (local) or reports no_dns_egress (Kubernetes), which covers it.
 	NoEgressSecrets bool `protobuf:"varint,33,opt,name=no_egress_secrets,json=noEgressSecrets,proto3" json:"no_egress_secrets,omitempty"`
 	unknownFields   protoimpl.UnknownFields

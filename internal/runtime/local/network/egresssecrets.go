@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 
 	"github.com/sandboxd/sandboxd/internal/egress"
@@ -59,16 +58,9 @@ func (m *Manager) forgetSecrets(ip netip.Addr) {
 
 // upstreamRoots reads Config.EgressUpstreamCAFile (nil: the system roots).
 func (m *Manager) upstreamRoots() (*x509.CertPool, error) {
-	if m.cfg.EgressUpstreamCAFile == "" {
-		return nil, nil
-	}
-	data, err := os.ReadFile(m.cfg.EgressUpstreamCAFile)
+	pool, err := egress.ReadUpstreamRoots(m.cfg.EgressUpstreamCAFile)
 	if err != nil {
-		return nil, fmt.Errorf("network: egress upstream CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(data) {
-		return nil, fmt.Errorf("network: egress upstream CA %s: no PEM certificate", m.cfg.EgressUpstreamCAFile)
+		return nil, fmt.Errorf("network: %w", err)
 	}
 	return pool, nil
 }

@@ -31,6 +31,10 @@ func main() {
 	switch os.Args[1] {
 	case "install":
 		err = gate.Install("/", gate.BinDir, "sandbox-agent", "sandbox-gate")
+		if err == nil {
+			// A sandbox with egress secrets: its CA and bundle for the workload.
+			err = gate.InstallEgressBundle(gate.EgressSrcDir, gate.EgressDir)
+		}
 	case "exec-agent":
 		err = gate.ExecAgent(slices.Contains(os.Args[2:], gate.FlagTerminationLog))
 	case "noop":
