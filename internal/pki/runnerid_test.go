@@ -45,3 +45,27 @@ func TestRunnerOwner(t *testing.T) {
 		}
 	}
 }
+
+func TestNodeAgentRunner(t *testing.T) {
+	certWith := func(uris ...*url.URL) *x509.Certificate { return &x509.Certificate{URIs: uris} }
+	spiffe := func(path string) *url.URL { return &url.URL{Scheme: "spiffe", Host: "sandboxd", Path: path} }
+	if id, ok := NodeAgentRunner(certWith(NodeAgentClientURI("r1"))); !ok || id != "r1" {
+		t.Fatalf("%q %v", id, ok)
+	}
+	// Never taken for a runner's identity.
+	if _, _, ok := RunnerIdentity(certWith(NodeAgentClientURI("r1"))); ok {
+		t.Fatal("node-agent client URI read as a runner URI")
+	}
+	for name, c := range map[string]*x509.Certificate{
+		"none":       certWith(),
+		"runner URI": certWith(RunnerURI("org", "r1")),
+		"two":        certWith(NodeAgentClientURI("r1"), NodeAgentClientURI("r2")),
+		"empty":      certWith(spiffe("/node-agent-client/")),
+		"nested":     certWith(spiffe("/node-agent-client/r1/x")),
+		"other host": certWith(&url.URL{Scheme: "spiffe", Host: "evil", Path: "/node-agent-client/r1"}),
+	} {
+		if id, ok := NodeAgentRunner(c); ok {
+			t.Errorf("%s: accepted as %q", name, id)
+		}
+	}
+}

@@ -1,0 +1,413 @@
+package nodeagent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nodeagentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/nodeagent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/nodeagent/v1/nodeagentv1connect"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/cri"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
+	"github.com/sandboxd/sandboxd/internal/pki"
+)
+
+const (
+	runnerA = "runner-a"
+	podUID  = "0b6f1a8e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+	criID   = "5f0c3a9d2b1e4f6a8c7d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+)
+
+// fakeResolver: Pod sbx/sbx-abc of uid podUID is runner-a's sandbox abc.
+type fakeResolver struct {
+	ready bool
+	err   error
+}
+
+func (f *fakeResolver) Sandbox(_ context.Context, q cri.Query) (cri.Sandbox, error) {
+	if f.err != nil {
+		return cri.Sandbox{}, f.err
+	}
+	if q.Pod != (cri.PodRef{Namespace: "sbx", Name: "sbx-abc", UID: podUID}) {
+		return cri.Sandbox{}, cri.ErrNotFound
+	}
+	if q.RunnerID != runnerA || q.SandboxID != "abc" {
+		return cri.Sandbox{}, cri.ErrDenied
+	}
+	return cri.Sandbox{ID: criID, MemoryBytes: 100}, nil
+}
+
+func (f *fakeResolver) Ready(context.Context, string) (bool, error) { return f.ready, nil }
+
+type fakeCheckpointer struct {
+	mu    sync.Mutex
+	calls []string
+	size  int
+	err   error
+}
+
+func (f *fakeCheckpointer) Checkpoint(_ context.Context, sandboxID, dir string, leave bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, sandboxID)
+	if f.err != nil {
+		return f.err
+	}
+	return os.WriteFile(filepath.Join(dir, "checkpoint.img"), make([]byte, f.size), 0o600)
+}
+
+func (f *fakeCheckpointer) n() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
+type plainDirs struct{}
+
+func (plainDirs) Create(root, id string) (string, error) {
+	d := filepath.Join(root, id)
+	return d, os.Mkdir(d, 0o700)
+}
+func (plainDirs) MarkComplete(dir string) error {
+	return os.WriteFile(filepath.Join(dir, "sandboxd-complete"), nil, 0o600)
+}
+
+type fixture struct {
+	srv  *Server
+	res  *fakeResolver
+	ckpt *fakeCheckpointer
+	st   *store.Store
+	root string
+}
+
+func newFixture(t *testing.T, quota int64) *fixture {
+	t.Helper()
+	d := t.TempDir()
+	root := filepath.Join(d, "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(store.Config{Root: root, StateDir: filepath.Join(d, "state"), Owner: runnerA, QuotaBytes: quota,
+		Dirs: plainDirs{}, Free: func(string) (int64, error) { return 1 << 40, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{res: &fakeResolver{}, ckpt: &fakeCheckpointer{size: 500}, st: st, root: root}
+	f.srv, err = NewServer(Config{Node: "node-1", RunnerID: runnerA, Resolver: f.res, Checkpointer: f.ckpt, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func as(owner string) context.Context {
+	return context.WithValue(context.Background(), ownerKey{}, owner)
+}
+
+func goodRequest() *nodeagentv1.CheckpointRequest {
+	return &nodeagentv1.CheckpointRequest{Pod: &nodeagentv1.PodRef{Namespace: "sbx", Name: "sbx-abc", Uid: podUID}, SandboxId: "abc"}
+}
+
+func TestServerCheckpointAndOwners(t *testing.T) {
+	f := newFixture(t, 1<<20)
+	resp, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.CheckpointId
+	if store.ValidID(id) != nil || resp.Msg.Bytes != 500 || resp.Msg.Node != "node-1" || resp.Msg.SandboxRunning {
+		t.Fatalf("resp %+v", resp.Msg)
+	}
+	if f.ckpt.calls[0] != criID {
+		t.Fatalf("checkpointed %v: want the CRI's ID", f.ckpt.calls)
+	}
+	if _, err := os.Stat(filepath.Join(f.root, id, "sandboxd-complete")); err != nil {
+		t.Fatalf("not marked complete: %v", err)
+	}
+	list, err := f.srv.ListCheckpoints(as(runnerA), connect.NewRequest(&nodeagentv1.ListCheckpointsRequest{}))
+	if err != nil || len(list.Msg.Checkpoints) != 1 || list.Msg.Checkpoints[0].CheckpointId != id || list.Msg.Checkpoints[0].Pod.Uid != podUID {
+		t.Fatalf("list %v %v", list, err)
+	}
+	// Runner B (had it reached the handler) sees none of A's and deletes none.
+	list, err = f.srv.ListCheckpoints(as("runner-b"), connect.NewRequest(&nodeagentv1.ListCheckpointsRequest{}))
+	if err != nil || len(list.Msg.Checkpoints) != 0 {
+		t.Fatalf("b lists %v %v", list, err)
+	}
+	if _, err := f.srv.DeleteCheckpoint(as("runner-b"), connect.NewRequest(&nodeagentv1.DeleteCheckpointRequest{CheckpointId: id})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(f.root, id)); err != nil {
+		t.Fatalf("b deleted a's image: %v", err)
+	}
+	// B cannot checkpoint A's Pod (the resolver checks the runner label against B).
+	if _, err := f.srv.Checkpoint(as("runner-b"), connect.NewRequest(goodRequest())); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("b checkpoints a's pod: %v", err)
+	}
+	info, err := f.srv.Info(as(runnerA), connect.NewRequest(&nodeagentv1.InfoRequest{}))
+	if err != nil || info.Msg.UsedBytes != 500 || info.Msg.RunnerUsedBytes != 500 || info.Msg.QuotaBytes != 1<<20 || info.Msg.Node != "node-1" {
+		t.Fatalf("info %v %v", info, err)
+	}
+	// A deletes it; twice is fine.
+	for range 2 {
+		if _, err := f.srv.DeleteCheckpoint(as(runnerA), connect.NewRequest(&nodeagentv1.DeleteCheckpointRequest{CheckpointId: id})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(f.root, id)); !os.IsNotExist(err) {
+		t.Fatalf("image left: %v", err)
+	}
+	// No identity at all.
+	if _, err := f.srv.ListCheckpoints(context.Background(), connect.NewRequest(&nodeagentv1.ListCheckpointsRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("anonymous: %v", err)
+	}
+}
+
+func TestServerBadInputs(t *testing.T) {
+	f := newFixture(t, 1<<20)
+	edit := func(e func(*nodeagentv1.CheckpointRequest)) *nodeagentv1.CheckpointRequest {
+		r := goodRequest()
+		e(r)
+		return r
+	}
+	for name, c := range map[string]struct {
+		req  *nodeagentv1.CheckpointRequest
+		want connect.Code
+	}{
+		"no pod":          {edit(func(r *nodeagentv1.CheckpointRequest) { r.Pod = nil }), connect.CodeInvalidArgument},
+		"path namespace":  {edit(func(r *nodeagentv1.CheckpointRequest) { r.Pod.Namespace = "../etc" }), connect.CodeInvalidArgument},
+		"path name":       {edit(func(r *nodeagentv1.CheckpointRequest) { r.Pod.Name = "a/../b" }), connect.CodeInvalidArgument},
+		"bad uid":         {edit(func(r *nodeagentv1.CheckpointRequest) { r.Pod.Uid = "x" }), connect.CodeInvalidArgument},
+		"bad sandbox id":  {edit(func(r *nodeagentv1.CheckpointRequest) { r.SandboxId = "../abc" }), connect.CodeInvalidArgument},
+		"other pod":       {edit(func(r *nodeagentv1.CheckpointRequest) { r.Pod.Name = "sbx-other" }), connect.CodeNotFound},
+		"other sandbox":   {edit(func(r *nodeagentv1.CheckpointRequest) { r.SandboxId = "xyz" }), connect.CodePermissionDenied},
+		"empty namespace": {edit(func(r *nodeagentv1.CheckpointRequest) { r.Pod.Namespace = "" }), connect.CodeInvalidArgument},
+	} {
+		_, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(c.req))
+		if connect.CodeOf(err) != c.want {
+			t.Errorf("%s: %v, want %v", name, err, c.want)
+		}
+	}
+	for _, id := range []string{"", "..", "../../etc", "e2e-1", "c-x", strings.Repeat("a", 200)} {
+		_, err := f.srv.DeleteCheckpoint(as(runnerA), connect.NewRequest(&nodeagentv1.DeleteCheckpointRequest{CheckpointId: id}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("delete %q: %v", id, err)
+		}
+	}
+	if f.ckpt.n() != 0 {
+		t.Fatalf("checkpointed on bad input: %v", f.ckpt.calls)
+	}
+	// Not ready; CRI down.
+	f.res.err = cri.ErrNotReady
+	if _, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest())); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("not ready: %v", err)
+	}
+	f.res.err = cri.ErrCRI
+	if _, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest())); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("cri down: %v", err)
+	}
+}
+
+func TestServerCheckpointFailures(t *testing.T) {
+	// Quota before: the Pod's memory (100) does not fit 50.
+	f := newFixture(t, 50)
+	if _, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest())); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("quota before: %v", err)
+	}
+	if f.ckpt.n() != 0 {
+		t.Fatal("checkpointed over quota")
+	}
+	// Quota after: the image (500) is larger than the quota (200): deleted.
+	f = newFixture(t, 200)
+	f.res.ready = true
+	_, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("quota after: %v", err)
+	}
+	if des, _ := os.ReadDir(f.root); len(des) != 0 {
+		t.Fatalf("image kept over quota: %v", des)
+	}
+	// A failed checkpoint: the image goes, the caller learns whether the sandbox runs.
+	f = newFixture(t, 1<<20)
+	f.ckpt.err = errors.New("runsc: boom")
+	f.res.ready = true
+	_, err = f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition || ce.Meta().Get(SandboxRunningMeta) != "true" {
+		t.Fatalf("failed checkpoint: %v", err)
+	}
+	if des, _ := os.ReadDir(f.root); len(des) != 0 || len(f.st.List(runnerA)) != 0 {
+		t.Fatalf("failed image kept: %v", des)
+	}
+}
+
+// tlsFixture serves the server with TLS from a fresh CA; it returns the address, the CA and
+// a client config maker.
+func serveTLS(t *testing.T, f *fixture) (string, *pki.CA) {
+	t.Helper()
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test node-agent CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvCert, err := ca.IssueServer("sandboxd-node-agent", []string{ServerName}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	writeTLSDir(t, dir, srvCert, ca)
+	cfg, err := ServerTLSConfig(dir, runnerA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := f.srv.HTTPServer(cfg)
+	go func() { _ = hs.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { hs.Close() })
+	return ln.Addr().String(), ca
+}
+
+func writeTLSDir(t *testing.T, dir string, cert tls.Certificate, ca *pki.CA) {
+	t.Helper()
+	if err := pki.WriteKeyPair(dir, "x", cert); err != nil {
+		t.Fatal(err)
+	}
+	for from, to := range map[string]string{"x.pem": CertFile, "x-key.pem": KeyFile} {
+		if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, to)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, CAFile), ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func clientFor(t *testing.T, addr string, ca *pki.CA, cert *tls.Certificate) *Client {
+	t.Helper()
+	c, err := NewClient(addr, ClientTLSConfig(cert, nil, ca.Pool()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestTLS(t *testing.T) {
+	f := newFixture(t, 1<<20)
+	addr, ca := serveTLS(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	good, err := ca.IssueClient("runner-a", []*url.URL{pki.NodeAgentClientURI(runnerA)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := clientFor(t, addr, ca, &good)
+	res, err := c.Checkpoint(ctx, CheckpointRequest{Namespace: "sbx", Name: "sbx-abc", UID: podUID, SandboxID: "abc"})
+	if err != nil || res.Node != "node-1" || res.Bytes != 500 || store.ValidID(res.ID) != nil {
+		t.Fatalf("checkpoint %+v %v", res, err)
+	}
+	list, err := c.ListCheckpoints(ctx)
+	if err != nil || len(list) != 1 || list[0].CheckpointId != res.ID {
+		t.Fatalf("list %v %v", list, err)
+	}
+	if info, err := c.Info(ctx); err != nil || info.RunnerUsedBytes != 500 {
+		t.Fatalf("info %v %v", info, err)
+	}
+	d := &StaticDialer{Addrs: map[string]string{"node-1": addr}, TLS: ClientTLSConfig(&good, nil, ca.Pool())}
+	ac, err := d.Agent(ctx, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ac.DeleteCheckpoint(ctx, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Agent(ctx, "node-2"); !errors.Is(err, ErrNoAgent) {
+		t.Fatalf("unknown node: %v", err)
+	}
+	calls := f.ckpt.n()
+
+	// Refused: another CA, another runner's URI, a runner's platform URI, no client cert.
+	other, err := pki.LoadOrCreateCA(t.TempDir(), "another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreignCA, _ := other.IssueClient("runner-a", []*url.URL{pki.NodeAgentClientURI(runnerA)}, time.Hour)
+	runnerB, _ := ca.IssueClient("runner-b", []*url.URL{pki.NodeAgentClientURI("runner-b")}, time.Hour)
+	wrongKind, _ := ca.IssueClient("runner-a", []*url.URL{pki.RunnerURI("org", runnerA)}, time.Hour)
+	for name, cert := range map[string]*tls.Certificate{"another CA": &foreignCA, "runner-b": &runnerB, "runner URI": &wrongKind, "no cert": nil} {
+		c := clientFor(t, addr, ca, cert)
+		_, err := c.Checkpoint(ctx, CheckpointRequest{Namespace: "sbx", Name: "sbx-abc", UID: podUID, SandboxID: "abc"})
+		if err == nil {
+			t.Errorf("%s: checkpoint accepted", name)
+		}
+		if _, err := c.ListCheckpoints(ctx); err == nil {
+			t.Errorf("%s: list accepted", name)
+		}
+	}
+	if f.ckpt.n() != calls {
+		t.Fatal("a refused client checkpointed")
+	}
+	// A client that does not verify the agent against the CA fails too (wrong roots).
+	bad := clientFor(t, addr, other, &good)
+	if _, err := bad.Info(ctx); err == nil {
+		t.Error("server verified against another CA")
+	}
+}
+
+// TestAuthenticateWithoutTLS: the handler itself refuses a request without a verified
+// client certificate (a plain-HTTP mistake in the serving code).
+func TestAuthenticateWithoutTLS(t *testing.T) {
+	f := newFixture(t, 1<<20)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: f.srv.Handler(), Protocols: new(http.Protocols)}
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { hs.Close() })
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	c := newClient(ln.Addr().String(), &http.Client{Transport: &http.Transport{Protocols: &p}})
+	c.api = nodeagentv1connect.NewNodeAgentServiceClient(c.hc, "http://"+ln.Addr().String(), connect.WithGRPC())
+	_, err = c.ListCheckpoints(context.Background())
+	if connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("plain request: %v", err)
+	}
+}
+
+func FuzzValidateCheckpointRequest(f *testing.F) {
+	f.Add("sbx", "sbx-abc", podUID, "abc")
+	f.Add("..", "a/b", "x", "-")
+	f.Add("sbx", strings.Repeat("a", 300), podUID, strings.Repeat("b", 60))
+	f.Fuzz(func(t *testing.T, ns, name, uid, sid string) {
+		err := ValidateCheckpointRequest(&nodeagentv1.CheckpointRequest{Pod: &nodeagentv1.PodRef{Namespace: ns, Name: name, Uid: uid}, SandboxId: sid})
+		if err != nil {
+			if !errors.Is(err, cri.ErrInvalid) {
+				t.Fatalf("error not ErrInvalid: %v", err)
+			}
+			return
+		}
+		for _, s := range []string{ns, name, uid, sid} {
+			if s == "" || strings.ContainsAny(s, "/\\\x00 \n") || strings.Contains(s, "..") || len(s) > 253 {
+				t.Fatalf("accepted %q", s)
+			}
+		}
+		if len(ns) > 63 || len(sid) > cri.MaxSandboxIDLen {
+			t.Fatalf("accepted long %q %q", ns, sid)
+		}
+	})
+}

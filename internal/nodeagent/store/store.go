@@ -1,0 +1,547 @@
+// Package store keeps the node agent's checkpoint images and their index: who owns each
+// image, of which sandbox and Pod, how big, whether it is complete. It knows nothing of
+// RPCs or CRI.
+//
+// Layout: images are <root>/<id>/ (flat: the patched shim restores <root>/<id>), made with
+// hibernate.CreateImageDir and completed with hibernate.MarkComplete; the index is
+// <state>/index/<id>.json (0600). An entry is written (incomplete, with the estimated size
+// reserved against the quotas) before the image directory is made and rewritten once the
+// image is complete, so a crash leaves an index entry pointing at an incomplete image,
+// never an unowned one; GC removes those, and image directories without an entry, once
+// they are older than GCAge.
+//
+// IDs are made here: c-<8 hex of sha256(owner)>-<20 random hex>, so two runners sharing a
+// node never collide and GC only ever touches directories of its own owner. Deletion
+// re-checks that the path is <root>/<valid id>, a directory and not a symlink (Lstat), and
+// never follows symlinks inside.
+package store
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
+)
+
+// Errors callers map to codes.
+var (
+	ErrInvalid  = errors.New("invalid checkpoint id") // INVALID_ARGUMENT
+	ErrNotFound = errors.New("no such checkpoint")    // NOT_FOUND
+	ErrQuota    = errors.New("quota exceeded")        // RESOURCE_EXHAUSTED
+)
+
+var idPattern = regexp.MustCompile(`^c-[0-9a-f]{8}-[0-9a-f]{20}$`)
+
+// ValidID reports whether id is an ID this store makes.
+func ValidID(id string) error {
+	if !idPattern.MatchString(id) {
+		if len(id) > 80 {
+			id = id[:80] + "…"
+		}
+		return fmt.Errorf("%w %q: want c-<8 hex>-<20 hex>", ErrInvalid, id)
+	}
+	return nil
+}
+
+// OwnerHash is the 8 hex digits of owner in the IDs of its checkpoints.
+func OwnerHash(owner string) string {
+	h := sha256.Sum256([]byte(owner))
+	return hex.EncodeToString(h[:4])
+}
+
+// NewID makes a fresh checkpoint ID for owner.
+func NewID(owner string) string {
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "c-" + OwnerHash(owner) + "-" + hex.EncodeToString(b[:])
+}
+
+// PodRef names the Pod an image was taken of.
+type PodRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+// Entry is one index entry.
+type Entry struct {
+	ID           string    `json:"id"`
+	Owner        string    `json:"owner"`
+	SandboxID    string    `json:"sandbox_id"`
+	Pod          PodRef    `json:"pod"`
+	LeaveRunning bool      `json:"leave_running"`
+	Bytes        int64     `json:"bytes"` // the estimate while incomplete, then the image's size
+	Created      time.Time `json:"created"`
+	Complete     bool      `json:"complete"`
+}
+
+// Dirs makes and completes image directories: hibernate's (root-owned) checks in
+// production; tests without root swap in plain ones.
+type Dirs interface {
+	Create(root, id string) (string, error)
+	MarkComplete(dir string) error
+}
+
+// HibernateDirs are hibernate.CreateImageDir and hibernate.MarkComplete.
+type HibernateDirs struct{}
+
+func (HibernateDirs) Create(root, id string) (string, error) {
+	return hibernate.CreateImageDir(root, id)
+}
+func (HibernateDirs) MarkComplete(dir string) error { return hibernate.MarkComplete(dir) }
+
+// Config configures a Store.
+type Config struct {
+	// Root is the checkpoint root (the shim's sandboxd_checkpoint_root).
+	Root string
+	// StateDir holds the index (made 0700 when missing).
+	StateDir string
+	// Owner is the runner this agent serves: GC removes only unindexed directories whose
+	// ID carries its hash (another runner's agent on the node owns the others).
+	Owner string
+	// QuotaBytes bounds all images; RunnerQuotaBytes one owner's (0: QuotaBytes);
+	// MinFreeBytes is what must stay free on Root's file system.
+	QuotaBytes, RunnerQuotaBytes, MinFreeBytes int64
+	// GCAge is how old an orphan or incomplete image must be before GC removes it
+	// (default 10 min).
+	GCAge time.Duration
+	// RequireRoot: removal refuses directories not owned by uid 0.
+	RequireRoot bool
+	// Dirs defaults to HibernateDirs.
+	Dirs Dirs
+	// Free reports the free bytes of Root's file system (default statfs).
+	Free func(root string) (int64, error)
+}
+
+// Store is the index and the images.
+type Store struct {
+	cfg      Config
+	index    string
+	mu       sync.Mutex
+	entries  map[string]*Entry
+	inFlight map[string]bool
+}
+
+const maxIndexFile = 64 << 10
+
+// Open loads the index.
+func Open(cfg Config) (*Store, error) {
+	for _, p := range []string{cfg.Root, cfg.StateDir} {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return nil, fmt.Errorf("store: path %q: want an absolute, clean path", p)
+		}
+	}
+	if cfg.Owner == "" {
+		return nil, errors.New("store: an owner")
+	}
+	if cfg.QuotaBytes <= 0 {
+		return nil, errors.New("store: quota must be positive")
+	}
+	if cfg.RunnerQuotaBytes <= 0 || cfg.RunnerQuotaBytes > cfg.QuotaBytes {
+		cfg.RunnerQuotaBytes = cfg.QuotaBytes
+	}
+	if cfg.GCAge <= 0 {
+		cfg.GCAge = 10 * time.Minute
+	}
+	if cfg.Dirs == nil {
+		cfg.Dirs = HibernateDirs{}
+	}
+	if cfg.Free == nil {
+		cfg.Free = statfsFree
+	}
+	s := &Store{cfg: cfg, index: filepath.Join(cfg.StateDir, "index"), entries: map[string]*Entry{}, inFlight: map[string]bool{}}
+	for _, d := range []string{cfg.StateDir, s.index} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("store: %w", err)
+		}
+		fi, err := os.Lstat(d)
+		if err != nil {
+			return nil, fmt.Errorf("store: %w", err)
+		}
+		if !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 {
+			return nil, fmt.Errorf("store: %s is not a directory of mode 0700", d)
+		}
+	}
+	des, err := os.ReadDir(s.index)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	for _, de := range des {
+		id, ok := strings.CutSuffix(de.Name(), ".json")
+		if !ok || ValidID(id) != nil || !de.Type().IsRegular() {
+			continue // temp files and strangers: not ours to read
+		}
+		e, err := s.readEntry(id)
+		if err != nil {
+			return nil, err
+		}
+		s.entries[id] = e
+	}
+	return s, nil
+}
+
+func (s *Store) readEntry(id string) (*Entry, error) {
+	f, err := os.OpenFile(filepath.Join(s.index, id+".json"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("store: index %s: %w", id, err)
+	}
+	defer f.Close()
+	b := make([]byte, maxIndexFile+1)
+	n, _ := f.Read(b)
+	if n > maxIndexFile {
+		return nil, fmt.Errorf("store: index %s: larger than %d bytes", id, maxIndexFile)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b[:n]))
+	dec.DisallowUnknownFields()
+	var e Entry
+	if err := dec.Decode(&e); err != nil {
+		return nil, fmt.Errorf("store: index %s: %w", id, err)
+	}
+	if e.ID != id {
+		return nil, fmt.Errorf("store: index %s names %q", id, e.ID)
+	}
+	return &e, nil
+}
+
+func (s *Store) writeEntry(e *Entry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(s.index, "."+e.ID+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("store: index: %w", err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(s.index, e.ID+".json"))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("store: index: %w", err)
+	}
+	return nil
+}
+
+// Usage is the bytes all images take (or reserve) and owner's share.
+func (s *Store) Usage(owner string) (total, mine int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.usageLocked(owner)
+}
+
+func (s *Store) usageLocked(owner string) (total, mine int64) {
+	for _, e := range s.entries {
+		total += e.Bytes
+		if e.Owner == owner {
+			mine += e.Bytes
+		}
+	}
+	return total, mine
+}
+
+// Quotas returns the configured quotas.
+func (s *Store) Quotas() (node, runner, minFree int64) {
+	return s.cfg.QuotaBytes, s.cfg.RunnerQuotaBytes, s.cfg.MinFreeBytes
+}
+
+// Free is the free bytes of the root's file system.
+func (s *Store) Free() (int64, error) { return s.cfg.Free(s.cfg.Root) }
+
+func (s *Store) fitsLocked(owner string, extra int64, exclude string) error {
+	total, mine := s.usageLocked(owner)
+	if e := s.entries[exclude]; e != nil {
+		total -= e.Bytes
+		if e.Owner == owner {
+			mine -= e.Bytes
+		}
+	}
+	if total+extra > s.cfg.QuotaBytes {
+		return fmt.Errorf("%w: the node's checkpoints would take %d bytes, the quota is %d", ErrQuota, total+extra, s.cfg.QuotaBytes)
+	}
+	if mine+extra > s.cfg.RunnerQuotaBytes {
+		return fmt.Errorf("%w: this runner's checkpoints would take %d bytes, its quota is %d", ErrQuota, mine+extra, s.cfg.RunnerQuotaBytes)
+	}
+	return nil
+}
+
+// Begin reserves estimate bytes for a new image of owner, writes its (incomplete) index
+// entry and makes its directory. The caller checkpoints into dir, then calls Complete or
+// Abort.
+func (s *Store) Begin(e Entry, estimate int64) (id, dir string, err error) {
+	if estimate <= 0 {
+		return "", "", errors.New("store: a positive estimate")
+	}
+	free, err := s.Free()
+	if err != nil {
+		return "", "", fmt.Errorf("store: free space: %w", err)
+	}
+	if free-estimate < s.cfg.MinFreeBytes {
+		return "", "", fmt.Errorf("%w: %d bytes free on the checkpoint file system, an image of ~%d bytes would leave less than %d", ErrQuota, free, estimate, s.cfg.MinFreeBytes)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fitsLocked(e.Owner, estimate, ""); err != nil {
+		return "", "", err
+	}
+	e.ID = NewID(e.Owner)
+	e.Bytes = estimate
+	e.Complete = false
+	if e.Created.IsZero() {
+		e.Created = time.Now().UTC()
+	}
+	if err := s.writeEntry(&e); err != nil {
+		return "", "", err
+	}
+	dir, err = s.cfg.Dirs.Create(s.cfg.Root, e.ID)
+	if err != nil {
+		_ = os.Remove(filepath.Join(s.index, e.ID+".json"))
+		return "", "", fmt.Errorf("store: image directory: %v", err) // a node problem, not the caller's
+	}
+	s.entries[e.ID] = &e
+	s.inFlight[e.ID] = true
+	return e.ID, dir, nil
+}
+
+// Complete measures the image, checks the quotas again with its real size (over: the
+// image is deleted, ErrQuota), marks it complete and rewrites its entry.
+func (s *Store) Complete(id string) (Entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil || !s.inFlight[id] {
+		return Entry{}, fmt.Errorf("%w %s in flight", ErrNotFound, id)
+	}
+	dir := filepath.Join(s.cfg.Root, id)
+	size, err := dirSize(dir)
+	if err == nil {
+		err = s.fitsLocked(e.Owner, size, id)
+	}
+	if err == nil {
+		if free, ferr := s.Free(); ferr == nil && free < s.cfg.MinFreeBytes {
+			err = fmt.Errorf("%w: %d bytes free on the checkpoint file system after the image, less than %d", ErrQuota, free, s.cfg.MinFreeBytes)
+		}
+	}
+	if err == nil {
+		if merr := s.cfg.Dirs.MarkComplete(dir); merr != nil {
+			err = fmt.Errorf("store: mark complete: %v", merr)
+		}
+	}
+	if err == nil {
+		n := *e
+		n.Bytes, n.Complete = size, true
+		if err = s.writeEntry(&n); err == nil {
+			*e = n
+		}
+	}
+	if err != nil {
+		s.removeLocked(id)
+		return Entry{}, err
+	}
+	delete(s.inFlight, id)
+	return *e, nil
+}
+
+// Abort removes an image that failed and its entry.
+func (s *Store) Abort(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.removeLocked(id)
+}
+
+// removeLocked removes image id (if present) and then its entry.
+func (s *Store) removeLocked(id string) error {
+	if err := s.RemoveImage(id); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(s.index, id+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("store: %w", err)
+	}
+	delete(s.entries, id)
+	delete(s.inFlight, id)
+	return nil
+}
+
+// RemoveImage removes <root>/<id> after checking that id is a valid ID and the path a
+// directory (Lstat: a symlink is refused, never followed), owned by root when the store
+// requires it. A missing directory is not an error.
+func (s *Store) RemoveImage(id string) error {
+	if err := ValidID(id); err != nil {
+		return err
+	}
+	p := filepath.Join(s.cfg.Root, id)
+	if filepath.Dir(p) != s.cfg.Root {
+		return fmt.Errorf("%w %q", ErrInvalid, id)
+	}
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("store: %s is not a directory (a symlink or a file): not removed", p)
+	}
+	if st, _ := fi.Sys().(*syscall.Stat_t); s.cfg.RequireRoot && (st == nil || st.Uid != 0) {
+		return fmt.Errorf("store: %s is not owned by root: not removed", p)
+	}
+	// RemoveAll removes symlinks inside, never what they point at.
+	if err := os.RemoveAll(p); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
+}
+
+// Get returns owner's complete entry id; another owner's, or an incomplete one, is
+// ErrNotFound.
+func (s *Store) Get(owner, id string) (Entry, error) {
+	if err := ValidID(id); err != nil {
+		return Entry{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil || e.Owner != owner || !e.Complete {
+		return Entry{}, fmt.Errorf("%w %s", ErrNotFound, id)
+	}
+	return *e, nil
+}
+
+// List returns owner's complete entries, oldest first.
+func (s *Store) List(owner string) []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Entry
+	for _, e := range s.entries {
+		if e.Owner == owner && e.Complete {
+			out = append(out, *e)
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int {
+		if c := a.Created.Compare(b.Created); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
+}
+
+// Delete deletes owner's checkpoint id. An unknown ID, or another owner's, is no error
+// and deletes nothing (idempotent; another owner's looks exactly like an unknown one).
+func (s *Store) Delete(owner, id string) error {
+	if err := ValidID(id); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil || e.Owner != owner || s.inFlight[id] {
+		return nil
+	}
+	return s.removeLocked(id)
+}
+
+// GC removes incomplete entries (not in flight) older than GCAge with their images,
+// entries whose image directory is gone, and image directories of this store's owner
+// without an entry whose mtime is older than GCAge. It returns the IDs removed.
+func (s *Store) GC(now time.Time) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var removed []string
+	var errs []error
+	for id, e := range s.entries {
+		if s.inFlight[id] {
+			continue
+		}
+		_, err := os.Lstat(filepath.Join(s.cfg.Root, id))
+		gone := errors.Is(err, fs.ErrNotExist)
+		if gone || (!e.Complete && now.Sub(e.Created) > s.cfg.GCAge) {
+			if err := s.removeLocked(id); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, id)
+		}
+	}
+	des, err := os.ReadDir(s.cfg.Root)
+	if err != nil {
+		return removed, errors.Join(append(errs, fmt.Errorf("store: %w", err))...)
+	}
+	prefix := "c-" + OwnerHash(s.cfg.Owner) + "-"
+	for _, de := range des {
+		id := de.Name()
+		if ValidID(id) != nil || !strings.HasPrefix(id, prefix) || s.entries[id] != nil {
+			continue
+		}
+		fi, err := os.Lstat(filepath.Join(s.cfg.Root, id))
+		if err != nil || !fi.IsDir() || now.Sub(fi.ModTime()) <= s.cfg.GCAge {
+			continue
+		}
+		if err := s.RemoveImage(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, id)
+	}
+	slices.Sort(removed)
+	return removed, errors.Join(errs...)
+}
+
+// dirSize is the bytes of the regular files under dir (not following symlinks), at most
+// 1<<20 entries.
+func dirSize(dir string) (int64, error) {
+	var size int64
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if n++; n > 1<<20 {
+			return errors.New("too many files")
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			size += fi.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: size of %s: %w", dir, err)
+	}
+	return size, nil
+}
+
+func statfsFree(root string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(root, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
