@@ -11,6 +11,8 @@ import (
 
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
 
 // fakeCRI is a CRI runtime service on a real gRPC server: it proves the gogo-generated
@@ -217,5 +219,12 @@ func TestResolverConfig(t *testing.T) {
 		if _, err := New(c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+}
+
+// The labels checked are the ones the Kubernetes backend puts on sandbox Pods.
+func TestLabelsMatchBackend(t *testing.T) {
+	if LabelRunner != kubernetes.LabelRunner || LabelSandbox != kubernetes.LabelSandbox {
+		t.Fatalf("labels %s %s, backend %s %s", LabelRunner, LabelSandbox, kubernetes.LabelRunner, kubernetes.LabelSandbox)
 	}
 }
