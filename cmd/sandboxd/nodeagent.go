@@ -105,7 +105,7 @@ func (c *nodeAgentConfig) run(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer resolver.Close()
+	defer func() { _ = resolver.Close() }()
 	st, err := store.Open(store.Config{
 		Root: c.checkpointRoot, StateDir: c.stateDir, Owner: c.runnerID,
 		QuotaBytes: c.quotaBytes, RunnerQuotaBytes: c.runnerQuotaBytes, MinFreeBytes: c.minFreeBytes,

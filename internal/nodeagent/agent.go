@@ -38,7 +38,7 @@ import (
 // Resolver finds the caller's Pod sandbox (cri.Resolver).
 type Resolver interface {
 	Sandbox(ctx context.Context, q cri.Query) (cri.Sandbox, error)
-	Ready(ctx context.Context, sandboxID string) (bool, error)
+	Running(ctx context.Context, sandboxID string) (bool, error)
 }
 
 // Checkpointer checkpoints a Pod sandbox into an image directory (ShimCheckpointer).
@@ -58,7 +58,7 @@ func (s ShimCheckpointer) Checkpoint(ctx context.Context, sandboxID, imageDir st
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	return c.Checkpoint(ctx, hibernate.CheckpointRequest{ContainerID: sandboxID, ImagePath: imageDir, LeaveRunning: leaveRunning})
 }
 
@@ -239,10 +239,17 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 	if err == nil {
 		entry, err = s.cfg.Store.Complete(id)
 	} else {
-		s.cfg.Store.Abort(id)
+		if aerr := s.cfg.Store.Abort(id); aerr != nil {
+			s.log.Warn("node agent: removing a failed image", "id", id, "err", aerr)
+		}
 		err = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("checkpoint of sandbox %s failed: %w", m.SandboxId, err))
 	}
-	running, rerr := s.cfg.Resolver.Ready(cctx, sb.ID)
+	// A successful checkpoint without leave_running ends the sandbox (runsc); otherwise ask
+	// the runtime whether a container of it still runs.
+	running, rerr := false, error(nil)
+	if err != nil || m.LeaveRunning {
+		running, rerr = s.cfg.Resolver.Running(cctx, sb.ID)
+	}
 	if err != nil {
 		s.log.Warn("node agent: checkpoint failed", "sandbox", m.SandboxId, "pod", ref.Namespace+"/"+ref.Name, "err", err)
 		ce := toConnect(err)

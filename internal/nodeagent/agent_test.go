@@ -48,7 +48,7 @@ func (f *fakeResolver) Sandbox(_ context.Context, q cri.Query) (cri.Sandbox, err
 	return cri.Sandbox{ID: criID, MemoryBytes: 100}, nil
 }
 
-func (f *fakeResolver) Ready(context.Context, string) (bool, error) { return f.ready, nil }
+func (f *fakeResolver) Running(context.Context, string) (bool, error) { return f.ready, nil }
 
 type fakeCheckpointer struct {
 	mu    sync.Mutex

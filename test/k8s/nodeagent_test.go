@@ -207,6 +207,9 @@ func TestNodeAgentCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("pause checkpoint %s: %d KiB in %s, running %v", pres.ID, pres.Bytes>>10, pres.Took.Round(time.Millisecond), pres.SandboxRunning)
+	if pres.SandboxRunning {
+		t.Error("a pause's checkpoint reports the sandbox running")
+	}
 	waitPod(t, ctx, pods, a, func(p *corev1.Pod) bool {
 		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
 	})

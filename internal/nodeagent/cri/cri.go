@@ -195,7 +195,7 @@ func (r *Resolver) Sandbox(ctx context.Context, q Query) (Sandbox, error) {
 		Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{labelPodUID: q.Pod.UID}},
 	})
 	if err != nil {
-		return Sandbox{}, fmt.Errorf("%w: ListPodSandbox: %v", ErrCRI, err)
+		return Sandbox{}, fmt.Errorf("%w: ListPodSandbox: %w", ErrCRI, err)
 	}
 	var found []*runtimeapi.PodSandbox
 	notReady := 0
@@ -224,7 +224,7 @@ func (r *Resolver) Sandbox(ctx context.Context, q Query) (Sandbox, error) {
 		return Sandbox{}, err
 	}
 	if err := hibernate.ValidContainerID(s.GetId()); err != nil {
-		return Sandbox{}, fmt.Errorf("%w: the runtime's sandbox ID: %v", ErrCRI, err)
+		return Sandbox{}, fmt.Errorf("%w: the runtime's sandbox ID: %s", ErrCRI, err.Error()) // not the caller's fault: not ErrInvalid
 	}
 	return Sandbox{ID: s.GetId(), MemoryBytes: r.memory(ctx, s.GetId())}, nil
 }
@@ -275,15 +275,30 @@ func (r *Resolver) memory(ctx context.Context, sandboxID string) int64 {
 	return sum
 }
 
-// Ready reports whether the Pod sandbox id is still READY (after a failed checkpoint).
-func (r *Resolver) Ready(ctx context.Context, id string) (bool, error) {
+// Running reports whether the Pod sandbox id is READY and one of its containers runs
+// (after a checkpoint: the sandbox's readiness alone lags behind its containers' end).
+func (r *Resolver) Running(ctx context.Context, id string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	resp, err := r.client.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
 	if err != nil {
-		return false, fmt.Errorf("%w: PodSandboxStatus: %v", ErrCRI, err)
+		return false, fmt.Errorf("%w: PodSandboxStatus: %w", ErrCRI, err)
 	}
-	return resp.GetStatus().GetState() == runtimeapi.PodSandboxState_SANDBOX_READY, nil
+	if resp.GetStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return false, nil
+	}
+	cs, err := r.client.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		PodSandboxId: id, State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+	}})
+	if err != nil {
+		return false, fmt.Errorf("%w: ListContainers: %w", ErrCRI, err)
+	}
+	for _, c := range cs.GetContainers() {
+		if c.GetPodSandboxId() == id && c.GetState() == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Version is the runtime's name and version (a liveness check).
@@ -292,7 +307,7 @@ func (r *Resolver) Version(ctx context.Context) (string, error) {
 	defer cancel()
 	v, err := r.client.Version(ctx, &runtimeapi.VersionRequest{})
 	if err != nil {
-		return "", fmt.Errorf("%w: Version: %v", ErrCRI, err)
+		return "", fmt.Errorf("%w: Version: %w", ErrCRI, err)
 	}
 	return v.GetRuntimeName() + " " + v.GetRuntimeVersion(), nil
 }

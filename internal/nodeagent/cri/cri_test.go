@@ -22,6 +22,7 @@ type fakeCRI struct {
 	mu        sync.Mutex
 	sandboxes []*runtimeapi.PodSandbox
 	memory    map[string]int64 // container ID -> limit
+	exited    bool             // every container has exited
 	filters   []map[string]string
 }
 
@@ -49,7 +50,14 @@ func (f *fakeCRI) ListContainers(_ context.Context, req *runtimeapi.ListContaine
 	defer f.mu.Unlock()
 	var out []*runtimeapi.Container
 	for id := range f.memory {
-		out = append(out, &runtimeapi.Container{Id: id, PodSandboxId: req.GetFilter().GetPodSandboxId()})
+		st := runtimeapi.ContainerState_CONTAINER_RUNNING
+		if f.exited {
+			st = runtimeapi.ContainerState_CONTAINER_EXITED
+		}
+		if want := req.GetFilter().GetState(); want != nil && want.State != st {
+			continue
+		}
+		out = append(out, &runtimeapi.Container{Id: id, PodSandboxId: req.GetFilter().GetPodSandboxId(), State: st})
 	}
 	return &runtimeapi.ListContainersResponse{Containers: out}, nil
 }
@@ -136,10 +144,20 @@ func TestResolverMatch(t *testing.T) {
 	if len(f.filters) != 1 || f.filters[0][labelPodUID] != uid1 {
 		t.Fatalf("filters %v", f.filters)
 	}
-	ready, err := r.Ready(context.Background(), sbxID)
-	if err != nil || !ready {
-		t.Fatalf("ready %v %v", ready, err)
+	running, err := r.Running(context.Background(), sbxID)
+	if err != nil || !running {
+		t.Fatalf("running %v %v", running, err)
 	}
+	// Ready sandbox, its containers ended (a checkpoint without leave_running): not running.
+	f.mu.Lock()
+	f.exited = true
+	f.mu.Unlock()
+	if running, err := r.Running(context.Background(), sbxID); err != nil || running {
+		t.Fatalf("exited containers: running %v %v", running, err)
+	}
+	f.mu.Lock()
+	f.exited = false
+	f.mu.Unlock()
 	if v, err := r.Version(context.Background()); err != nil || v != "containerd v2.test" {
 		t.Fatalf("version %q %v", v, err)
 	}

@@ -358,18 +358,22 @@ func (s *Store) Complete(id string) (Entry, error) {
 		}
 	}
 	if err != nil {
-		s.removeLocked(id)
+		if rerr := s.removeLocked(id); rerr != nil {
+			err = errors.Join(err, rerr) // GC retries the removal
+		}
+		delete(s.inFlight, id)
 		return Entry{}, err
 	}
 	delete(s.inFlight, id)
 	return *e, nil
 }
 
-// Abort removes an image that failed and its entry.
-func (s *Store) Abort(id string) {
+// Abort removes an image that failed and its entry (when that fails, GC retries).
+func (s *Store) Abort(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.removeLocked(id)
+	delete(s.inFlight, id)
+	return s.removeLocked(id)
 }
 
 // removeLocked removes image id (if present) and then its entry.
@@ -543,5 +547,5 @@ func statfsFree(root string) (int64, error) {
 	if err := syscall.Statfs(root, &st); err != nil {
 		return 0, err
 	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
+	return int64(st.Bavail) * st.Bsize, nil
 }
