@@ -319,7 +319,7 @@ func (s *Store) Begin(e Entry, estimate int64) (id, dir string, err error) {
 	dir, err = s.cfg.Dirs.Create(s.cfg.Root, e.ID)
 	if err != nil {
 		_ = os.Remove(filepath.Join(s.index, e.ID+".json"))
-		return "", "", fmt.Errorf("store: image directory: %v", err) // a node problem, not the caller's
+		return "", "", fmt.Errorf("store: image directory: %s", err.Error()) // a node problem, not the caller's: not ErrInvalid
 	}
 	s.entries[e.ID] = &e
 	s.inFlight[e.ID] = true
@@ -347,7 +347,7 @@ func (s *Store) Complete(id string) (Entry, error) {
 	}
 	if err == nil {
 		if merr := s.cfg.Dirs.MarkComplete(dir); merr != nil {
-			err = fmt.Errorf("store: mark complete: %v", merr)
+			err = fmt.Errorf("store: mark complete: %s", merr.Error()) // not hibernate.ErrInvalid: not the caller's
 		}
 	}
 	if err == nil {
