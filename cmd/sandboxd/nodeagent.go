@@ -38,7 +38,7 @@ func (c *nodeAgentConfig) bind(fs *flag.FlagSet) {
 	fs.Var(&c.namespaces, "namespace", "a namespace whose Pods may be checkpointed (the runner's sandbox namespace); repeatable, or comma-separated")
 	fs.StringVar(&c.shimRoot, "shim-root", "/run/containerd/runsc", "the gVisor shim's `root` (its hibernate sockets are <root>/<sandbox>_sandbox.sock)")
 	fs.StringVar(&c.checkpointRoot, "checkpoint-root", "/var/lib/sandboxd/checkpoints", "the shim's sandboxd_checkpoint_root: images are <root>/<id> (a directory owned by root, mode 0700)")
-	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/sandboxd/node-agent", "the agent's index of checkpoints (made 0700)")
+	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/sandboxd/node-agent", "the agents' state: each runner's index is <state-dir>/<runner-id> (made 0700, held under an exclusive lock: one agent per runner)")
 	fs.StringVar(&c.criEndpoint, "cri-endpoint", "unix:///run/containerd/containerd.sock", "the CRI socket Pods are resolved through")
 	fs.StringVar(&c.runtimeHandler, "runtime-handler", "runsc", "the CRI runtime handler of gVisor Pods (others are refused)")
 	fs.StringVar(&c.listen, "listen", ":7445", "address of the TLS (gRPC) port")
@@ -106,14 +106,20 @@ func (c *nodeAgentConfig) run(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	defer func() { _ = resolver.Close() }()
+	// One state directory per runner (under --state-dir), held under a flock: a second
+	// agent of the same runner (a surge Pod) refuses to start.
+	if err := os.MkdirAll(c.stateDir, 0o700); err != nil {
+		return err
+	}
 	st, err := store.Open(store.Config{
-		Root: c.checkpointRoot, StateDir: c.stateDir, Owner: c.runnerID,
+		Root: c.checkpointRoot, StateDir: filepath.Join(c.stateDir, c.runnerID), Owner: c.runnerID, Log: log,
 		QuotaBytes: c.quotaBytes, RunnerQuotaBytes: c.runnerQuotaBytes, MinFreeBytes: c.minFreeBytes,
 		RequireRoot: true,
 	})
 	if err != nil {
 		return err
 	}
+	defer func() { _ = st.Close() }()
 	srv, err := nodeagent.NewServer(nodeagent.Config{
 		Node: c.node, RunnerID: c.runnerID, Resolver: resolver,
 		Checkpointer: nodeagent.ShimCheckpointer{ShimRoot: c.shimRoot}, Store: st, Log: log,

@@ -227,15 +227,25 @@ func TestServerCheckpointFailures(t *testing.T) {
 	if f.ckpt.n() != 0 {
 		t.Fatal("checkpointed over quota")
 	}
-	// Quota after: the image (500) is larger than the quota (200): deleted.
+	// Quota after, a fork: the image (500) is larger than the quota (200): deleted.
 	f = newFixture(t, 200)
 	f.res.ready = true
-	_, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	fork := goodRequest()
+	fork.LeaveRunning = true
+	_, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(fork))
 	if connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Fatalf("quota after: %v", err)
 	}
 	if des, _ := os.ReadDir(f.root); len(des) != 0 {
 		t.Fatalf("image kept over quota: %v", des)
+	}
+	// Quota after, a pause: the sandbox is gone, the image is all that is left: kept.
+	resp, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	if err != nil {
+		t.Fatalf("pause over quota: %v", err)
+	}
+	if des, _ := os.ReadDir(f.root); len(des) != 1 || des[0].Name() != resp.Msg.CheckpointId {
+		t.Fatalf("pause image over quota: %v", des)
 	}
 	// A failed checkpoint: the image goes, the caller learns whether the sandbox runs.
 	f = newFixture(t, 1<<20)

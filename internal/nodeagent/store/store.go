@@ -10,8 +10,11 @@
 // never an unowned one; GC removes those, and image directories without an entry, once
 // they are older than GCAge.
 //
-// IDs are made here: c-<8 hex of sha256(owner)>-<20 random hex>, so two runners sharing a
-// node never collide and GC only ever touches directories of its own owner. Deletion
+// IDs are made here: c-<8 hex of sha256(owner)>-<20 random hex>. One store (one state
+// directory, held under an exclusive flock for the store's lifetime) serves one owner: Open
+// loads only entries of that owner whose ID carries its hash, and GC's orphan sweep only
+// touches directories of its own hash. Two runners' hashes may collide (32 bits); that
+// only matters for the orphan sweep, which also spares directories younger than GCAge. Deletion
 // re-checks that the path is <root>/<valid id>, a directory and not a symlink (Lstat), and
 // never follows symlinks inside.
 package store
@@ -25,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -89,6 +93,8 @@ type Entry struct {
 	Bytes        int64     `json:"bytes"` // the estimate while incomplete, then the image's size
 	Created      time.Time `json:"created"`
 	Complete     bool      `json:"complete"`
+	// OverQuota: a pause image kept although it took the quotas past their bound.
+	OverQuota bool `json:"over_quota,omitempty"`
 }
 
 // Dirs makes and completes image directories: hibernate's (root-owned) checks in
@@ -127,6 +133,8 @@ type Config struct {
 	Dirs Dirs
 	// Free reports the free bytes of Root's file system (default statfs).
 	Free func(root string) (int64, error)
+	// Log receives what Open skips and what Complete keeps over quota (default slog.Default).
+	Log *slog.Logger
 }
 
 // Store is the index and the images.
@@ -136,7 +144,11 @@ type Store struct {
 	mu       sync.Mutex
 	entries  map[string]*Entry
 	inFlight map[string]bool
+	lock     *os.File // the state directory, flock'd exclusively while the store is open
 }
+
+// ErrLocked: another store (agent) holds the state directory.
+var ErrLocked = errors.New("store: the state directory is in use by another node agent")
 
 const maxIndexFile = 64 << 10
 
@@ -165,6 +177,9 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Free == nil {
 		cfg.Free = statfsFree
 	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
 	s := &Store{cfg: cfg, index: filepath.Join(cfg.StateDir, "index"), entries: map[string]*Entry{}, inFlight: map[string]bool{}}
 	for _, d := range []string{cfg.StateDir, s.index} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -178,22 +193,57 @@ func Open(cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("store: %s is not a directory of mode 0700", d)
 		}
 	}
-	des, err := os.ReadDir(s.index)
+	lock, err := os.OpenFile(cfg.StateDir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w (%s): one agent per runner and state directory", ErrLocked, cfg.StateDir)
+		}
+		return nil, fmt.Errorf("store: lock %s: %w", cfg.StateDir, err)
+	}
+	s.lock = lock
+	des, err := os.ReadDir(s.index)
+	if err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	prefix := "c-" + OwnerHash(cfg.Owner) + "-"
 	for _, de := range des {
 		id, ok := strings.CutSuffix(de.Name(), ".json")
 		if !ok || ValidID(id) != nil || !de.Type().IsRegular() {
 			continue // temp files and strangers: not ours to read
 		}
+		if !strings.HasPrefix(id, prefix) {
+			cfg.Log.Warn("node agent store: skipping another owner's index entry", "id", id)
+			continue
+		}
 		e, err := s.readEntry(id)
 		if err != nil {
+			_ = s.Close()
 			return nil, err
+		}
+		if e.Owner != cfg.Owner {
+			cfg.Log.Warn("node agent store: skipping another owner's index entry", "id", id, "owner", e.Owner)
+			continue
 		}
 		s.entries[id] = e
 	}
 	return s, nil
+}
+
+// Close releases the state directory's lock (another store may then open it).
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lock == nil {
+		return nil
+	}
+	err := s.lock.Close() // closing the last descriptor drops the flock
+	s.lock = nil
+	return err
 }
 
 func (s *Store) readEntry(id string) (*Entry, error) {
@@ -280,10 +330,10 @@ func (s *Store) fitsLocked(owner string, extra int64, exclude string) error {
 		}
 	}
 	if total+extra > s.cfg.QuotaBytes {
-		return fmt.Errorf("%w: the node's checkpoints would take %d bytes, the quota is %d", ErrQuota, total+extra, s.cfg.QuotaBytes)
+		return fmt.Errorf("%w: this agent's checkpoint images would exceed its quota", ErrQuota)
 	}
 	if mine+extra > s.cfg.RunnerQuotaBytes {
-		return fmt.Errorf("%w: this runner's checkpoints would take %d bytes, its quota is %d", ErrQuota, mine+extra, s.cfg.RunnerQuotaBytes)
+		return fmt.Errorf("%w: this runner's checkpoint images would exceed its quota", ErrQuota)
 	}
 	return nil
 }
@@ -295,15 +345,23 @@ func (s *Store) Begin(e Entry, estimate int64) (id, dir string, err error) {
 	if estimate <= 0 {
 		return "", "", errors.New("store: a positive estimate")
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Free space under the lock, less what the checkpoints in flight reserved (their images
+	// are still being written: free does not show them yet).
 	free, err := s.Free()
 	if err != nil {
 		return "", "", fmt.Errorf("store: free space: %w", err)
 	}
-	if free-estimate < s.cfg.MinFreeBytes {
-		return "", "", fmt.Errorf("%w: %d bytes free on the checkpoint file system, an image of ~%d bytes would leave less than %d", ErrQuota, free, estimate, s.cfg.MinFreeBytes)
+	var reserved int64
+	for id := range s.inFlight {
+		if f := s.entries[id]; f != nil {
+			reserved += f.Bytes
+		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if free-reserved-estimate < s.cfg.MinFreeBytes {
+		return "", "", fmt.Errorf("%w: not enough free space on the checkpoint file system for an image of this Pod", ErrQuota)
+	}
 	if err := s.fitsLocked(e.Owner, estimate, ""); err != nil {
 		return "", "", err
 	}
@@ -326,40 +384,80 @@ func (s *Store) Begin(e Entry, estimate int64) (id, dir string, err error) {
 	return e.ID, dir, nil
 }
 
-// Complete measures the image, checks the quotas again with its real size (over: the
-// image is deleted, ErrQuota), marks it complete and rewrites its entry.
+// ErrNotMarked: a pause image exists but could not be marked complete (the shim will not
+// restore it; GC removes it once it is older than GCAge).
+var ErrNotMarked = errors.New("store: the checkpoint image exists but could not be marked complete")
+
+// Complete measures the image, checks the quotas again with its real size, marks it
+// complete and rewrites its entry.
+//
+// A pause image (LeaveRunning false) is all that is left of its sandbox once the
+// checkpoint succeeded: Complete never deletes it. Over the quotas it is kept and flagged
+// (Entry.OverQuota, logged); when its index entry cannot be rewritten it is still complete
+// in memory (logged); when MarkComplete fails the error wraps ErrNotMarked and the entry
+// stays incomplete (GC ages it out). Only a fork image (LeaveRunning) over the quotas, or
+// one that cannot be marked or indexed, is removed (ErrQuota or the error).
+// Free space is not checked again: Begin reserved the estimate against it.
 func (s *Store) Complete(id string) (Entry, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	e := s.entries[id]
 	if e == nil || !s.inFlight[id] {
+		s.mu.Unlock()
 		return Entry{}, fmt.Errorf("%w %s in flight", ErrNotFound, id)
 	}
+	owner, fork := e.Owner, e.LeaveRunning
+	s.mu.Unlock()
+	// Measured outside the lock (an image may hold many files); in flight, nothing else
+	// touches it.
 	dir := filepath.Join(s.cfg.Root, id)
 	size, err := dirSize(dir)
-	if err == nil {
-		err = s.fitsLocked(e.Owner, size, id)
+	if err != nil && !fork {
+		s.cfg.Log.Warn("node agent store: sizing a pause image; keeping its estimate", "id", id, "err", err)
+		size, err = -1, nil
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if size < 0 {
+		size = e.Bytes
+	}
+	over := false
 	if err == nil {
-		if free, ferr := s.Free(); ferr == nil && free < s.cfg.MinFreeBytes {
-			err = fmt.Errorf("%w: %d bytes free on the checkpoint file system after the image, less than %d", ErrQuota, free, s.cfg.MinFreeBytes)
+		if qerr := s.fitsLocked(owner, size, id); qerr != nil {
+			if fork {
+				err = qerr
+			} else {
+				over = true
+				s.cfg.Log.Warn("node agent store: a pause image is over the quota; kept (its sandbox is gone)", "id", id, "bytes", size, "err", qerr)
+			}
 		}
 	}
 	if err == nil {
 		if merr := s.cfg.Dirs.MarkComplete(dir); merr != nil {
-			err = fmt.Errorf("store: mark complete: %s", merr.Error()) // not hibernate.ErrInvalid: not the caller's
+			s.cfg.Log.Error("node agent store: mark complete", "id", id, "err", merr)
+			if !fork {
+				delete(s.inFlight, id)
+				return Entry{}, fmt.Errorf("%w (checkpoint %s)", ErrNotMarked, id)
+			}
+			err = errors.New("store: the checkpoint image could not be marked complete") // not hibernate.ErrInvalid: not the caller's
 		}
 	}
 	if err == nil {
 		n := *e
-		n.Bytes, n.Complete = size, true
-		if err = s.writeEntry(&n); err == nil {
+		n.Bytes, n.Complete, n.OverQuota = size, true, over
+		if werr := s.writeEntry(&n); werr != nil {
+			if fork {
+				err = werr
+			} else {
+				s.cfg.Log.Error("node agent store: writing a pause image's index entry; complete until the agent restarts", "id", id, "err", werr)
+				*e = n
+			}
+		} else {
 			*e = n
 		}
 	}
-	if err != nil {
+	if err != nil { // a fork image only
 		if rerr := s.removeLocked(id); rerr != nil {
-			err = errors.Join(err, rerr) // GC retries the removal
+			s.cfg.Log.Warn("node agent store: removing a fork image; GC retries", "id", id, "err", rerr)
 		}
 		delete(s.inFlight, id)
 		return Entry{}, err

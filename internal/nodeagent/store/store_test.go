@@ -37,7 +37,22 @@ func open(t *testing.T, edit func(*Config)) (*Store, Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = s.Close() })
 	return s, cfg
+}
+
+// reopen closes s and opens its state directory again.
+func reopen(t *testing.T, s *Store, cfg Config) *Store {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s2.Close() })
+	return s2
 }
 
 // checkpoint makes a complete image of size bytes for owner.
@@ -79,11 +94,7 @@ func TestIndexBeforeImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Written before: an incomplete entry with the estimate reserved.
-	s2, err := Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e := s2.entries[id]; e == nil || e.Complete || e.Bytes != 50 || e.Owner != "runner-a" {
+	if e, err := s.readEntry(id); err != nil || e.Complete || e.Bytes != 50 || e.Owner != "runner-a" {
 		t.Fatalf("entry %+v", e)
 	}
 	if _, mine := s.Usage("runner-a"); mine != 50 {
@@ -99,10 +110,7 @@ func TestIndexBeforeImage(t *testing.T) {
 	if err != nil || !e.Complete || e.Bytes != 123 {
 		t.Fatalf("%+v %v", e, err)
 	}
-	s3, err := Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s3 := reopen(t, s, cfg)
 	if got := s3.List("runner-a"); len(got) != 1 || got[0].ID != id || got[0].Bytes != 123 || got[0].Pod.UID != "u" {
 		t.Fatalf("reloaded %+v", got)
 	}
@@ -155,8 +163,8 @@ func TestQuota(t *testing.T) {
 	if _, _, err := s.Begin(Entry{Owner: "runner-c"}, 51); !errors.Is(err, ErrQuota) {
 		t.Fatalf("over node quota: %v", err)
 	}
-	// After: an image larger than its estimate past the quota is deleted.
-	id, dir, err := s.Begin(Entry{Owner: "runner-b"}, 10)
+	// After: a fork image larger than its estimate past the quota is deleted.
+	id, dir, err := s.Begin(Entry{Owner: "runner-b", LeaveRunning: true}, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +180,20 @@ func TestQuota(t *testing.T) {
 	if total, _ := s.Usage(""); total != 950 {
 		t.Fatalf("usage %d", total)
 	}
+	// A pause image over the quota is all that is left of its sandbox: kept, flagged.
+	id, dir, err = s.Begin(Entry{Owner: "runner-b"}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "img"), make([]byte, 200), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Complete(id); err != nil || !e.Complete || !e.OverQuota || e.Bytes != 200 {
+		t.Fatalf("pause over quota: %+v %v", e, err)
+	}
+	if _, err := os.Lstat(dir); err != nil {
+		t.Fatal("pause image removed")
+	}
 	// Free space.
 	s2, _ := open(t, func(c *Config) { c.Free = func(string) (int64, error) { return 150, nil } })
 	if _, _, err := s2.Begin(Entry{Owner: "runner-a"}, 51); !errors.Is(err, ErrQuota) {
@@ -179,6 +201,90 @@ func TestQuota(t *testing.T) {
 	}
 	if _, _, err := s2.Begin(Entry{Owner: "runner-a"}, 50); err != nil {
 		t.Fatalf("fits: %v", err)
+	}
+	// The one in flight reserved its 50 against the free space: another does not fit.
+	if _, _, err := s2.Begin(Entry{Owner: "runner-a"}, 1); !errors.Is(err, ErrQuota) {
+		t.Fatalf("in-flight reservation ignored: %v", err)
+	}
+}
+
+// failMark fails MarkComplete.
+type failMark struct{ plainDirs }
+
+func (failMark) MarkComplete(string) error { return errors.New("disk on fire") }
+
+func TestCompleteKeepsPauseImages(t *testing.T) {
+	s, _ := open(t, func(c *Config) { c.Dirs = failMark{} })
+	// A pause image that cannot be marked: kept, the error says so.
+	id, dir, err := s.Begin(Entry{Owner: "runner-a"}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(id); !errors.Is(err, ErrNotMarked) {
+		t.Fatalf("pause: %v", err)
+	}
+	if _, err := os.Lstat(dir); err != nil {
+		t.Fatal("pause image removed")
+	}
+	// A fork image that cannot be marked: removed.
+	id, dir, err = s.Begin(Entry{Owner: "runner-a", LeaveRunning: true}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(id); err == nil || errors.Is(err, ErrNotMarked) {
+		t.Fatalf("fork: %v", err)
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Fatal("fork image kept")
+	}
+}
+
+// TestSharedStateDir: two agents never share a state directory, and one never loads or
+// collects another owner's entries.
+func TestSharedStateDir(t *testing.T) {
+	s, cfg := open(t, func(c *Config) { c.GCAge = time.Nanosecond })
+	a := checkpoint(t, s, "runner-a", 10)
+	// A second agent on the same directory (a surge Pod, or another runner) refuses.
+	for _, owner := range []string{"runner-a", "runner-b"} {
+		c := cfg
+		c.Owner = owner
+		if s2, err := Open(c); !errors.Is(err, ErrLocked) {
+			if s2 != nil {
+				_ = s2.Close()
+			}
+			t.Fatalf("second open by %s: %v", owner, err)
+		}
+	}
+	// Another owner opening it later skips a's entries and never collects a's image.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cb := cfg
+	cb.Owner = "runner-b"
+	b, err := Open(cb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.entries) != 0 {
+		t.Fatalf("b loaded %+v", b.entries)
+	}
+	if removed, err := b.GC(time.Now().Add(time.Hour)); err != nil || len(removed) != 0 {
+		t.Fatalf("b collected %v %v", removed, err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(cfg.Root, a.ID)); err != nil {
+		t.Fatalf("a's image: %v", err)
+	}
+	// An index entry under a's hash naming another owner is skipped too.
+	s = reopen(t, &Store{}, cfg)
+	if err := s.writeEntry(&Entry{ID: NewID("runner-a"), Owner: "runner-b", Complete: true}); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s, cfg)
+	if len(s.entries) != 1 || s.entries[a.ID] == nil {
+		t.Fatalf("a loaded %+v", s.entries)
 	}
 }
 
@@ -211,10 +317,7 @@ func TestGC(t *testing.T) {
 	orphanNew := mk(NewID("runner-a"), now)
 	foreign := mk(NewID("runner-b"), old)
 	e2e := mk("e2e-123", old)
-	s, err = Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = reopen(t, s, cfg)
 	removed, err := s.GC(now)
 	if err != nil {
 		t.Fatal(err)
