@@ -27,7 +27,7 @@ type nodeAgentConfig struct {
 	namespaces                                  listFlag
 	shimRoot, checkpointRoot, stateDir          string
 	criEndpoint, runtimeHandler, listen, tlsDir string
-	quotaBytes, runnerQuotaBytes, minFreeBytes  int64
+	quotaBytes, minFreeBytes                    int64
 	gcInterval                                  time.Duration
 	verbose                                     bool
 }
@@ -43,8 +43,7 @@ func (c *nodeAgentConfig) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.runtimeHandler, "runtime-handler", "runsc", "the CRI runtime handler of gVisor Pods (others are refused)")
 	fs.StringVar(&c.listen, "listen", ":7445", "address of the TLS (gRPC) port")
 	fs.StringVar(&c.tlsDir, "tls-dir", "/etc/sandboxd/node-agent-tls", "directory of tls.crt, tls.key (the agent's server certificate) and ca.crt (the runner's node-agent CA); re-read when they change")
-	fs.Int64Var(&c.quotaBytes, "quota-bytes", 20<<30, "all checkpoint images on this node together at most this many bytes")
-	fs.Int64Var(&c.runnerQuotaBytes, "runner-quota-bytes", 0, "the runner's images at most this many bytes (0: --quota-bytes)")
+	fs.Int64Var(&c.quotaBytes, "quota-bytes", 20<<30, "this agent's (its runner's) checkpoint images on this node at most this many bytes; another runner's agent has its own")
 	fs.Int64Var(&c.minFreeBytes, "min-free-bytes", 2<<30, "refuse a checkpoint that would leave less than this free on the checkpoint root's file system")
 	fs.DurationVar(&c.gcInterval, "gc-interval", 10*time.Minute, "how often orphan and incomplete images (older than 10m) are removed")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
@@ -66,8 +65,8 @@ func (c *nodeAgentConfig) validate() error {
 			errs = append(errs, fmt.Errorf("%s %q: want an absolute, clean path", name, p))
 		}
 	}
-	if c.quotaBytes <= 0 || c.runnerQuotaBytes < 0 || c.runnerQuotaBytes > c.quotaBytes || c.minFreeBytes < 0 {
-		errs = append(errs, errors.New("--quota-bytes must be positive, --runner-quota-bytes in [0, --quota-bytes], --min-free-bytes not negative"))
+	if c.quotaBytes <= 0 || c.minFreeBytes < 0 {
+		errs = append(errs, errors.New("--quota-bytes must be positive, --min-free-bytes not negative"))
 	}
 	if c.gcInterval < time.Minute {
 		errs = append(errs, errors.New("--gc-interval must be at least 1m"))
@@ -113,7 +112,7 @@ func (c *nodeAgentConfig) run(ctx context.Context, log *slog.Logger) error {
 	}
 	st, err := store.Open(store.Config{
 		Root: c.checkpointRoot, StateDir: filepath.Join(c.stateDir, c.runnerID), Owner: c.runnerID, Log: log,
-		QuotaBytes: c.quotaBytes, RunnerQuotaBytes: c.runnerQuotaBytes, MinFreeBytes: c.minFreeBytes,
+		QuotaBytes: c.quotaBytes, MinFreeBytes: c.minFreeBytes,
 		RequireRoot: true,
 	})
 	if err != nil {

@@ -35,7 +35,7 @@ func TestNodeAgentFlags(t *testing.T) {
 		{"--node", "n1", "--runner-id", "r", "--namespace", "s", "--checkpoint-root", "rel"},
 		{"--node", "n1", "--runner-id", "r", "--namespace", "s", "--state-dir", "/a/../b"},
 		{"--node", "n1", "--runner-id", "r", "--namespace", "s", "--quota-bytes", "0"},
-		{"--node", "n1", "--runner-id", "r", "--namespace", "s", "--quota-bytes", "10", "--runner-quota-bytes", "11"},
+		{"--node", "n1", "--runner-id", "r", "--namespace", "s", "--min-free-bytes", "-1"},
 		{"--node", "n1", "--runner-id", "r", "--namespace", "s", "--gc-interval", "1s"},
 	} {
 		t.Setenv("NODE_NAME", "")

@@ -190,8 +190,17 @@ func ValidateCheckpointRequest(m *nodeagentv1.CheckpointRequest) error {
 }
 
 // SandboxRunningMeta is the error metadata key of a failed Checkpoint saying whether the
-// Pod sandbox still runs ("true"/"false"; absent: unknown or not checkpointed at all).
+// Pod sandbox still runs: "true", "false" or "unknown" (the CRI could not tell); absent:
+// the sandbox was never touched (refused before checkpointing).
 const SandboxRunningMeta = "Sandboxd-Sandbox-Running"
+
+// runningMeta is the SandboxRunningMeta value of r.
+func runningMeta(r *bool) string {
+	if r == nil {
+		return "unknown"
+	}
+	return strconv.FormatBool(*r)
+}
 
 func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv1.CheckpointRequest]) (*connect.Response[nodeagentv1.CheckpointResponse], error) {
 	owner, err := ownerOf(ctx)
@@ -233,7 +242,8 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CheckpointTimeout)
 	defer cancel()
 	start := time.Now()
-	err = s.cfg.Checkpointer.Checkpoint(cctx, sb.ID, dir, m.LeaveRunning)
+	ckptErr := s.cfg.Checkpointer.Checkpoint(cctx, sb.ID, dir, m.LeaveRunning)
+	err = ckptErr
 	took := time.Since(start)
 	var entry store.Entry
 	if err == nil {
@@ -244,18 +254,21 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 		}
 		err = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("checkpoint of sandbox %s failed: %w", m.SandboxId, err))
 	}
-	// A successful checkpoint without leave_running ends the sandbox (runsc); otherwise ask
-	// the runtime whether a container of it still runs.
-	running, rerr := false, error(nil)
-	if err != nil || m.LeaveRunning {
-		running, rerr = s.cfg.Resolver.Running(cctx, sb.ID)
+	// A successful checkpoint without leave_running ends the sandbox (runsc), whatever
+	// becomes of its image; otherwise ask the runtime whether a container of it still runs
+	// (nil: it could not tell).
+	var running *bool
+	if ckptErr == nil && !m.LeaveRunning {
+		running = new(bool)
+	} else if r, rerr := s.cfg.Resolver.Running(cctx, sb.ID); rerr == nil {
+		running = &r
+	} else {
+		s.log.Warn("node agent: whether the sandbox runs", "sandbox", m.SandboxId, "err", rerr)
 	}
 	if err != nil {
 		s.log.Warn("node agent: checkpoint failed", "sandbox", m.SandboxId, "pod", ref.Namespace+"/"+ref.Name, "err", err)
 		ce := toConnect(err)
-		if rerr == nil {
-			ce.Meta().Set(SandboxRunningMeta, strconv.FormatBool(running))
-		}
+		ce.Meta().Set(SandboxRunningMeta, runningMeta(running))
 		return nil, ce
 	}
 	s.log.Info("node agent: checkpoint", "id", id, "sandbox", m.SandboxId, "bytes", entry.Bytes, "took", took, "leave_running", m.LeaveRunning)
@@ -264,7 +277,7 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 		Bytes:          entry.Bytes,
 		Took:           durationpb.New(took),
 		Node:           s.cfg.Node,
-		SandboxRunning: rerr == nil && running,
+		SandboxRunning: running,
 	}), nil
 }
 
@@ -319,15 +332,15 @@ func (s *Server) Info(ctx context.Context, _ *connect.Request[nodeagentv1.InfoRe
 	if err != nil {
 		return nil, err
 	}
-	quota, runnerQuota, _ := s.cfg.Store.Quotas()
-	total, mine := s.cfg.Store.Usage(owner)
+	_ = owner // one owner per agent: its store is the caller's
+	quota, _ := s.cfg.Store.Quota()
 	free, err := s.cfg.Store.Free()
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("free space: %w", err))
+		s.log.Error("node agent: free space", "err", err)
+		return nil, connect.NewError(connect.CodeInternal, errors.New("the checkpoint file system's free space is unknown"))
 	}
 	return connect.NewResponse(&nodeagentv1.InfoResponse{
-		Node: s.cfg.Node, QuotaBytes: quota, UsedBytes: total, FreeBytes: free,
-		RunnerQuotaBytes: runnerQuota, RunnerUsedBytes: mine,
+		Node: s.cfg.Node, QuotaBytes: quota, UsedBytes: s.cfg.Store.Usage(), FreeBytes: free,
 	}), nil
 }
 

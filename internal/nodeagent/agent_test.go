@@ -31,8 +31,9 @@ const (
 
 // fakeResolver: Pod sbx/sbx-abc of uid podUID is runner-a's sandbox abc.
 type fakeResolver struct {
-	ready bool
-	err   error
+	ready  bool
+	err    error
+	runErr error // Running fails with it
 }
 
 func (f *fakeResolver) Sandbox(_ context.Context, q cri.Query) (cri.Sandbox, error) {
@@ -48,7 +49,12 @@ func (f *fakeResolver) Sandbox(_ context.Context, q cri.Query) (cri.Sandbox, err
 	return cri.Sandbox{ID: criID, MemoryBytes: 100}, nil
 }
 
-func (f *fakeResolver) Running(context.Context, string) (bool, error) { return f.ready, nil }
+func (f *fakeResolver) Running(context.Context, string) (bool, error) {
+	if f.runErr != nil {
+		return false, f.runErr
+	}
+	return f.ready, nil
+}
 
 type fakeCheckpointer struct {
 	mu    sync.Mutex
@@ -126,7 +132,7 @@ func TestServerCheckpointAndOwners(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.Msg.CheckpointId
-	if store.ValidID(id) != nil || resp.Msg.Bytes != 500 || resp.Msg.Node != "node-1" || resp.Msg.SandboxRunning {
+	if store.ValidID(id) != nil || resp.Msg.Bytes != 500 || resp.Msg.Node != "node-1" || resp.Msg.SandboxRunning == nil || *resp.Msg.SandboxRunning {
 		t.Fatalf("resp %+v", resp.Msg)
 	}
 	if f.ckpt.calls[0] != criID {
@@ -155,7 +161,7 @@ func TestServerCheckpointAndOwners(t *testing.T) {
 		t.Fatalf("b checkpoints a's pod: %v", err)
 	}
 	info, err := f.srv.Info(as(runnerA), connect.NewRequest(&nodeagentv1.InfoRequest{}))
-	if err != nil || info.Msg.UsedBytes != 500 || info.Msg.RunnerUsedBytes != 500 || info.Msg.QuotaBytes != 1<<20 || info.Msg.Node != "node-1" {
+	if err != nil || info.Msg.UsedBytes != 500 || info.Msg.QuotaBytes != 1<<20 || info.Msg.Node != "node-1" {
 		t.Fatalf("info %v %v", info, err)
 	}
 	// A deletes it; twice is fine.
@@ -259,6 +265,26 @@ func TestServerCheckpointFailures(t *testing.T) {
 	if des, _ := os.ReadDir(f.root); len(des) != 0 || len(f.st.List(runnerA)) != 0 {
 		t.Fatalf("failed image kept: %v", des)
 	}
+	// The CRI cannot tell whether it runs: "unknown", never "false".
+	f.res.runErr = errors.New("cri: unavailable")
+	_, err = f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	if !errors.As(err, &ce) || ce.Meta().Get(SandboxRunningMeta) != "unknown" {
+		t.Fatalf("failed checkpoint, running unknown: %v %v", err, ce.Meta())
+	}
+	// A fork that succeeded, the CRI cannot tell: absent in the response.
+	f.ckpt.err = nil
+	fork = goodRequest()
+	fork.LeaveRunning = true
+	resp, err = f.srv.Checkpoint(as(runnerA), connect.NewRequest(fork))
+	if err != nil || resp.Msg.SandboxRunning != nil {
+		t.Fatalf("fork, running unknown: %v %v", resp, err)
+	}
+	// A fork the CRI says runs.
+	f.res.runErr = nil
+	resp, err = f.srv.Checkpoint(as(runnerA), connect.NewRequest(fork))
+	if err != nil || resp.Msg.SandboxRunning == nil || !*resp.Msg.SandboxRunning {
+		t.Fatalf("fork, running: %v %v", resp, err)
+	}
 }
 
 // tlsFixture serves the server with TLS from a fresh CA; it returns the address, the CA and
@@ -333,7 +359,7 @@ func TestTLS(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].CheckpointId != res.ID {
 		t.Fatalf("list %v %v", list, err)
 	}
-	if info, err := c.Info(ctx); err != nil || info.RunnerUsedBytes != 500 {
+	if info, err := c.Info(ctx); err != nil || info.UsedBytes != 500 {
 		t.Fatalf("info %v %v", info, err)
 	}
 	d := &StaticDialer{Addrs: map[string]string{"node-1": addr}, TLS: ClientTLSConfig(&good, nil, ca.Pool())}

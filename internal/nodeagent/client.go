@@ -31,9 +31,10 @@ type CheckpointResult struct {
 	ID, Node string
 	Bytes    int64
 	Took     time.Duration
-	// SandboxRunning: the Pod sandbox still runs. With an error: whether the sandbox
-	// survived the failed checkpoint (false also when the agent could not tell).
-	SandboxRunning bool
+	// SandboxRunning: whether a container of the Pod sandbox still runs; nil: unknown
+	// (the agent could not tell, or with an error, the sandbox was never touched). With an
+	// error: whether the sandbox survived the failed checkpoint.
+	SandboxRunning *bool
 }
 
 // Client is a runner's client of one node agent. Errors are *connect.Error (connect.CodeOf).
@@ -77,7 +78,9 @@ func (c *Client) Checkpoint(ctx context.Context, req CheckpointRequest) (Checkpo
 		var res CheckpointResult
 		var ce *connect.Error
 		if errors.As(err, &ce) {
-			res.SandboxRunning, _ = strconv.ParseBool(ce.Meta().Get(SandboxRunningMeta))
+			if r, perr := strconv.ParseBool(ce.Meta().Get(SandboxRunningMeta)); perr == nil {
+				res.SandboxRunning = &r
+			}
 		}
 		return res, fmt.Errorf("node agent checkpoint: %w", err)
 	}

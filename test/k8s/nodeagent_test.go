@@ -191,7 +191,7 @@ func TestNodeAgentCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("fork checkpoint %s on %s: %d KiB in %s, running %v", fres.ID, fres.Node, fres.Bytes>>10, fres.Took.Round(time.Millisecond), fres.SandboxRunning)
-	if !fres.SandboxRunning || fres.Node != podA.Spec.NodeName || fres.Bytes == 0 {
+	if fres.SandboxRunning == nil || !*fres.SandboxRunning || fres.Node != podA.Spec.NodeName || fres.Bytes == 0 {
 		t.Fatalf("fork result %+v", fres)
 	}
 	ckptRoot := env("SANDBOXD_K8S_CHECKPOINT_ROOT", filepath.Join(env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s"), "checkpoints"))
@@ -206,10 +206,9 @@ func TestNodeAgentCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("pause checkpoint %s: %d KiB in %s, running %v", pres.ID, pres.Bytes>>10, pres.Took.Round(time.Millisecond), pres.SandboxRunning)
-	if pres.SandboxRunning {
-		t.Error("a pause's checkpoint reports the sandbox running")
-	}
+	t.Logf("pause checkpoint %s: %d KiB in %s", pres.ID, pres.Bytes>>10, pres.Took.Round(time.Millisecond))
+	// (A pause's result says false by construction; that the sandbox ended is the Pod's
+	// phase below.)
 	waitPod(t, ctx, pods, a, func(p *corev1.Pod) bool {
 		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
 	})

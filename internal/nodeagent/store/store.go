@@ -121,9 +121,9 @@ type Config struct {
 	// Owner is the runner this agent serves: GC removes only unindexed directories whose
 	// ID carries its hash (another runner's agent on the node owns the others).
 	Owner string
-	// QuotaBytes bounds all images; RunnerQuotaBytes one owner's (0: QuotaBytes);
-	// MinFreeBytes is what must stay free on Root's file system.
-	QuotaBytes, RunnerQuotaBytes, MinFreeBytes int64
+	// QuotaBytes bounds this store's (its owner's) images; MinFreeBytes is what must stay
+	// free on Root's file system (shared with other runners' agents).
+	QuotaBytes, MinFreeBytes int64
 	// GCAge is how old an orphan or incomplete image must be before GC removes it
 	// (default 10 min).
 	GCAge time.Duration
@@ -164,9 +164,6 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.QuotaBytes <= 0 {
 		return nil, errors.New("store: quota must be positive")
-	}
-	if cfg.RunnerQuotaBytes <= 0 || cfg.RunnerQuotaBytes > cfg.QuotaBytes {
-		cfg.RunnerQuotaBytes = cfg.QuotaBytes
 	}
 	if cfg.GCAge <= 0 {
 		cfg.GCAge = 10 * time.Minute
@@ -296,44 +293,35 @@ func (s *Store) writeEntry(e *Entry) error {
 	return nil
 }
 
-// Usage is the bytes all images take (or reserve) and owner's share.
-func (s *Store) Usage(owner string) (total, mine int64) {
+// Usage is the bytes this store's images take (or reserve).
+func (s *Store) Usage() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.usageLocked(owner)
+	return s.usageLocked()
 }
 
-func (s *Store) usageLocked(owner string) (total, mine int64) {
+func (s *Store) usageLocked() (total int64) {
 	for _, e := range s.entries {
 		total += e.Bytes
-		if e.Owner == owner {
-			mine += e.Bytes
-		}
 	}
-	return total, mine
+	return total
 }
 
-// Quotas returns the configured quotas.
-func (s *Store) Quotas() (node, runner, minFree int64) {
-	return s.cfg.QuotaBytes, s.cfg.RunnerQuotaBytes, s.cfg.MinFreeBytes
+// Quota returns the configured quota and minimum free bytes.
+func (s *Store) Quota() (quota, minFree int64) {
+	return s.cfg.QuotaBytes, s.cfg.MinFreeBytes
 }
 
 // Free is the free bytes of the root's file system.
 func (s *Store) Free() (int64, error) { return s.cfg.Free(s.cfg.Root) }
 
-func (s *Store) fitsLocked(owner string, extra int64, exclude string) error {
-	total, mine := s.usageLocked(owner)
+func (s *Store) fitsLocked(extra int64, exclude string) error {
+	total := s.usageLocked()
 	if e := s.entries[exclude]; e != nil {
 		total -= e.Bytes
-		if e.Owner == owner {
-			mine -= e.Bytes
-		}
 	}
 	if total+extra > s.cfg.QuotaBytes {
 		return fmt.Errorf("%w: this agent's checkpoint images would exceed its quota", ErrQuota)
-	}
-	if mine+extra > s.cfg.RunnerQuotaBytes {
-		return fmt.Errorf("%w: this runner's checkpoint images would exceed its quota", ErrQuota)
 	}
 	return nil
 }
@@ -344,6 +332,9 @@ func (s *Store) fitsLocked(owner string, extra int64, exclude string) error {
 func (s *Store) Begin(e Entry, estimate int64) (id, dir string, err error) {
 	if estimate <= 0 {
 		return "", "", errors.New("store: a positive estimate")
+	}
+	if e.Owner != s.cfg.Owner {
+		return "", "", errors.New("store: an image of another owner than the store's")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -362,7 +353,7 @@ func (s *Store) Begin(e Entry, estimate int64) (id, dir string, err error) {
 	if free-reserved-estimate < s.cfg.MinFreeBytes {
 		return "", "", fmt.Errorf("%w: not enough free space on the checkpoint file system for an image of this Pod", ErrQuota)
 	}
-	if err := s.fitsLocked(e.Owner, estimate, ""); err != nil {
+	if err := s.fitsLocked(estimate, ""); err != nil {
 		return "", "", err
 	}
 	e.ID = NewID(e.Owner)
@@ -405,7 +396,7 @@ func (s *Store) Complete(id string) (Entry, error) {
 		s.mu.Unlock()
 		return Entry{}, fmt.Errorf("%w %s in flight", ErrNotFound, id)
 	}
-	owner, fork := e.Owner, e.LeaveRunning
+	fork := e.LeaveRunning
 	s.mu.Unlock()
 	// Measured outside the lock (an image may hold many files); in flight, nothing else
 	// touches it.
@@ -422,7 +413,7 @@ func (s *Store) Complete(id string) (Entry, error) {
 	}
 	over := false
 	if err == nil {
-		if qerr := s.fitsLocked(owner, size, id); qerr != nil {
+		if qerr := s.fitsLocked(size, id); qerr != nil {
 			if fork {
 				err = qerr
 			} else {

@@ -25,7 +25,7 @@ func open(t *testing.T, edit func(*Config)) (*Store, Config) {
 	t.Helper()
 	d := t.TempDir()
 	cfg := Config{Root: filepath.Join(d, "root"), StateDir: filepath.Join(d, "state"), Owner: "runner-a",
-		QuotaBytes: 1000, RunnerQuotaBytes: 600, MinFreeBytes: 100, Dirs: plainDirs{},
+		QuotaBytes: 1000, MinFreeBytes: 100, Dirs: plainDirs{},
 		Free: func(string) (int64, error) { return 10000, nil }}
 	if err := os.Mkdir(cfg.Root, 0o700); err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func TestIndexBeforeImage(t *testing.T) {
 	if e, err := s.readEntry(id); err != nil || e.Complete || e.Bytes != 50 || e.Owner != "runner-a" {
 		t.Fatalf("entry %+v", e)
 	}
-	if _, mine := s.Usage("runner-a"); mine != 50 {
+	if mine := s.Usage(); mine != 50 {
 		t.Fatalf("reserved %d", mine)
 	}
 	if len(s.List("runner-a")) != 0 {
@@ -122,8 +122,10 @@ func TestIndexBeforeImage(t *testing.T) {
 func TestOwners(t *testing.T) {
 	s, _ := open(t, nil)
 	a := checkpoint(t, s, "runner-a", 10)
-	b := checkpoint(t, s, "runner-b", 10)
-	if l := s.List("runner-b"); len(l) != 1 || l[0].ID != b.ID {
+	if _, _, err := s.Begin(Entry{Owner: "runner-b"}, 10); err == nil {
+		t.Fatal("runner-a's store made an image of runner-b")
+	}
+	if l := s.List("runner-b"); len(l) != 0 {
 		t.Fatalf("b lists %+v", l)
 	}
 	if _, err := s.Get("runner-b", a.ID); !errors.Is(err, ErrNotFound) {
@@ -151,20 +153,17 @@ func TestOwners(t *testing.T) {
 
 func TestQuota(t *testing.T) {
 	s, _ := open(t, nil)
-	// Before: the estimate counts against the runner's quota (600) and the node's (1000).
-	if _, _, err := s.Begin(Entry{Owner: "runner-a"}, 601); !errors.Is(err, ErrQuota) {
-		t.Fatalf("over runner quota: %v", err)
+	// Before: the estimate counts against the agent's quota (1000).
+	if _, _, err := s.Begin(Entry{Owner: "runner-a"}, 1001); !errors.Is(err, ErrQuota) {
+		t.Fatalf("over quota: %v", err)
 	}
 	checkpoint(t, s, "runner-a", 500)
-	if _, _, err := s.Begin(Entry{Owner: "runner-a"}, 101); !errors.Is(err, ErrQuota) {
-		t.Fatalf("over runner quota with use: %v", err)
-	}
-	checkpoint(t, s, "runner-b", 450)
-	if _, _, err := s.Begin(Entry{Owner: "runner-c"}, 51); !errors.Is(err, ErrQuota) {
-		t.Fatalf("over node quota: %v", err)
+	checkpoint(t, s, "runner-a", 450)
+	if _, _, err := s.Begin(Entry{Owner: "runner-a"}, 51); !errors.Is(err, ErrQuota) {
+		t.Fatalf("over quota with use: %v", err)
 	}
 	// After: a fork image larger than its estimate past the quota is deleted.
-	id, dir, err := s.Begin(Entry{Owner: "runner-b", LeaveRunning: true}, 10)
+	id, dir, err := s.Begin(Entry{Owner: "runner-a", LeaveRunning: true}, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,11 +176,11 @@ func TestQuota(t *testing.T) {
 	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
 		t.Fatal("image over quota kept")
 	}
-	if total, _ := s.Usage(""); total != 950 {
+	if total := s.Usage(); total != 950 {
 		t.Fatalf("usage %d", total)
 	}
 	// A pause image over the quota is all that is left of its sandbox: kept, flagged.
-	id, dir, err = s.Begin(Entry{Owner: "runner-b"}, 10)
+	id, dir, err = s.Begin(Entry{Owner: "runner-a"}, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
