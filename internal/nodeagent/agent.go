@@ -79,6 +79,10 @@ type Config struct {
 	CheckpointTimeout time.Duration
 	// MaxConcurrent bounds the checkpoints in progress (default 2).
 	MaxConcurrent int
+	// TimeoutHold: after a checkpoint timed out (the shim's runsc may still be writing the
+	// image), the sandbox's claim is held this long before another checkpoint of it may
+	// start (default 10 min); the image is left to the store's aged GC.
+	TimeoutHold time.Duration
 	Log           *slog.Logger
 }
 
@@ -109,6 +113,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 2
+	}
+	if cfg.TimeoutHold <= 0 {
+		cfg.TimeoutHold = 10 * time.Minute
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -219,7 +226,14 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 	if !s.claim(sb.ID) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a checkpoint of sandbox %s is in progress", m.SandboxId))
 	}
-	defer s.release(sb.ID)
+	holdClaim := false
+	defer func() {
+		if holdClaim {
+			time.AfterFunc(s.cfg.TimeoutHold, func() { s.release(sb.ID) })
+			return
+		}
+		s.release(sb.ID)
+	}()
 	select {
 	case s.sem <- struct{}{}:
 		defer func() { <-s.sem }()
@@ -248,6 +262,16 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 	var entry store.Entry
 	if err == nil {
 		entry, err = s.cfg.Store.Complete(id)
+	} else if cctx.Err() != nil {
+		// Timed out: the shim's runsc may still write into dir. Remove nothing now; the
+		// incomplete entry goes with GC, and no other checkpoint of the sandbox starts
+		// for TimeoutHold.
+		holdClaim = true
+		if aerr := s.cfg.Store.Abandon(id); aerr != nil {
+			s.log.Warn("node agent: abandoning a timed-out image", "id", id, "err", aerr)
+		}
+		s.log.Warn("node agent: checkpoint timed out; image left to GC, sandbox held", "id", id, "sandbox", m.SandboxId, "hold", s.cfg.TimeoutHold)
+		err = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("checkpoint of sandbox %s timed out", m.SandboxId))
 	} else {
 		if aerr := s.cfg.Store.Abort(id); aerr != nil {
 			s.log.Warn("node agent: removing a failed image", "id", id, "err", aerr)

@@ -40,6 +40,9 @@ func (f *fakeResolver) Sandbox(_ context.Context, q cri.Query) (cri.Sandbox, err
 	if f.err != nil {
 		return cri.Sandbox{}, f.err
 	}
+	if q.Pod == (cri.PodRef{Namespace: "sbx", Name: "sbx-def", UID: podUID2}) && q.RunnerID == runnerA && q.SandboxID == "def" {
+		return cri.Sandbox{ID: criID2, MemoryBytes: 100}, nil
+	}
 	if q.Pod != (cri.PodRef{Namespace: "sbx", Name: "sbx-abc", UID: podUID}) {
 		return cri.Sandbox{}, cri.ErrNotFound
 	}
@@ -97,7 +100,7 @@ type fixture struct {
 	root string
 }
 
-func newFixture(t *testing.T, quota int64) *fixture {
+func newFixture(t *testing.T, quota int64, edit ...func(*Config)) *fixture {
 	t.Helper()
 	d := t.TempDir()
 	root := filepath.Join(d, "root")
@@ -110,7 +113,12 @@ func newFixture(t *testing.T, quota int64) *fixture {
 		t.Fatal(err)
 	}
 	f := &fixture{res: &fakeResolver{}, ckpt: &fakeCheckpointer{size: 500}, st: st, root: root}
-	f.srv, err = NewServer(Config{Node: "node-1", RunnerID: runnerA, Resolver: f.res, Checkpointer: f.ckpt, Store: st})
+	t.Cleanup(func() { _ = st.Close() })
+	cfg := Config{Node: "node-1", RunnerID: runnerA, Resolver: f.res, Checkpointer: f.ckpt, Store: st}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	f.srv, err = NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,4 +454,139 @@ func FuzzValidateCheckpointRequest(f *testing.F) {
 			t.Fatalf("accepted long %q %q", ns, sid)
 		}
 	})
+}
+
+const (
+	podUID2 = "00000000-0000-4000-8000-0000000000d2"
+	criID2  = "d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2"
+)
+
+func otherRequest() *nodeagentv1.CheckpointRequest {
+	return &nodeagentv1.CheckpointRequest{Pod: &nodeagentv1.PodRef{Namespace: "sbx", Name: "sbx-def", Uid: podUID2}, SandboxId: "def"}
+}
+
+// blockCheckpointer blocks each checkpoint until release is closed or its context ends.
+// When the context ends first, it returns the context's error at once but keeps writing
+// the image once late is closed (a shim outliving the agent's timeout), then reports the
+// write on lateDone.
+type blockCheckpointer struct {
+	started  chan string
+	release  chan struct{}
+	late     chan struct{}
+	lateDone chan error
+	ctxErr   chan error // the context's error when the checkpoint was released
+}
+
+func newBlockCheckpointer() *blockCheckpointer {
+	return &blockCheckpointer{started: make(chan string, 8), release: make(chan struct{}), late: make(chan struct{}),
+		lateDone: make(chan error, 8), ctxErr: make(chan error, 8)}
+}
+
+func (b *blockCheckpointer) Checkpoint(ctx context.Context, sandboxID, dir string, _ bool) error {
+	b.started <- sandboxID
+	select {
+	case <-b.release:
+		b.ctxErr <- ctx.Err()
+		return os.WriteFile(filepath.Join(dir, "checkpoint.img"), make([]byte, 10), 0o600)
+	case <-ctx.Done():
+		go func() {
+			<-b.late
+			b.lateDone <- os.WriteFile(filepath.Join(dir, "checkpoint.img"), make([]byte, 10), 0o600)
+		}()
+		return ctx.Err()
+	}
+}
+
+// TestCheckpointTimeout: a checkpoint that outlives CheckpointTimeout leaves its image
+// directory alone (the shim may still write it), unlisted and left to aged GC, and holds
+// the sandbox's claim.
+func TestCheckpointTimeout(t *testing.T) {
+	b := newBlockCheckpointer()
+	f := newFixture(t, 1<<20, func(c *Config) { c.Checkpointer = b; c.CheckpointTimeout = 50 * time.Millisecond })
+	_, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("timed out: %v", err)
+	}
+	des, _ := os.ReadDir(f.root)
+	if len(des) != 1 {
+		t.Fatalf("the timed-out image's directory was removed under the shim: %v", des)
+	}
+	// The shim finishes writing later: its directory is still there.
+	close(b.late)
+	if err := <-b.lateDone; err != nil {
+		t.Fatalf("late write: %v", err)
+	}
+	if l := f.st.List(runnerA); len(l) != 0 {
+		t.Fatalf("a timed-out image listed: %+v", l)
+	}
+	// The sandbox stays claimed: no second checkpoint over the running one.
+	if _, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest())); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("second checkpoint while the first may still run: %v", err)
+	}
+	if n := len(b.started); n != 1 {
+		t.Fatalf("checkpointed %d times", n)
+	}
+	// GC leaves it for GCAge (10 min) after the timeout, then removes it.
+	if removed, _ := f.st.GC(time.Now().Add(5 * time.Minute)); len(removed) != 0 {
+		t.Fatalf("collected early: %v", removed)
+	}
+	if removed, _ := f.st.GC(time.Now().Add(11 * time.Minute)); len(removed) != 1 || removed[0] != des[0].Name() {
+		t.Fatalf("collected %v", removed)
+	}
+}
+
+// TestBusyAndConcurrency: one checkpoint per sandbox; at most MaxConcurrent at once (the
+// next waits, and gives up with its caller); a checkpoint runs on after its caller went.
+func TestBusyAndConcurrency(t *testing.T) {
+	b := newBlockCheckpointer()
+	f := newFixture(t, 1<<20, func(c *Config) { c.Checkpointer = b; c.MaxConcurrent = 1 })
+	ctx, cancel := context.WithCancel(as(runnerA))
+	type result struct {
+		resp *connect.Response[nodeagentv1.CheckpointResponse]
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := f.srv.Checkpoint(ctx, connect.NewRequest(goodRequest()))
+		done <- result{r, err}
+	}()
+	if id := <-b.started; id != criID {
+		t.Fatalf("started %s", id)
+	}
+	// The same sandbox: refused at once.
+	if _, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest())); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("same sandbox: %v", err)
+	}
+	// Another sandbox: waits for the slot; its caller gives up.
+	wctx, wcancel := context.WithTimeout(as(runnerA), 100*time.Millisecond)
+	defer wcancel()
+	if _, err := f.srv.Checkpoint(wctx, connect.NewRequest(otherRequest())); connect.CodeOf(err) != connect.CodeCanceled {
+		t.Fatalf("over MaxConcurrent: %v", err)
+	}
+	if n := len(b.started); n != 0 {
+		t.Fatalf("%d more checkpoints started over MaxConcurrent", n)
+	}
+	// The first caller goes away; its checkpoint runs to its end.
+	cancel()
+	time.Sleep(20 * time.Millisecond)
+	close(b.release)
+	select {
+	case err := <-b.ctxErr:
+		if err != nil {
+			t.Fatalf("the checkpoint's context ended with its caller: %v", err)
+		}
+	case r := <-done:
+		t.Fatalf("the checkpoint ended with its caller: %v", r.err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("checkpoint after the caller went: %v", r.err)
+	}
+	if l := f.st.List(runnerA); len(l) != 1 || l[0].ID != r.resp.Msg.CheckpointId {
+		t.Fatalf("list %+v", l)
+	}
+	// The claim and the slot are free again.
+	if _, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(otherRequest())); err != nil {
+		t.Fatalf("after: %v", err)
+	}
 }

@@ -457,6 +457,23 @@ func (s *Store) Complete(id string) (Entry, error) {
 	return *e, nil
 }
 
+// Abandon gives up an image whose checkpoint timed out while the shim may still be
+// writing into it: nothing is removed now; its entry stays incomplete (not listed),
+// restamped now, so GC removes it GCAge from now.
+func (s *Store) Abandon(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil || !s.inFlight[id] {
+		return fmt.Errorf("%w %s in flight", ErrNotFound, id)
+	}
+	delete(s.inFlight, id)
+	n := *e
+	n.Created = time.Now().UTC()
+	*e = n
+	return s.writeEntry(&n)
+}
+
 // Abort removes an image that failed and its entry (when that fails, GC retries).
 func (s *Store) Abort(id string) error {
 	s.mu.Lock()
