@@ -83,7 +83,7 @@ type Config struct {
 	// image), the sandbox's claim is held this long before another checkpoint of it may
 	// start (default 10 min); the image is left to the store's aged GC.
 	TimeoutHold time.Duration
-	Log           *slog.Logger
+	Log         *slog.Logger
 }
 
 // Server implements NodeAgentService.

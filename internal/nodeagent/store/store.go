@@ -38,6 +38,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/atomicfile"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
 )
 
@@ -271,23 +272,7 @@ func (s *Store) writeEntry(e *Entry) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.index, "."+e.ID+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return fmt.Errorf("store: index: %w", err)
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(s.index, e.ID+".json"))
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
+	if err := atomicfile.WriteFile(filepath.Join(s.index, e.ID+".json"), b, 0o600); err != nil {
 		return fmt.Errorf("store: index: %w", err)
 	}
 	return nil
