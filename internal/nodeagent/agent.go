@@ -407,5 +407,18 @@ func toConnect(err error) *connect.Error {
 	case errors.Is(err, cri.ErrCRI):
 		code = connect.CodeUnavailable
 	}
+	// The node's own failures carry host paths and details: logged, not returned.
+	switch code {
+	case connect.CodeInternal:
+		slog.Error("node agent: internal error", "err", err)
+		msg := "node agent internal error (see its log)"
+		if errors.Is(err, store.ErrNotMarked) {
+			msg = "the checkpoint image exists but could not be marked complete: the shim will not restore it"
+		}
+		return connect.NewError(code, errors.New(msg))
+	case connect.CodeUnavailable:
+		slog.Warn("node agent: CRI runtime", "err", err)
+		return connect.NewError(code, errors.New("the node's CRI runtime does not answer"))
+	}
 	return connect.NewError(code, err)
 }

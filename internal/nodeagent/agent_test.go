@@ -590,3 +590,30 @@ func TestBusyAndConcurrency(t *testing.T) {
 		t.Fatalf("after: %v", err)
 	}
 }
+
+// TestInternalErrorsGeneric: the node's own failures reach the caller without host paths.
+func TestInternalErrorsGeneric(t *testing.T) {
+	d := t.TempDir()
+	root := filepath.Join(d, "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(store.Config{Root: root, StateDir: filepath.Join(d, "state"), Owner: runnerA, QuotaBytes: 1 << 20,
+		Dirs: plainDirs{}, Free: func(r string) (int64, error) { return 0, errors.New("statfs " + r + ": broken") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv, err := NewServer(Config{Node: "node-1", RunnerID: runnerA, Resolver: &fakeResolver{}, Checkpointer: &fakeCheckpointer{}, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = srv.Info(as(runnerA), connect.NewRequest(&nodeagentv1.InfoRequest{}))
+	if connect.CodeOf(err) != connect.CodeInternal || strings.Contains(err.Error(), d) {
+		t.Fatalf("info: %v", err)
+	}
+	_, err = srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	if connect.CodeOf(err) != connect.CodeInternal || strings.Contains(err.Error(), d) || strings.Contains(err.Error(), "statfs") {
+		t.Fatalf("checkpoint: %v", err)
+	}
+}

@@ -220,8 +220,10 @@ func Open(cfg Config) (*Store, error) {
 		}
 		e, err := s.readEntry(id)
 		if err != nil {
-			_ = s.Close()
-			return nil, err
+			// One bad file does not stop the agent: set aside for a human, logged.
+			qerr := s.quarantine(de.Name())
+			cfg.Log.Error("node agent store: unreadable index entry moved to quarantine/", "id", id, "err", err, "move_err", qerr)
+			continue
 		}
 		if e.Owner != cfg.Owner {
 			cfg.Log.Warn("node agent store: skipping another owner's index entry", "id", id, "owner", e.Owner)
@@ -230,6 +232,15 @@ func Open(cfg Config) (*Store, error) {
 		s.entries[id] = e
 	}
 	return s, nil
+}
+
+// quarantine moves index file name to <state>/quarantine/.
+func (s *Store) quarantine(name string) error {
+	q := filepath.Join(s.cfg.StateDir, "quarantine")
+	if err := os.Mkdir(q, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return os.Rename(filepath.Join(s.index, name), filepath.Join(q, name))
 }
 
 // Close releases the state directory's lock (another store may then open it).
@@ -499,10 +510,10 @@ func (s *Store) RemoveImage(id string) error {
 		return fmt.Errorf("store: %w", err)
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("store: %s is not a directory (a symlink or a file): not removed", p)
+		return fmt.Errorf("store: image %s is not a directory (a symlink or a file): not removed", id)
 	}
 	if st, _ := fi.Sys().(*syscall.Stat_t); s.cfg.RequireRoot && (st == nil || st.Uid != 0) {
-		return fmt.Errorf("store: %s is not owned by root: not removed", p)
+		return fmt.Errorf("store: image %s is not owned by root: not removed", id)
 	}
 	// RemoveAll removes symlinks inside, never what they point at.
 	if err := os.RemoveAll(p); err != nil {
@@ -564,10 +575,11 @@ func (s *Store) Delete(owner, id string) error {
 // entries whose image directory is gone, and image directories of this store's owner
 // without an entry whose mtime is older than GCAge. It returns the IDs removed.
 func (s *Store) GC(now time.Time) ([]string, error) {
+	// Under the lock: pick the entries to collect and take them out of the index map (a
+	// crash after that leaves an index file without an image: collected next time). The
+	// removals run without the lock.
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var removed []string
-	var errs []error
+	var drop []*Entry
 	for id, e := range s.entries {
 		if s.inFlight[id] {
 			continue
@@ -575,25 +587,56 @@ func (s *Store) GC(now time.Time) ([]string, error) {
 		_, err := os.Lstat(filepath.Join(s.cfg.Root, id))
 		gone := errors.Is(err, fs.ErrNotExist)
 		if gone || (!e.Complete && now.Sub(e.Created) > s.cfg.GCAge) {
-			if err := s.removeLocked(id); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			removed = append(removed, id)
+			drop = append(drop, e)
+			delete(s.entries, id)
 		}
+	}
+	indexed := make(map[string]bool, len(s.entries))
+	for id := range s.entries {
+		indexed[id] = true
+	}
+	s.mu.Unlock()
+	var removed []string
+	var errs []error
+	for _, e := range drop {
+		err := s.RemoveImage(e.ID)
+		if err == nil {
+			if rerr := os.Remove(filepath.Join(s.index, e.ID+".json")); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				err = fmt.Errorf("store: %w", rerr)
+			}
+		}
+		if err != nil {
+			s.mu.Lock()
+			s.entries[e.ID] = e // retried next time
+			s.mu.Unlock()
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, e.ID)
+	}
+	for _, e := range drop {
+		indexed[e.ID] = true // not an orphan of this pass
 	}
 	des, err := os.ReadDir(s.cfg.Root)
 	if err != nil {
 		return removed, errors.Join(append(errs, fmt.Errorf("store: %w", err))...)
 	}
+	// Orphans: unindexed directories of this owner's hash (the state directory's flock
+	// makes this the only agent of the owner; Begin indexes before it makes a directory).
 	prefix := "c-" + OwnerHash(s.cfg.Owner) + "-"
 	for _, de := range des {
 		id := de.Name()
-		if ValidID(id) != nil || !strings.HasPrefix(id, prefix) || s.entries[id] != nil {
+		if ValidID(id) != nil || !strings.HasPrefix(id, prefix) || indexed[id] {
 			continue
 		}
 		fi, err := os.Lstat(filepath.Join(s.cfg.Root, id))
 		if err != nil || !fi.IsDir() || now.Sub(fi.ModTime()) <= s.cfg.GCAge {
+			continue
+		}
+		s.mu.Lock()
+		late := s.entries[id] != nil // indexed since (an ID is never reused, but be sure)
+		s.mu.Unlock()
+		if late {
 			continue
 		}
 		if err := s.RemoveImage(id); err != nil {

@@ -467,3 +467,23 @@ func TestHibernateDirsRoot(t *testing.T) {
 		t.Fatal("kept")
 	}
 }
+
+// TestOpenQuarantinesBadEntry: one unreadable index file is moved aside; Open goes on.
+func TestOpenQuarantinesBadEntry(t *testing.T) {
+	s, cfg := open(t, nil)
+	a := checkpoint(t, s, "runner-a", 10)
+	bad := NewID("runner-a")
+	if err := os.WriteFile(filepath.Join(cfg.StateDir, "index", bad+".json"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s, cfg)
+	if len(s.entries) != 1 || s.entries[a.ID] == nil {
+		t.Fatalf("entries %+v", s.entries)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, "quarantine", bad+".json")); err != nil {
+		t.Fatalf("not quarantined: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, "index", bad+".json")); !os.IsNotExist(err) {
+		t.Fatalf("left in the index: %v", err)
+	}
+}
