@@ -77,6 +77,7 @@ type secAgent struct {
 	ca   *pki.CA
 	root string
 	ckpt *secCheckpointer
+	st   *store.Store
 }
 
 // startSecAgent runs runner-a's agent (real CRI resolver over a fake CRI socket, real
@@ -148,7 +149,8 @@ func startSecAgent(t *testing.T) *secAgent {
 	hs := srv.HTTPServer(tc)
 	go func() { _ = hs.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { hs.Close() })
-	return &secAgent{addr: ln.Addr().String(), ca: ca, root: root, ckpt: ckpt}
+	t.Cleanup(func() { _ = st.Close() })
+	return &secAgent{addr: ln.Addr().String(), ca: ca, root: root, ckpt: ckpt, st: st}
 }
 
 func (a *secAgent) client(t *testing.T, ca *pki.CA, runnerID string) *nodeagent.Client {
@@ -280,5 +282,27 @@ func TestSecurityNodeAgentPathIDs(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(victim, "keep")); err != nil {
 		t.Fatalf("victim touched: %v", err)
+	}
+	// An indexed checkpoint whose directory is then swapped for a symlink to the victim:
+	// Delete and GC refuse it (Lstat), the victim keeps its files.
+	res, err := c.Checkpoint(ctx, nodeagent.CheckpointRequest{Namespace: "sbx", Name: "sbx-mine", UID: "00000000-0000-4000-8000-000000000001", SandboxID: "mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(a.root, res.ID)
+	if err := os.RemoveAll(img); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteCheckpoint(ctx, res.ID); err == nil {
+		t.Error("delete of a symlinked image succeeded")
+	}
+	if removed, _ := a.st.GC(time.Now().Add(time.Hour)); len(removed) != 0 {
+		t.Errorf("GC removed %v through a symlink", removed)
+	}
+	if _, err := os.Stat(filepath.Join(victim, "keep")); err != nil {
+		t.Fatalf("victim touched through an indexed symlink: %v", err)
 	}
 }
