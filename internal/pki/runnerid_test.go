@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -68,4 +69,41 @@ func TestNodeAgentRunner(t *testing.T) {
 			t.Errorf("%s: accepted as %q", name, id)
 		}
 	}
+}
+
+// FuzzNodeAgentRunner: whatever URIs a certificate carries, a runner ID is only returned
+// from exactly one spiffe://sandboxd/node-agent-client/<id> URI, and never holds a slash,
+// a query or a fragment.
+func FuzzNodeAgentRunner(f *testing.F) {
+	f.Add("spiffe://sandboxd/node-agent-client/runner-a", "")
+	f.Add("spiffe://sandboxd/node-agent-client/a/b", "spiffe://sandboxd/runner/a")
+	f.Add("spiffe://sandboxd/node-agent-client/a?x=1", "spiffe://sandboxd/node-agent-client/b")
+	f.Add("spiffe://user@sandboxd/node-agent-client/a#f", "")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		var uris []*url.URL
+		for _, s := range []string{a, b} {
+			if u, err := url.Parse(s); err == nil && s != "" {
+				uris = append(uris, u)
+			}
+		}
+		id, ok := NodeAgentRunner(&x509.Certificate{URIs: uris})
+		if !ok {
+			return
+		}
+		if id == "" || strings.ContainsAny(id, "/?#") {
+			t.Fatalf("runner id %q from %v", id, uris)
+		}
+		n := 0
+		for _, u := range uris {
+			if u.Scheme == "spiffe" && u.Host == "sandboxd" && strings.HasPrefix(u.Path, "/node-agent-client/") {
+				n++
+				if u.Path != "/node-agent-client/"+id {
+					t.Fatalf("runner id %q from path %q", id, u.Path)
+				}
+			}
+		}
+		if n != 1 {
+			t.Fatalf("runner id %q from %d node-agent URIs", id, n)
+		}
+	})
 }

@@ -487,3 +487,50 @@ func TestOpenQuarantinesBadEntry(t *testing.T) {
 		t.Fatalf("left in the index: %v", err)
 	}
 }
+
+// FuzzRemoveImage: whatever the ID, ValidID accepts only c-<8 hex>-<20 hex>, and
+// RemoveImage never removes anything but <root>/<valid id> (a decoy next to the root and
+// one inside it survive every other ID).
+func FuzzRemoveImage(f *testing.F) {
+	for _, s := range []string{"..", "../decoy", "c-00000000-00000000000000000000", "c-00000000-00000000000000000000/..", "/", "keep", "c-00000000-0000000000000000000g", "./c-00000000-00000000000000000000"} {
+		f.Add(s)
+	}
+	d := f.TempDir()
+	root := filepath.Join(d, "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		f.Fatal(err)
+	}
+	s := &Store{cfg: Config{Root: root}}
+	decoys := []string{filepath.Join(d, "decoy"), filepath.Join(root, "keep")}
+	f.Fuzz(func(t *testing.T, id string) {
+		for _, p := range decoys {
+			if err := os.MkdirAll(p, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		valid := ValidID(id) == nil
+		if valid != idPattern.MatchString(id) || (valid && (len(id) != 31 || strings.ContainsAny(id, "/.\x00\\"))) {
+			t.Fatalf("ValidID(%q) = %v", id, valid)
+		}
+		target := filepath.Join(root, id)
+		if valid {
+			if err := os.MkdirAll(target, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := s.RemoveImage(id)
+		if !valid && err == nil {
+			t.Fatalf("RemoveImage(%q) accepted", id)
+		}
+		for _, p := range decoys {
+			if _, serr := os.Stat(p); serr != nil {
+				t.Fatalf("RemoveImage(%q) removed %s", id, p)
+			}
+		}
+		if valid {
+			if _, serr := os.Lstat(target); err != nil || !os.IsNotExist(serr) {
+				t.Fatalf("RemoveImage(%q): %v, left %v", id, err, serr)
+			}
+		}
+	})
+}
