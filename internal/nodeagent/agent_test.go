@@ -617,3 +617,54 @@ func TestInternalErrorsGeneric(t *testing.T) {
 		t.Fatalf("checkpoint: %v", err)
 	}
 }
+
+// TestTLSReload: the agent picks up a rotated CA and server certificate from its TLS
+// directory without a restart; clients of the old CA are refused afterwards.
+func TestTLSReload(t *testing.T) {
+	f := newFixture(t, 1<<20)
+	issue := func(name string) (*pki.CA, tls.Certificate, tls.Certificate) {
+		ca, err := pki.LoadOrCreateCA(t.TempDir(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := ca.IssueServer("sandboxd-node-agent", []string{ServerName}, nil, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := ca.IssueClient("runner-a", []*url.URL{pki.NodeAgentClientURI(runnerA)}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ca, srv, cl
+	}
+	ca1, srv1, cl1 := issue("CA one")
+	dir := t.TempDir()
+	writeTLSDir(t, dir, srv1, ca1)
+	cfg, err := ServerTLSConfig(dir, runnerA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := f.srv.HTTPServer(cfg)
+	go func() { _ = hs.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { hs.Close() })
+	addr := ln.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := clientFor(t, addr, ca1, &cl1).Info(ctx); err != nil {
+		t.Fatalf("before: %v", err)
+	}
+	// Rotated: new CA, new server certificate.
+	ca2, srv2, cl2 := issue("CA two")
+	writeTLSDir(t, dir, srv2, ca2)
+	time.Sleep(1100 * time.Millisecond) // the reloader looks at most once a second
+	if _, err := clientFor(t, addr, ca2, &cl2).Info(ctx); err != nil {
+		t.Fatalf("after rotation, new CA: %v", err)
+	}
+	if _, err := clientFor(t, addr, ca1, &cl1).Info(ctx); err == nil {
+		t.Fatal("after rotation, the old CA's client is still accepted")
+	}
+}
