@@ -82,16 +82,6 @@ func (f *fakeCheckpointer) n() int {
 	return len(f.calls)
 }
 
-type plainDirs struct{}
-
-func (plainDirs) Create(root, id string) (string, error) {
-	d := filepath.Join(root, id)
-	return d, os.Mkdir(d, 0o700)
-}
-func (plainDirs) MarkComplete(dir string) error {
-	return os.WriteFile(filepath.Join(dir, "sandboxd-complete"), nil, 0o600)
-}
-
 type fixture struct {
 	srv  *Server
 	res  *fakeResolver
@@ -108,7 +98,7 @@ func newFixture(t *testing.T, quota int64, edit ...func(*Config)) *fixture {
 		t.Fatal(err)
 	}
 	st, err := store.Open(store.Config{Root: root, StateDir: filepath.Join(d, "state"), Owner: runnerA, QuotaBytes: quota,
-		Dirs: plainDirs{}, Free: func(string) (int64, error) { return 1 << 40, nil }})
+		Dirs: store.PlainDirs{}, Free: func(string) (int64, error) { return 1 << 40, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,15 +315,7 @@ func serveTLS(t *testing.T, f *fixture) (string, *pki.CA) {
 
 func writeTLSDir(t *testing.T, dir string, cert tls.Certificate, ca *pki.CA) {
 	t.Helper()
-	if err := pki.WriteKeyPair(dir, "x", cert); err != nil {
-		t.Fatal(err)
-	}
-	for from, to := range map[string]string{"x.pem": CertFile, "x-key.pem": KeyFile} {
-		if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, to)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, CAFile), ca.CertPEM(), 0o644); err != nil {
+	if err := WriteTLSDir(dir, cert, ca.CertPEM()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -599,7 +581,7 @@ func TestInternalErrorsGeneric(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := store.Open(store.Config{Root: root, StateDir: filepath.Join(d, "state"), Owner: runnerA, QuotaBytes: 1 << 20,
-		Dirs: plainDirs{}, Free: func(r string) (int64, error) { return 0, errors.New("statfs " + r + ": broken") }})
+		Dirs: store.PlainDirs{}, Free: func(r string) (int64, error) { return 0, errors.New("statfs " + r + ": broken") }})
 	if err != nil {
 		t.Fatal(err)
 	}

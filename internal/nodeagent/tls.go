@@ -148,3 +148,20 @@ func loadMaterial(dir string) (*material, error) {
 	}
 	return &material{cert: cert, pool: pool}, nil
 }
+
+// WriteTLSDir writes an agent's TLS directory: cert as CertFile and KeyFile, caPEM as
+// CAFile (what the runner's Secret holds; tests and tools use it).
+func WriteTLSDir(dir string, cert tls.Certificate, caPEM []byte) error {
+	if err := pki.WriteKeyPair(dir, "tls", cert); err != nil {
+		return err
+	}
+	for from, to := range map[string]string{"tls.pem": CertFile, "tls-key.pem": KeyFile} {
+		if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, to)); err != nil {
+			return fmt.Errorf("nodeagent: tls: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, CAFile), caPEM, 0o644); err != nil { //nolint:gosec // a CA certificate is public
+		return fmt.Errorf("nodeagent: tls: %w", err)
+	}
+	return nil
+}

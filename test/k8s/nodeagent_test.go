@@ -66,15 +66,7 @@ func startNodeAgent(t *testing.T, ctx context.Context, node, namespace, runnerID
 		t.Fatal(err)
 	}
 	tlsDir := t.TempDir()
-	if err := pki.WriteKeyPair(tlsDir, "tls", cert); err != nil {
-		t.Fatal(err)
-	}
-	for from, to := range map[string]string{"tls.pem": nodeagent.CertFile, "tls-key.pem": nodeagent.KeyFile} {
-		if err := os.Rename(filepath.Join(tlsDir, from), filepath.Join(tlsDir, to)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(tlsDir, nodeagent.CAFile), ca.CertPEM(), 0o644); err != nil {
+	if err := nodeagent.WriteTLSDir(tlsDir, cert, ca.CertPEM()); err != nil {
 		t.Fatal(err)
 	}
 	tc, err := nodeagent.ServerTLSConfig(tlsDir, runnerID)

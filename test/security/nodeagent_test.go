@@ -62,16 +62,6 @@ func (c *secCheckpointer) Checkpoint(_ context.Context, sandboxID, dir string, _
 	return os.WriteFile(filepath.Join(dir, "checkpoint.img"), []byte("memory"), 0o600)
 }
 
-type secDirs struct{}
-
-func (secDirs) Create(root, id string) (string, error) {
-	d := filepath.Join(root, id)
-	return d, os.Mkdir(d, 0o700)
-}
-func (secDirs) MarkComplete(dir string) error {
-	return os.WriteFile(filepath.Join(dir, "sandboxd-complete"), nil, 0o600)
-}
-
 type secAgent struct {
 	addr string
 	ca   *pki.CA
@@ -109,7 +99,7 @@ func startSecAgent(t *testing.T) *secAgent {
 		t.Fatal(err)
 	}
 	st, err := store.Open(store.Config{Root: root, StateDir: filepath.Join(d, "state"), Owner: "runner-a", QuotaBytes: 1 << 40,
-		Dirs: secDirs{}, Free: func(string) (int64, error) { return 1 << 50, nil }})
+		Dirs: store.PlainDirs{}, Free: func(string) (int64, error) { return 1 << 50, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,15 +117,7 @@ func startSecAgent(t *testing.T) *secAgent {
 		t.Fatal(err)
 	}
 	tlsDir := t.TempDir()
-	if err := pki.WriteKeyPair(tlsDir, "tls", cert); err != nil {
-		t.Fatal(err)
-	}
-	for from, to := range map[string]string{"tls.pem": nodeagent.CertFile, "tls-key.pem": nodeagent.KeyFile} {
-		if err := os.Rename(filepath.Join(tlsDir, from), filepath.Join(tlsDir, to)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(tlsDir, nodeagent.CAFile), ca.CertPEM(), 0o644); err != nil {
+	if err := nodeagent.WriteTLSDir(tlsDir, cert, ca.CertPEM()); err != nil {
 		t.Fatal(err)
 	}
 	tc, err := nodeagent.ServerTLSConfig(tlsDir, "runner-a")

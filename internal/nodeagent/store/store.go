@@ -683,3 +683,15 @@ func statfsFree(root string) (int64, error) {
 	}
 	return int64(st.Bavail) * st.Bsize, nil
 }
+
+// PlainDirs make and complete image directories without hibernate's root-ownership
+// checks: for tests and tools that run without root, never for the agent.
+type PlainDirs struct{}
+
+func (PlainDirs) Create(root, id string) (string, error) {
+	d := filepath.Join(root, id)
+	return d, os.Mkdir(d, 0o700)
+}
+func (PlainDirs) MarkComplete(dir string) error {
+	return os.WriteFile(filepath.Join(dir, hibernate.CompleteMarker), nil, 0o600)
+}

@@ -9,23 +9,11 @@ import (
 	"time"
 )
 
-// plainDirs make image directories without hibernate's root-ownership checks (tests
-// without root).
-type plainDirs struct{}
-
-func (plainDirs) Create(root, id string) (string, error) {
-	d := filepath.Join(root, id)
-	return d, os.Mkdir(d, 0o700)
-}
-func (plainDirs) MarkComplete(dir string) error {
-	return os.WriteFile(filepath.Join(dir, "sandboxd-complete"), nil, 0o600)
-}
-
 func open(t *testing.T, edit func(*Config)) (*Store, Config) {
 	t.Helper()
 	d := t.TempDir()
 	cfg := Config{Root: filepath.Join(d, "root"), StateDir: filepath.Join(d, "state"), Owner: "runner-a",
-		QuotaBytes: 1000, MinFreeBytes: 100, Dirs: plainDirs{},
+		QuotaBytes: 1000, MinFreeBytes: 100, Dirs: PlainDirs{},
 		Free: func(string) (int64, error) { return 10000, nil }}
 	if err := os.Mkdir(cfg.Root, 0o700); err != nil {
 		t.Fatal(err)
@@ -208,7 +196,7 @@ func TestQuota(t *testing.T) {
 }
 
 // failMark fails MarkComplete.
-type failMark struct{ plainDirs }
+type failMark struct{ PlainDirs }
 
 func (failMark) MarkComplete(string) error { return errors.New("disk on fire") }
 
