@@ -41,6 +41,8 @@ func main() {
 		err = runnerCheckFlags(os.Args[2:])
 	case "gateway":
 		err = gatewayCmd(os.Args[2:])
+	case "node-agent":
+		err = nodeAgentCmd(os.Args[2:])
 	case "apikey":
 		err = apikey(os.Args[2:])
 	case "registry":
@@ -79,6 +81,8 @@ commands:
             or with a shared CA: runner --data-dir D --pki-dir P --listen ADDR --runner-id ID
   gateway   run the API and the control plane over runners elsewhere:
             gateway --data-dir D [--store DSN] --pki-dir P --listen ADDR --runner ID=ADDR… [--control-plane ADDR]
+  node-agent  run the node agent of a Kubernetes runner on a gVisor node (checkpoints for pause/fork):
+            node-agent --node N --runner-id ID --namespace NS [--shim-root … --checkpoint-root … --tls-dir …]
   apikey    create an API key: apikey create --data-dir DIR [--store DSN] --org ORG [--role user|admin]
   registry  registry gc --data-dir D [--store DSN] [--blob-s3-* …]: delete the platform registry's images
             no template and no live sandbox names now (what the gateways do every --registry-gc-interval)

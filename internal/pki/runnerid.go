@@ -89,3 +89,32 @@ func platformRunnerID(cert *x509.Certificate) (string, bool) {
 	}
 	return "", false
 }
+
+// NodeAgentClientURI is the URI SAN naming runner runnerID in the client certificate it
+// presents to its node agents (spiffe://sandboxd/node-agent-client/<runner_id>), issued by
+// the runner's own node-agent CA. Its path is not under /runner/, so RunnerIdentity and
+// RunnerOwner never read it as a runner's certificate.
+func NodeAgentClientURI(runnerID string) *url.URL {
+	return &url.URL{Scheme: "spiffe", Host: "sandboxd", Path: "/node-agent-client/" + runnerID}
+}
+
+// NodeAgentRunner returns the runner ID of cert's one NodeAgentClientURI; ok is false when
+// it has none, a malformed one, or several.
+func NodeAgentRunner(cert *x509.Certificate) (runnerID string, ok bool) {
+	n := 0
+	for _, u := range cert.URIs {
+		if u.Scheme != "spiffe" || u.Host != "sandboxd" {
+			continue
+		}
+		rest, found := strings.CutPrefix(u.Path, "/node-agent-client/")
+		if !found {
+			continue
+		}
+		n++
+		if rest == "" || strings.Contains(rest, "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return "", false
+		}
+		runnerID = rest
+	}
+	return runnerID, n == 1
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -44,4 +45,65 @@ func TestRunnerOwner(t *testing.T) {
 			t.Errorf("%s: %q %q %v %v, want %v", name, org, id, platform, err, tc.want)
 		}
 	}
+}
+
+func TestNodeAgentRunner(t *testing.T) {
+	certWith := func(uris ...*url.URL) *x509.Certificate { return &x509.Certificate{URIs: uris} }
+	spiffe := func(path string) *url.URL { return &url.URL{Scheme: "spiffe", Host: "sandboxd", Path: path} }
+	if id, ok := NodeAgentRunner(certWith(NodeAgentClientURI("r1"))); !ok || id != "r1" {
+		t.Fatalf("%q %v", id, ok)
+	}
+	// Never taken for a runner's identity.
+	if _, _, ok := RunnerIdentity(certWith(NodeAgentClientURI("r1"))); ok {
+		t.Fatal("node-agent client URI read as a runner URI")
+	}
+	for name, c := range map[string]*x509.Certificate{
+		"none":       certWith(),
+		"runner URI": certWith(RunnerURI("org", "r1")),
+		"two":        certWith(NodeAgentClientURI("r1"), NodeAgentClientURI("r2")),
+		"empty":      certWith(spiffe("/node-agent-client/")),
+		"nested":     certWith(spiffe("/node-agent-client/r1/x")),
+		"other host": certWith(&url.URL{Scheme: "spiffe", Host: "evil", Path: "/node-agent-client/r1"}),
+	} {
+		if id, ok := NodeAgentRunner(c); ok {
+			t.Errorf("%s: accepted as %q", name, id)
+		}
+	}
+}
+
+// FuzzNodeAgentRunner: whatever URIs a certificate carries, a runner ID is only returned
+// from exactly one spiffe://sandboxd/node-agent-client/<id> URI, and never holds a slash,
+// a query or a fragment.
+func FuzzNodeAgentRunner(f *testing.F) {
+	f.Add("spiffe://sandboxd/node-agent-client/runner-a", "")
+	f.Add("spiffe://sandboxd/node-agent-client/a/b", "spiffe://sandboxd/runner/a")
+	f.Add("spiffe://sandboxd/node-agent-client/a?x=1", "spiffe://sandboxd/node-agent-client/b")
+	f.Add("spiffe://user@sandboxd/node-agent-client/a#f", "")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		var uris []*url.URL
+		for _, s := range []string{a, b} {
+			if u, err := url.Parse(s); err == nil && s != "" {
+				uris = append(uris, u)
+			}
+		}
+		id, ok := NodeAgentRunner(&x509.Certificate{URIs: uris})
+		if !ok {
+			return
+		}
+		if id == "" || strings.ContainsAny(id, "/?#") {
+			t.Fatalf("runner id %q from %v", id, uris)
+		}
+		n := 0
+		for _, u := range uris {
+			if u.Scheme == "spiffe" && u.Host == "sandboxd" && strings.HasPrefix(u.Path, "/node-agent-client/") {
+				n++
+				if u.Path != "/node-agent-client/"+id {
+					t.Fatalf("runner id %q from path %q", id, u.Path)
+				}
+			}
+		}
+		if n != 1 {
+			t.Fatalf("runner id %q from %d node-agent URIs", id, n)
+		}
+	})
 }
