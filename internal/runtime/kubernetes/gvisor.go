@@ -22,12 +22,15 @@ const GVisorClass = "gvisor"
 const gvisorMountAnnotation = "dev.gvisor.spec.mount."
 
 // addGVisorHints marks, in a gVisor Pod, the emptyDirs that carry agents' sockets (those
-// mounted at the gate's run dir, or below its containers dir, by any container) as tmpfs
-// shared by the Pod's containers inside the sentry. Without the hint each container mounts
-// the directory through its own gofer, and a unix socket bound in one container is not
-// there for the gate in another: the gate never reaches the agent. Other emptyDirs stay
-// host-backed bind mounts, which runsc keeps coherent between containers
-// (--file-access-mounts=shared).
+// mounted at the gate's run dir, or below its containers dir, by any container) and the
+// gate's bin dir (the gate and agent binaries the containers execute) as tmpfs shared by
+// the Pod's containers inside the sentry. Without the hint each container mounts the
+// directory through its own gofer, and a unix socket bound in one container is not there
+// for the gate in another: the gate never reaches the agent. The bin dir in the sentry's
+// memory is what lets a checkpoint of the Pod (checkpoint.go) restore into a new Pod: a
+// host-backed emptyDir is not in the checkpoint, and the new Pod's is empty, so the
+// restored processes' executables would be gone. Other emptyDirs stay host-backed bind
+// mounts, which runsc keeps coherent between containers (--file-access-mounts=shared).
 func addGVisorHints(pod *corev1.Pod, class string) {
 	if class != GVisorClass {
 		return
@@ -36,7 +39,7 @@ func addGVisorHints(pod *corev1.Pod, class string) {
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for _, c := range cs {
 			for _, m := range c.VolumeMounts {
-				if m.MountPath == gate.RunDir || strings.HasPrefix(m.MountPath, gate.ContainersDir+"/") {
+				if m.MountPath == gate.RunDir || m.MountPath == gate.BinDir || strings.HasPrefix(m.MountPath, gate.ContainersDir+"/") {
 					sockets[m.Name] = true
 				}
 			}

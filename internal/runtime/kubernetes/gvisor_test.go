@@ -55,8 +55,10 @@ func gvisorHints(p *corev1.Pod) map[string]string {
 
 // TestGVisorPodHints: a gvisor-class Pod marks the emptyDirs carrying agents' sockets (the
 // gate's run dir; a group's per-container run dirs) as Pod-shared tmpfs for gVisor's shim —
-// without it the gate never reaches the agent (test/k8s TestGVisorRuntimeClass) — and
-// nothing else; a runc Pod carries no hint.
+// without it the gate never reaches the agent (test/k8s TestGVisorRuntimeClass) — and the
+// gate's bin dir (in the sentry's memory, so a checkpoint holds the binaries: test/k8s
+// TestK8sPauseResume), and nothing else (a disk scratch volume stays host-backed); a runc
+// Pod carries no hint.
 func TestGVisorPodHints(t *testing.T) {
 	sleep := runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"60"}}
 	single := &runtime.Spec{ID: "gv-1", Container: sleep, RuntimeClass: GVisorClass,
@@ -66,6 +68,8 @@ func TestGVisorPodHints(t *testing.T) {
 	want := map[string]string{
 		"dev.gvisor.spec.mount.run.share": "pod", "dev.gvisor.spec.mount.run.type": "tmpfs",
 		"dev.gvisor.spec.mount.run.options": "rw,rprivate",
+		"dev.gvisor.spec.mount.bin.share":   "pod", "dev.gvisor.spec.mount.bin.type": "tmpfs",
+		"dev.gvisor.spec.mount.bin.options": "rw,rprivate",
 	}
 	if got := gvisorHints(p); !maps.Equal(got, want) {
 		t.Errorf("single-container gVisor Pod hints %v, want %v", got, want)
@@ -86,7 +90,10 @@ func TestGVisorPodHints(t *testing.T) {
 			}
 		}
 	}
-	if runs < 2 || len(got) != 3*runs {
+	if got[gvisorMountAnnotation+"bin.type"] != "tmpfs" {
+		t.Errorf("group Pod: bin dir not hinted: %v", got)
+	}
+	if runs < 2 || len(got) != 3*runs+3 {
 		t.Errorf("group Pod: %d run dirs, hints %v (want exactly theirs)", runs, got)
 	}
 

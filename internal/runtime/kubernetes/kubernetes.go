@@ -176,7 +176,11 @@ type Config struct {
 	// Egress, when set, enforces host-name egress rules through the runner's proxy and
 	// DNS (egress.go); nil: specs with them are refused (Support.NoDNSEgress).
 	Egress *EgressConfig
-	Logger *slog.Logger
+	// NodeAgents reaches the node agent of a node (checkpoint.go): pause and resume of
+	// `gvisor` sandboxes checkpoint their Pod sandbox through it. nil: pause is not
+	// configured (PauseSupport says why).
+	NodeAgents NodeAgentDialer
+	Logger     *slog.Logger
 }
 
 // Backend is the Kubernetes runtime.Backend.
@@ -285,6 +289,16 @@ type sandbox struct {
 	// logsDone: each log copy's channel, closed when it ends, by container ("" = the
 	// primary); nil without copies.
 	logsDone map[string]chan struct{}
+
+	// pausing: a Pause is checkpointing the sandbox (its Pod ends with the checkpoint:
+	// that does not end the sandbox); paused: the sandbox is paused, its Pod gone, its
+	// memory in a checkpoint on a node (checkpoint.go). Guarded by Backend.mu.
+	pausing bool
+	paused  *pauseState
+	// agentConns are the open connections DialAgent gave out (trackConn), closed when a
+	// pause has ended the sandbox's processes: the peer, in a sentry that is gone, never
+	// resets them. Guarded by Backend.mu.
+	agentConns map[*trackedConn]struct{}
 }
 
 // maxIDLen is the longest sandbox ID this backend takes (IDs end up in Pod and Secret
@@ -445,6 +459,13 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	now := time.Now()
 	s.steps.observe(s.pod, now)
 	b.hookPodLocked(s, now)
+	if s.pausing || s.paused != nil {
+		// A paused sandbox's Pod ends with its checkpoint and is deleted: neither ends
+		// the sandbox (checkpoint.go).
+		close(s.changed)
+		s.changed = make(chan struct{})
+		return
+	}
 	select {
 	case <-s.done:
 	default:
@@ -566,6 +587,10 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		serverName = c.ContainerName()
 	}
 	b.mu.Lock()
+	if s.paused != nil || s.pausing {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("dial agent of %s: %w", id, runtime.ErrPaused)
+	}
 	ip := s.helloIP
 	if s.pod != nil && s.pod.Status.PodIP != "" {
 		ip = s.pod.Status.PodIP
@@ -593,10 +618,14 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		// The create's ping (or the warm claim) verified this connection a moment ago
 		// (spare.go).
 		if c := b.takeSpare(s, ip); c != nil {
-			return c, nil
+			return b.trackConn(s, c), nil
 		}
 	}
-	return b.dialGate(ctx, s, ip, serverName)
+	c, err := b.dialGate(ctx, s, ip, serverName)
+	if err != nil {
+		return nil, err
+	}
+	return b.trackConn(s, c), nil
 }
 
 // dialGate connects to container's agent (a sidecar's name; "" = the primary) through
@@ -661,6 +690,9 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	case <-s.done:
 		return nil
 	default:
+	}
+	if b.stopPaused(ctx, s) {
+		return nil
 	}
 	// A capture reads the volume through the agent: the Pod stays until it is done.
 	b.waitCaptures(ctx, s)
@@ -739,6 +771,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	b.mu.Lock()
 	dropSpareLocked(s) // the kept verified connection goes with the sandbox
 	b.mu.Unlock()
+	b.stopPaused(ctx, s) // a paused sandbox's checkpoint goes with it
 	b.waitCaptures(ctx, s)
 	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops
 	// its containers before the object goes (grace 0 would leave that for later).

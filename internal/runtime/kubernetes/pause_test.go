@@ -3,23 +3,386 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"reflect"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// TestPauseRefused: the Kubernetes backend can neither freeze nor checkpoint, says why,
-// and refuses Pause as not implemented.
-func TestPauseRefused(t *testing.T) {
-	b := &Backend{}
-	for _, class := range []string{"", "runc", "gvisor"} {
-		s := b.PauseSupport(class)
-		if s.Freeze || s.Checkpoint || !strings.Contains(s.Why, "Kubernetes") {
-			t.Errorf("PauseSupport(%q) = %+v, want nothing with a reason naming Kubernetes", class, s)
+// fakeNodeAgent is a NodeAgent and NodeAgentDialer recording its calls; onCheckpoint, when
+// set, runs inside Checkpoint (before it returns) and may fail it.
+type fakeNodeAgent struct {
+	mu           sync.Mutex
+	nodes        []string
+	checkpoints  []NodeCheckpointRequest
+	deleted      []string
+	onCheckpoint func(NodeCheckpointRequest) error
+}
+
+func (f *fakeNodeAgent) Agent(_ context.Context, node string) (NodeAgent, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodes = append(f.nodes, node)
+	return f, nil
+}
+
+func (f *fakeNodeAgent) Checkpoint(_ context.Context, req NodeCheckpointRequest) (NodeCheckpoint, error) {
+	f.mu.Lock()
+	f.checkpoints = append(f.checkpoints, req)
+	hook := f.onCheckpoint
+	f.mu.Unlock()
+	if hook != nil {
+		if err := hook(req); err != nil {
+			return NodeCheckpoint{}, err
 		}
 	}
-	if _, err := b.Pause(context.Background(), "x", true); !errors.Is(err, errdefs.ErrNotImplemented) {
-		t.Errorf("Pause = %v, want ErrNotImplemented", err)
+	return NodeCheckpoint{ID: "c-test-1", Node: "node-1", Bytes: 4096, Took: time.Millisecond}, nil
+}
+
+func (f *fakeNodeAgent) DeleteCheckpoint(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted = append(f.deleted, id)
+	return nil
+}
+
+func (f *fakeNodeAgent) deletedIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.deleted...)
+}
+
+func gvisorSpec(id string) *runtime.Spec {
+	return &runtime.Spec{ID: id, RuntimeClass: GVisorClass,
+		Container: runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"600"}}}
+}
+
+// pausable is a running gvisor sandbox on a fake API server: the Pod Create makes for
+// spec (madePods), running on node-1, its Secret, pull Secret and NetworkPolicy owned by
+// it, as Create leaves them.
+func pausable(t *testing.T, spec *runtime.Spec, agent *fakeNodeAgent) (*Backend, *fake.Clientset, *sandbox, *corev1.Pod) {
+	t.Helper()
+	pod := madePods(t, spec)[0]
+	pod.UID = types.UID("uid-" + spec.ID)
+	pod.Spec.NodeName = "node-1"
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.9"}
+	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}
+	om := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: "sbx", OwnerReferences: owner, Labels: map[string]string{LabelSandbox: spec.ID}}
+	}
+	cfg := Config{StartTimeout: time.Second, MaxPrepull: -1, RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}}
+	if agent != nil {
+		cfg.NodeAgents = agent
+	}
+	b, cs := newFakeBackend(t, cfg, pod,
+		&corev1.Secret{ObjectMeta: om(secretName(spec.ID))},
+		&corev1.Secret{ObjectMeta: om(pullSecretName(spec.ID))},
+		&networkingv1.NetworkPolicy{ObjectMeta: om(networkPolicyName(spec.ID))})
+	persisted := *spec
+	s := &sandbox{id: spec.ID, spec: persisted, class: GVisorClass, changed: make(chan struct{}), done: make(chan struct{}),
+		pod: pod, uid: pod.UID}
+	b.mu.Lock()
+	b.sandboxes[spec.ID] = s
+	b.mu.Unlock()
+	return b, cs, s, pod
+}
+
+// TestPauseMarksBeforeDelete: Pause checkpoints the Pod through the node agent of the
+// Pod's node (leave_running=false, the Pod's namespace, name, UID and sandbox ID), and
+// the Pod is deleted only once the sandbox's Secret is marked paused (checkpoint, node)
+// and its Secret, pull Secret and NetworkPolicy no longer belong to it; the sandbox is
+// then paused: Wait does not return, DialAgent is ErrPaused, a second Pause is
+// ErrAlreadyPaused.
+func TestPauseMarksBeforeDelete(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	b, cs, s, pod := pausable(t, gvisorSpec("p-1"), agent)
+	var atDelete []string
+	cs.PrependReactor("delete", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		sec, err := cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("secrets"), "sbx", secretName("p-1"))
+		if err != nil {
+			atDelete = append(atDelete, "secret: "+err.Error())
+			return false, nil, nil
+		}
+		so := sec.(*corev1.Secret)
+		if so.Labels[labelPaused] != "true" || so.Annotations[annotationPausedCkpt] != "c-test-1" || so.Annotations[annotationPausedNode] != "node-1" {
+			atDelete = append(atDelete, "secret not marked paused")
+		}
+		if len(so.OwnerReferences) != 0 {
+			atDelete = append(atDelete, "secret still owned")
+		}
+		// The tracker, not the clientset: a reactor runs under the clientset's lock.
+		pull, err := cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("secrets"), "sbx", pullSecretName("p-1"))
+		if err != nil || len(pull.(*corev1.Secret).OwnerReferences) != 0 {
+			atDelete = append(atDelete, "pull secret still owned")
+		}
+		np, err := cs.Tracker().Get(networkingv1.SchemeGroupVersion.WithResource("networkpolicies"), "sbx", networkPolicyName("p-1"))
+		if err != nil || len(np.(*networkingv1.NetworkPolicy).OwnerReferences) != 0 {
+			atDelete = append(atDelete, "network policy still owned")
+		}
+		atDelete = append(atDelete, "deleted")
+		return false, nil, nil
+	})
+	// An agent connection given out before the pause (the runner's Watch) is closed by
+	// it: its peer is gone with the sentry and would never reset it.
+	mine, peer := net.Pipe()
+	held := b.trackConn(s, mine)
+	info, err := b.Pause(t.Context(), "p-1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = peer.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := peer.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("an agent connection given out before the pause: read %v, want EOF (closed by the pause)", err)
+	}
+	_ = held.Close()
+	if !info.Released || info.CheckpointBytes != 4096 {
+		t.Errorf("PauseInfo %+v, want released with the checkpoint's 4096 bytes", info)
+	}
+	if len(agent.checkpoints) != 1 || agent.nodes[0] != "node-1" ||
+		agent.checkpoints[0] != (NodeCheckpointRequest{Namespace: "sbx", Name: pod.Name, UID: string(pod.UID), SandboxID: "p-1"}) {
+		t.Errorf("node agent asked %v on %v", agent.checkpoints, agent.nodes)
+	}
+	if strings.Join(atDelete, ",") != "deleted" {
+		t.Errorf("when the Pod was deleted: %v", atDelete)
+	}
+	if _, err := cs.CoreV1().Pods("sbx").Get(t.Context(), pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("paused Pod: %v, want gone", err)
+	}
+	// The informer's delete event must not end it either.
+	time.Sleep(200 * time.Millisecond)
+	wctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if ex, err := b.Wait(wctx, "p-1"); err == nil {
+		t.Errorf("Wait of a paused sandbox returned %+v", ex)
+	}
+	if _, err := b.DialAgent(t.Context(), "p-1", ""); !errors.Is(err, runtime.ErrPaused) {
+		t.Errorf("DialAgent of a paused sandbox: %v, want ErrPaused", err)
+	}
+	if _, err := b.Pause(t.Context(), "p-1", true); !errors.Is(err, runtime.ErrAlreadyPaused) {
+		t.Errorf("second Pause: %v, want ErrAlreadyPaused", err)
+	}
+	b.mu.Lock()
+	paused := s.paused
+	b.mu.Unlock()
+	if paused == nil || paused.CheckpointID != "c-test-1" || paused.Node != "node-1" {
+		t.Errorf("paused state %+v", paused)
+	}
+}
+
+// TestPauseCheckpointEndsPodNotSandbox: the checkpoint ends the Pod's containers (the
+// Pod goes Failed while Pause runs, as it does on the cluster): that does not end a
+// sandbox being paused. A checkpoint that fails after its Pod ended does end it.
+func TestPauseCheckpointEndsPodNotSandbox(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	b, cs, s, pod := pausable(t, gvisorSpec("p-2"), agent)
+	endPod := func(NodeCheckpointRequest) error {
+		p := pod.DeepCopy()
+		p.Status.Phase = corev1.PodFailed
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerMain, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}
+		if _, err := cs.CoreV1().Pods("sbx").UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		// Until the informer has shown the sandbox the ended Pod.
+		for range 100 {
+			b.mu.Lock()
+			seen := podEnded(s.pod)
+			b.mu.Unlock()
+			if seen {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
+	}
+	agent.onCheckpoint = endPod
+	if _, err := b.Pause(t.Context(), "p-2", true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.done:
+		t.Fatalf("the checkpoint's end of the Pod ended the sandbox: %+v", s.exit)
+	default:
+	}
+
+	b2, cs2, s2, pod2 := pausable(t, gvisorSpec("p-3"), &fakeNodeAgent{})
+	b, cs, s, pod = b2, cs2, s2, pod2
+	b.cfg.NodeAgents.(*fakeNodeAgent).onCheckpoint = func(r NodeCheckpointRequest) error {
+		_ = endPod(r)
+		return errors.New("runsc checkpoint failed")
+	}
+	if _, err := b.Pause(t.Context(), "p-3", true); err == nil || !strings.Contains(err.Error(), "runsc checkpoint failed") {
+		t.Fatalf("Pause with a failed checkpoint: %v", err)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("a failed checkpoint that ended the Pod left the sandbox running")
+	}
+	if sec, _ := cs.CoreV1().Secrets("sbx").Get(t.Context(), secretName("p-3"), metav1.GetOptions{}); sec == nil || sec.Labels[labelPaused] != "" || len(sec.OwnerReferences) == 0 {
+		t.Errorf("after a failed checkpoint the Secret is %+v, want unmarked and still owned", sec)
+	}
+}
+
+// TestResumePod: Resume makes the Pod again as Create made it (same containers and
+// volumes: a restore needs a compatible spec), with the restore annotation naming the
+// checkpoint and pinned to the checkpoint's node. A restore that does not come up (no
+// kubelet here: StartTimeout) deletes its Pod and leaves the sandbox paused, its
+// checkpoint kept.
+func TestResumePod(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	b, cs, s, pod := pausable(t, gvisorSpec("p-4"), agent)
+	if _, err := b.Pause(t.Context(), "p-4", true); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var made *corev1.Pod
+	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		mu.Lock()
+		made = a.(k8stesting.CreateAction).GetObject().(*corev1.Pod).DeepCopy()
+		mu.Unlock()
+		return false, nil, nil
+	})
+	_, err := b.Resume(t.Context(), "p-4")
+	if err == nil {
+		t.Fatal("Resume without a kubelet succeeded")
+	}
+	if errors.Is(err, runtime.ErrCheckpointLost) {
+		t.Errorf("a timed-out restore called the checkpoint lost: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if made == nil {
+		t.Fatal("Resume made no Pod")
+	}
+	if made.Annotations[runtime.RestoreCheckpointAnnotation] != "c-test-1" {
+		t.Errorf("resumed Pod annotations %v, want the restore annotation", made.Annotations)
+	}
+	na := made.Spec.Affinity
+	if na == nil || na.NodeAffinity == nil || na.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
+		na.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields[0].Values[0] != "node-1" {
+		t.Errorf("resumed Pod not pinned to node-1: %+v", made.Spec.Affinity)
+	}
+	if !reflect.DeepEqual(made.Spec.Containers, pod.Spec.Containers) || !reflect.DeepEqual(made.Spec.Volumes, pod.Spec.Volumes) {
+		t.Errorf("resumed Pod's containers/volumes differ from Create's:\n%+v\n%+v", made.Spec.Containers, pod.Spec.Containers)
+	}
+	for k, v := range pod.Annotations {
+		if made.Annotations[k] != v {
+			t.Errorf("resumed Pod annotation %s = %q, Create's %q", k, made.Annotations[k], v)
+		}
+	}
+	if _, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName("p-4"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the failed restore's Pod: %v, want deleted", err)
+	}
+	b.mu.Lock()
+	paused := s.paused != nil
+	b.mu.Unlock()
+	if !paused || len(agent.deletedIDs()) != 0 {
+		t.Errorf("after a failed resume: paused %v, checkpoints deleted %v; want paused, none deleted", paused, agent.deletedIDs())
+	}
+}
+
+// TestStopPausedDeletesCheckpoint: Stop of a paused sandbox deletes its checkpoint and
+// Wait returns Reason "Stopped"; Destroy then deletes its Secrets and NetworkPolicy
+// (no longer the Pod's to take).
+func TestStopPausedDeletesCheckpoint(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	b, cs, _, _ := pausable(t, gvisorSpec("p-5"), agent)
+	if _, err := b.Pause(t.Context(), "p-5", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(t.Context(), "p-5", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := agent.deletedIDs(); len(got) != 1 || got[0] != "c-test-1" {
+		t.Errorf("checkpoints deleted %v, want [c-test-1]", got)
+	}
+	ex, err := b.Wait(t.Context(), "p-5")
+	if err != nil || ex.Reason != "Stopped" {
+		t.Errorf("Wait = %+v, %v; want Reason Stopped", ex, err)
+	}
+	if err := b.Destroy(t.Context(), "p-5"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{secretName("p-5"), pullSecretName("p-5")} {
+		if _, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("secret %s after Destroy: %v", n, err)
+		}
+	}
+
+	// Destroy alone (no Stop) deletes the checkpoint too.
+	agent2 := &fakeNodeAgent{}
+	b2, _, _, _ := pausable(t, gvisorSpec("p-6"), agent2)
+	if _, err := b2.Pause(t.Context(), "p-6", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Destroy(t.Context(), "p-6"); err != nil {
+		t.Fatal(err)
+	}
+	if got := agent2.deletedIDs(); len(got) != 1 || got[0] != "c-test-1" {
+		t.Errorf("Destroy of a paused sandbox: checkpoints deleted %v, want [c-test-1]", got)
+	}
+}
+
+// TestPauseRefused: the backend never freezes; it checkpoints only the gvisor class, and
+// only with node agents configured — each refusal with a reason naming gvisor; Pause with
+// release=false is not implemented; specs slice 1 does not cover are refused.
+func TestPauseRefused(t *testing.T) {
+	b, _ := newFakeBackend(t, Config{MaxPrepull: -1, RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}})
+	for _, class := range []string{"", "runc", "gvisor"} {
+		s := b.PauseSupport(class)
+		if s.Freeze || s.Checkpoint || !strings.Contains(s.Why, "gvisor") {
+			t.Errorf("without node agents: PauseSupport(%q) = %+v, want nothing with a reason naming gvisor", class, s)
+		}
+	}
+	b.cfg.NodeAgents = &fakeNodeAgent{}
+	if s := b.PauseSupport("gvisor"); !s.Checkpoint || s.Freeze {
+		t.Errorf("with node agents: PauseSupport(gvisor) = %+v, want Checkpoint", s)
+	}
+	for _, class := range []string{"", "runc"} {
+		if s := b.PauseSupport(class); s.Checkpoint || s.Freeze || !strings.Contains(s.Why, "gvisor") {
+			t.Errorf("with node agents: PauseSupport(%q) = %+v, want refused naming gvisor", class, s)
+		}
+	}
+	if _, err := b.Pause(t.Context(), "x", false); !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("Pause(release=false) = %v, want ErrNotImplemented", err)
+	}
+
+	multi := gvisorSpec("p-m")
+	multi.Name = "app"
+	multi.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sleep", Args: []string{"60"}}}
+	scratch := gvisorSpec("p-s")
+	scratch.Volumes = []runtime.Volume{{Name: "scratch", Medium: runtime.MediumDisk}}
+	scratch.VolumeMounts = []runtime.VolumeMount{{Volume: "scratch", Path: "/scratch"}}
+	runc := gvisorSpec("p-r")
+	runc.RuntimeClass = "runc"
+	for spec, want := range map[*runtime.Spec]string{multi: "multi-container", scratch: "scratch volumes", runc: "gvisor"} {
+		agent := &fakeNodeAgent{}
+		pb, _, s, _ := pausable(t, spec, agent)
+		s.class = spec.RuntimeClass
+		_, err := pb.Pause(t.Context(), spec.ID, true)
+		if !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), want) {
+			t.Errorf("Pause of %s: %v, want ErrNotImplemented saying %q", spec.ID, err, want)
+		}
+		if len(agent.checkpoints) != 0 {
+			t.Errorf("Pause of %s asked the node agent", spec.ID)
+		}
+	}
+	if _, err := b.Resume(t.Context(), "nope"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("Resume of an unknown sandbox: %v", err)
 	}
 }
