@@ -146,7 +146,7 @@ func TestPauseMarksBeforeDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = peer.SetReadDeadline(time.Now().Add(time.Second))
-	if _, err := peer.Read(make([]byte, 1)); err != io.EOF {
+	if _, err := peer.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Errorf("an agent connection given out before the pause: read %v, want EOF (closed by the pause)", err)
 	}
 	_ = held.Close()
