@@ -212,10 +212,19 @@ func TestK8sPauseResume(t *testing.T) {
 // readTick reads /tmp/tick of the sandbox: the value and count its main command holds.
 func readTick(t *testing.T, r *runner.Runner, id string) (string, int) {
 	t.Helper()
-	res := exec(t, r, id, "cat", "/tmp/tick")
-	f := strings.Fields(string(res.Stdout))
-	if res.ExitCode != 0 || len(f) != 2 {
-		t.Fatalf("/tmp/tick: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	// Right after RUNNING the main command may not have written it yet.
+	deadline := time.Now().Add(10 * time.Second)
+	var f []string
+	for {
+		res := exec(t, r, id, "cat", "/tmp/tick")
+		f = strings.Fields(string(res.Stdout))
+		if res.ExitCode == 0 && len(f) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/tmp/tick: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	n, err := strconv.Atoi(f[1])
 	if err != nil {
