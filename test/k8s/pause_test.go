@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -55,6 +56,8 @@ func TestK8sPauseResume(t *testing.T) {
 	s := newStack(t, c, runnerID, t.TempDir(), func(cfg *kubernetes.Config) {
 		cfg.RuntimeClasses = map[string]string{"runc": "", "gvisor": "gvisor"}
 		cfg.NodeAgents = agents
+		// The backend's resume steps (pod created, IP, agent answered) in the test's log.
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
 	t.Cleanup(func() {
 		s.Close()

@@ -502,7 +502,7 @@ func checkpointLost(err error) bool {
 
 // stopPaused ends a paused sandbox (Stop, Destroy): its checkpoint is deleted and Wait
 // returns Reason "Stopped". False: s is not paused.
-func (b *Backend) stopPaused(ctx context.Context, s *sandbox) bool {
+func (b *Backend) stopPaused(_ context.Context, s *sandbox) bool {
 	b.mu.Lock()
 	ps := s.paused
 	if ps == nil {
@@ -519,7 +519,6 @@ func (b *Backend) stopPaused(ctx context.Context, s *sandbox) bool {
 	close(s.changed)
 	s.changed = make(chan struct{})
 	b.mu.Unlock()
-	_ = ctx
 	b.deleteCheckpoint(s.id, ps.Node, ps.CheckpointID)
 	return true
 }
