@@ -517,7 +517,8 @@ func (b *Backend) buildPod(s *sandbox, spec *runtime.Spec, p podParts) *corev1.P
 	} else {
 		pod = b.podFor(spec, p.rcName, p.labels, p.pullSecrets, p.sc)
 	}
-	addGVisorHints(pod, p.class)
+	// The bin dir in the sentry's memory only where a pause can use it (it costs memory).
+	addGVisorHints(pod, p.class, p.class == GVisorClass && b.cfg.NodeAgents != nil && pauseRefusal(spec, nil) == "")
 	b.applyEgressPod(pod, spec)
 	b.addHello(pod, s)
 	b.addFiller(pod, spec)

@@ -77,7 +77,8 @@ func gvisorSpec(id string) *runtime.Spec {
 // it, as Create leaves them.
 func pausable(t *testing.T, spec *runtime.Spec, agent *fakeNodeAgent) (*Backend, *fake.Clientset, *sandbox, *corev1.Pod) {
 	t.Helper()
-	pod := madePods(t, spec)[0]
+	pod := madePodsCfg(t, Config{StartTimeout: time.Second, MaxPrepull: -1, NodeAgents: &fakeNodeAgent{},
+		RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}}, spec)[0]
 	pod.UID = types.UID("uid-" + spec.ID)
 	pod.Spec.NodeName = "node-1"
 	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.9"}
