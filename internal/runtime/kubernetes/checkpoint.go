@@ -53,6 +53,10 @@ const (
 	pauseNoFreezeWhy       = "a Pod cannot be frozen on Kubernetes: pause gvisor sandboxes releasing their resources (a checkpoint)"
 	pauseGoneWait          = 30 * time.Second
 	checkpointDeleteBudget = 30 * time.Second
+	// pauseFinishBudget bounds what a pause does after its checkpoint (mark, delete the Pod,
+	// wait for it), whatever its caller's context.
+	pauseFinishBudget = 90 * time.Second
+	markPausedTries   = 4
 )
 
 // pauseState is a paused sandbox's checkpoint and what its Pod is made again with.
@@ -190,18 +194,21 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	// went with the sentry and never resets them; a Watch would wait forever).
 	b.closeAgentConns(s)
 	// The record first (a runner that stops now finds the mark), then the ownership off,
-	// then the Pod goes.
+	// then the Pod goes. The sandbox's processes are gone: a caller going away now must not
+	// lose the image, so the rest runs on its own budget.
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), pauseFinishBudget)
+	defer pcancel()
 	ps := &pauseState{CheckpointID: cp.ID, Node: cp.Node, Bytes: cp.Bytes, At: time.Now().UTC()}
 	ps.fromPod(pod)
-	if err := b.markPaused(ctx, id, ps); err != nil {
+	if err := b.markPausedRetry(pctx, id, ps); err != nil {
 		// Its processes ended with the checkpoint: the sandbox ends with its Pod.
 		b.deleteCheckpoint(id, cp.Node, cp.ID)
 		return fail(fmt.Errorf("mark the sandbox paused: %w", err))
 	}
-	if err := b.deletePod(ctx, s, 0); err != nil {
+	if err := b.deletePod(pctx, s, 0); err != nil {
 		b.log.Warn("pause: delete the checkpointed Pod", "sandbox", id, "err", err)
 	}
-	if err := b.waitPodGone(ctx, id, pod.UID, pauseGoneWait); err != nil {
+	if err := b.waitPodGone(pctx, id, pod.UID, pauseGoneWait); err != nil {
 		b.log.Warn("pause: the checkpointed Pod is still there", "sandbox", id, "err", err)
 	}
 	b.mu.Lock()
@@ -306,6 +313,26 @@ func (b *Backend) markPaused(ctx context.Context, id string, ps *pauseState) err
 		return fmt.Errorf("network policy: %w", err)
 	}
 	return nil
+}
+
+// markPausedRetry is markPaused, tried markPausedTries times (a checkpoint whose mark
+// is not written is deleted: worth a few tries).
+func (b *Backend) markPausedRetry(ctx context.Context, id string, ps *pauseState) error {
+	var err error
+	for i := range markPausedTries {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w (after %w)", ctx.Err(), err)
+			case <-time.After(time.Duration(i) * 250 * time.Millisecond):
+			}
+		}
+		if err = b.markPaused(ctx, id, ps); err == nil {
+			return nil
+		}
+		b.log.Warn("pause: mark the sandbox paused", "sandbox", id, "try", i+1, "err", err)
+	}
+	return err
 }
 
 // unmarkPaused removes the paused marks from the sandbox's Secret.

@@ -387,3 +387,41 @@ func TestPauseRefused(t *testing.T) {
 		t.Errorf("Resume of an unknown sandbox: %v", err)
 	}
 }
+
+// TestPauseCallerGoneAfterCheckpoint: once the checkpoint is taken (the sandbox's
+// processes are gone) a caller that goes away does not lose the image: the marks are
+// written (a transient API error is tried again), the Pod is deleted, the sandbox is
+// paused and its checkpoint kept.
+func TestPauseCallerGoneAfterCheckpoint(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	b, cs, s, _ := pausable(t, gvisorSpec("p-c"), agent)
+	ctx, cancel := context.WithCancel(t.Context())
+	agent.onCheckpoint = func(NodeCheckpointRequest) error { cancel(); return nil }
+	failures := 1
+	cs.PrependReactor("patch", "secrets", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		if a.(k8stesting.PatchAction).GetName() == secretName("p-c") && failures > 0 {
+			failures--
+			return true, nil, apierrors.NewServiceUnavailable("flaky")
+		}
+		return false, nil, nil
+	})
+	if _, err := b.Pause(ctx, "p-c", true); err != nil {
+		t.Fatalf("Pause whose caller went away after the checkpoint: %v", err)
+	}
+	if d := agent.deletedIDs(); len(d) != 0 {
+		t.Errorf("checkpoints deleted %v, want none", d)
+	}
+	b.mu.Lock()
+	paused := s.paused != nil
+	b.mu.Unlock()
+	if !paused {
+		t.Error("the sandbox is not paused")
+	}
+	sec, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), secretName("p-c"), metav1.GetOptions{})
+	if err != nil || sec.Labels[labelPaused] != "true" {
+		t.Errorf("Secret %v (%v), want marked paused", sec, err)
+	}
+	if _, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName("p-c"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the checkpointed Pod: %v, want deleted", err)
+	}
+}
