@@ -405,6 +405,17 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	}
 	// After buildPod's applyPodSettings: a policy never names a checkpoint.
 	pod.Annotations[runtime.RestoreCheckpointAnnotation] = ps.CheckpointID
+	// The checkpoint's node must still be there (its agent): a node that is gone has taken
+	// the image with it.
+	if b.cfg.NodeAgents == nil {
+		return runtime.Info{}, fmt.Errorf("resume %s: %w: %s", id, errdefs.ErrNotImplemented, pauseNoAgentWhy)
+	}
+	if _, err := b.cfg.NodeAgents.Agent(ctx, ps.Node); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) || apierrors.IsNotFound(err) {
+			return runtime.Info{}, fmt.Errorf("resume %s: node %s: %w: %w", id, ps.Node, runtime.ErrCheckpointLost, err)
+		}
+		return runtime.Info{}, fmt.Errorf("resume %s: node agent of %s: %w", id, ps.Node, err)
+	}
 	t0 := time.Now()
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
@@ -495,6 +506,19 @@ func (b *Backend) waitRestored(ctx context.Context, s *sandbox) (ipAt time.Time,
 	}
 }
 
+// podEventsError is an error with the Pod's warning events (their messages: the
+// kubelet's, carrying the shim's reasons).
+type podEventsError struct {
+	err    error
+	events []string
+}
+
+func (e *podEventsError) Error() string {
+	return fmt.Sprintf("%v (events: %s)", e.err, strings.Join(e.events, "; "))
+}
+
+func (e *podEventsError) Unwrap() error { return e.err }
+
 // withEvents adds the Pod's warning events (the shim's reasons) to err.
 func (b *Backend) withEvents(ctx context.Context, pod *corev1.Pod, err error) error {
 	if pod == nil {
@@ -506,21 +530,48 @@ func (b *Backend) withEvents(ctx context.Context, pod *corev1.Pod, err error) er
 	}
 	var msgs []string
 	for _, e := range evs.Items {
-		if e.Type == corev1.EventTypeWarning {
+		if e.Type == corev1.EventTypeWarning && e.InvolvedObject.UID == pod.UID {
 			msgs = append(msgs, e.Reason+": "+e.Message)
 		}
 	}
 	if len(msgs) == 0 {
 		return err
 	}
-	return fmt.Errorf("%w (events: %s)", err, strings.Join(msgs, "; "))
+	return &podEventsError{err: err, events: msgs}
 }
 
-// checkpointLost: a restore failed for the image's sake (the shim's reasons).
+// shimImageLost says whether the patched shim's reason in an event message
+// (scripts/runsc-shim/zz_sandboxd_restore.go.in) is a refusal of the image itself, which
+// no later restore gets past: incomplete (no marker), no such checkpoint, an invalid
+// checkpoint ID, an image dir or marker of the wrong kind or owner. A runsc restore that
+// failed otherwise (or a bad checkpoint root) is not: the sandbox stays paused.
+func shimImageLost(msg string) bool {
+	i := strings.Index(msg, "sandboxd restore: ")
+	if i < 0 {
+		return false
+	}
+	m := msg[i:]
+	switch {
+	case strings.Contains(m, "invalid checkpoint id"):
+		return true
+	case strings.HasPrefix(m, "sandboxd restore: checkpoint "):
+		return strings.Contains(m, "incomplete image") || strings.Contains(m, "no such checkpoint")
+	case strings.Contains(m, "owned by root and writable only by it") && !strings.Contains(m, "checkpoint root's parent") && !strings.Contains(m, "a parent of the checkpoint root"):
+		return true
+	}
+	return false
+}
+
+// checkpointLost: a restore failed for the image's sake — one of the shim's refusals of
+// the image in the restored Pod's events (never the Pod's own output: a sandbox writes
+// its termination message). (Resume checks the node's agent before: not found, lost.)
 func checkpointLost(err error) bool {
-	m := err.Error()
-	for _, r := range []string{"incomplete image", "restore failed", "invalid checkpoint id", "checkpoint image"} {
-		if strings.Contains(m, r) {
+	var pe *podEventsError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	for _, m := range pe.events {
+		if shimImageLost(m) {
 			return true
 		}
 	}

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"reflect"
@@ -32,12 +33,16 @@ type fakeNodeAgent struct {
 	checkpoints  []NodeCheckpointRequest
 	deleted      []string
 	onCheckpoint func(NodeCheckpointRequest) error
+	agentErr     error // Agent's error, when set
 }
 
 func (f *fakeNodeAgent) Agent(_ context.Context, node string) (NodeAgent, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nodes = append(f.nodes, node)
+	if f.agentErr != nil {
+		return nil, f.agentErr
+	}
 	return f, nil
 }
 
@@ -423,5 +428,102 @@ func TestPauseCallerGoneAfterCheckpoint(t *testing.T) {
 	}
 	if _, err := cs.CoreV1().Pods("sbx").Get(t.Context(), podName("p-c"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the checkpointed Pod: %v, want deleted", err)
+	}
+}
+
+// TestCheckpointLostReasons: only the shim's refusals of the image itself, in the
+// restored Pod's events, lose the checkpoint; a generic restore failure, the Pod's own
+// output or an error without events do not.
+func TestCheckpointLostReasons(t *testing.T) {
+	base := errors.New("the restored Pod ended")
+	ev := func(msg string) error { return &podEventsError{err: base, events: []string{"FailedCreatePodSandBox: " + msg}} }
+	for _, c := range []struct {
+		err  error
+		lost bool
+	}{
+		{ev("rpc error: code = NotFound desc = sandboxd restore: checkpoint c-1: incomplete image (no sandboxd-complete): not found"), true},
+		{ev("sandboxd restore: checkpoint c-1: no such checkpoint (lstat /x/c-1: no such file or directory): not found"), true},
+		{ev("sandboxd restore: annotation dev.sandboxd.restore.checkpoint-id: invalid checkpoint id (want ...): invalid argument"), true},
+		{ev("sandboxd restore: /ckpt/c-1: not a directory owned by root and writable only by it: invalid argument"), true},
+		{ev("sandboxd restore: /var (a parent of the checkpoint root): not a directory owned by root and writable only by it (or sticky): failed precondition"), false},
+		{ev("failed to start containerd task: runsc restore failed: restore failed: some transient error"), false},
+		{ev("Back-off pulling image"), false},
+		{fmt.Errorf("the restored Pod ended: terminated: incomplete image invalid checkpoint id restore failed"), false},
+		{errors.New("sandboxd restore: checkpoint c-1: incomplete image"), false}, // not from an event
+	} {
+		if got := checkpointLost(c.err); got != c.lost {
+			t.Errorf("checkpointLost(%v) = %v, want %v", c.err, got, c.lost)
+		}
+	}
+}
+
+// TestResumeRestoreFails: a restored Pod failing with the shim's "incomplete image" in
+// its events is ErrCheckpointLost; one failing with a generic runsc restore failure keeps
+// the sandbox paused (its checkpoint kept, Resume may be tried again); a checkpoint node
+// whose agent is not found is ErrCheckpointLost before any Pod is made.
+func TestResumeRestoreFails(t *testing.T) {
+	for i, c := range []struct {
+		msg  string
+		lost bool
+	}{
+		{"sandboxd restore: checkpoint c-test-1: incomplete image (no sandboxd-complete): not found", true},
+		{"runsc restore failed: restore failed: something transient", false},
+	} {
+		id := fmt.Sprintf("p-rf%d", i)
+		agent := &fakeNodeAgent{}
+		b, cs, s, _ := pausable(t, gvisorSpec(id), agent)
+		if _, err := b.Pause(t.Context(), id, true); err != nil {
+			t.Fatal(err)
+		}
+		uid := types.UID("uid-restored-" + id)
+		if _, err := cs.CoreV1().Events("sbx").Create(t.Context(), &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: "ev-" + id, Namespace: "sbx"},
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: podName(id), UID: uid},
+			Type:           corev1.EventTypeWarning, Reason: "FailedCreatePodSandBox", Message: c.msg,
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+			p := a.(k8stesting.CreateAction).GetObject().(*corev1.Pod)
+			p.UID = uid
+			p.Status.Phase = corev1.PodFailed
+			return false, nil, nil
+		})
+		_, err := b.Resume(t.Context(), id)
+		if err == nil {
+			t.Fatalf("%s: Resume of a failing restore succeeded", c.msg)
+		}
+		if got := errors.Is(err, runtime.ErrCheckpointLost); got != c.lost {
+			t.Errorf("%s: Resume error %v: ErrCheckpointLost %v, want %v", c.msg, err, got, c.lost)
+		}
+		b.mu.Lock()
+		paused := s.paused != nil
+		b.mu.Unlock()
+		if !paused || len(agent.deletedIDs()) != 0 {
+			t.Errorf("%s: after the failed resume paused %v, deleted %v; want still paused, nothing deleted (the runner decides)", c.msg, paused, agent.deletedIDs())
+		}
+	}
+
+	agent := &fakeNodeAgent{}
+	b, cs, _, _ := pausable(t, gvisorSpec("p-rf-node"), agent)
+	if _, err := b.Pause(t.Context(), "p-rf-node", true); err != nil {
+		t.Fatal(err)
+	}
+	agent.mu.Lock()
+	agent.agentErr = fmt.Errorf("node node-1: %w", errdefs.ErrNotFound)
+	agent.mu.Unlock()
+	created := false
+	cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		created = true
+		return false, nil, nil
+	})
+	if _, err := b.Resume(t.Context(), "p-rf-node"); !errors.Is(err, runtime.ErrCheckpointLost) || created {
+		t.Errorf("Resume on a node without agent: %v, Pod made %v; want ErrCheckpointLost, none", err, created)
+	}
+	agent.mu.Lock()
+	agent.agentErr = errors.New("connection refused")
+	agent.mu.Unlock()
+	if _, err := b.Resume(t.Context(), "p-rf-node"); err == nil || errors.Is(err, runtime.ErrCheckpointLost) {
+		t.Errorf("Resume with the node agent unreachable: %v; want an error, not ErrCheckpointLost", err)
 	}
 }
