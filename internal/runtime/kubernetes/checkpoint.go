@@ -164,11 +164,19 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	}
 	s.pausing = true
 	dropSpareLocked(s)
+	// Its address leaves the egress registry now: its processes end with the checkpoint,
+	// and the IP may go to another Pod once this one is deleted.
+	s.egressOff = true
+	b.egressForgetLocked(s)
 	b.mu.Unlock()
-	// Pausing ends (on failure) by evaluating the Pod again: an ended Pod ends the sandbox.
+	// Pausing ends (on failure) by evaluating the Pod again: an ended Pod ends the sandbox,
+	// one still running is registered again.
 	fail := func(err error) (runtime.PauseInfo, error) {
 		b.mu.Lock()
 		s.pausing = false
+		if s.uid == pod.UID && !s.deleted {
+			s.egressOff = false
+		}
 		b.evaluateLocked(s)
 		b.mu.Unlock()
 		return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, err)
@@ -429,6 +437,10 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	}
 	b.mu.Unlock()
 	ipAt, err := b.waitRestored(ctx, s)
+	if err == nil {
+		// As Create: its host-name egress rules hold once its new address is registered.
+		err = b.waitEgress(ctx, s)
+	}
 	if err != nil {
 		// The new Pod goes; the sandbox stays paused (its checkpoint is kept) unless the
 		// checkpoint itself is what failed.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"reflect"
 	"strings"
 	"sync"
@@ -80,10 +81,14 @@ func gvisorSpec(id string) *runtime.Spec {
 // pausable is a running gvisor sandbox on a fake API server: the Pod Create makes for
 // spec (madePods), running on node-1, its Secret, pull Secret and NetworkPolicy owned by
 // it, as Create leaves them.
-func pausable(t *testing.T, spec *runtime.Spec, agent *fakeNodeAgent) (*Backend, *fake.Clientset, *sandbox, *corev1.Pod) {
+func pausable(t *testing.T, spec *runtime.Spec, agent *fakeNodeAgent, opts ...func(*Config)) (*Backend, *fake.Clientset, *sandbox, *corev1.Pod) {
 	t.Helper()
-	pod := madePodsCfg(t, Config{StartTimeout: time.Second, MaxPrepull: -1, NodeAgents: &fakeNodeAgent{},
-		RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}}, spec)[0]
+	mcfg := Config{StartTimeout: time.Second, MaxPrepull: -1, NodeAgents: &fakeNodeAgent{},
+		RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}}
+	for _, o := range opts {
+		o(&mcfg)
+	}
+	pod := madePodsCfg(t, mcfg, spec)[0]
 	pod.UID = types.UID("uid-" + spec.ID)
 	pod.Spec.NodeName = "node-1"
 	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.9"}
@@ -94,6 +99,9 @@ func pausable(t *testing.T, spec *runtime.Spec, agent *fakeNodeAgent) (*Backend,
 	cfg := Config{StartTimeout: time.Second, MaxPrepull: -1, RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}}
 	if agent != nil {
 		cfg.NodeAgents = agent
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	b, cs := newFakeBackend(t, cfg, pod,
 		&corev1.Secret{ObjectMeta: om(secretName(spec.ID))},
@@ -525,5 +533,33 @@ func TestResumeRestoreFails(t *testing.T) {
 	agent.mu.Unlock()
 	if _, err := b.Resume(t.Context(), "p-rf-node"); err == nil || errors.Is(err, runtime.ErrCheckpointLost) {
 		t.Errorf("Resume with the node agent unreachable: %v; want an error, not ErrCheckpointLost", err)
+	}
+}
+
+// TestPauseEgressForgotten: a sandbox with host-name egress rules leaves the egress
+// registry when its pause starts (before the checkpoint ends its processes and its Pod's
+// IP can go to another Pod), and is not registered again while paused.
+func TestPauseEgressForgotten(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	spec := hostNameSpec("p-eg", runtime.EgressRule{DNSName: "api.example.com"})
+	spec.RuntimeClass = GVisorClass
+	b, _, s, _ := pausable(t, spec, agent, func(c *Config) { c.Egress = testEgress() })
+	ip := netip.MustParseAddr("10.0.0.9")
+	b.mu.Lock()
+	b.egressObserveLocked(s)
+	b.mu.Unlock()
+	if !b.EgressKnown(ip) {
+		t.Fatal("the running sandbox's IP is not registered")
+	}
+	var atCheckpoint bool
+	agent.onCheckpoint = func(NodeCheckpointRequest) error { atCheckpoint = b.EgressKnown(ip); return nil }
+	if _, err := b.Pause(t.Context(), "p-eg", true); err != nil {
+		t.Fatal(err)
+	}
+	if atCheckpoint {
+		t.Error("the sandbox's IP was still registered at its checkpoint")
+	}
+	if b.EgressKnown(ip) {
+		t.Error("the paused sandbox's IP is registered")
 	}
 }
