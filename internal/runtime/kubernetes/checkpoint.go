@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -198,6 +199,18 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	if cp.Node == "" {
 		cp.Node = pod.Spec.NodeName
 	}
+	// The agent's answer names what the restore annotation and the paused marks carry:
+	// an ID the shim takes, on the Pod's node (the image is there and nowhere else).
+	if verr := hibernate.ValidCheckpointID(cp.ID); verr != nil || cp.Node != pod.Spec.NodeName {
+		if verr == nil {
+			verr = fmt.Errorf("the node agent of %s answered a checkpoint on node %q", pod.Spec.NodeName, cp.Node)
+		}
+		b.closeAgentConns(s)
+		if hibernate.ValidCheckpointID(cp.ID) == nil {
+			b.deleteCheckpoint(id, pod.Spec.NodeName, cp.ID)
+		}
+		return fail(fmt.Errorf("checkpoint: %w", verr))
+	}
 	// Its processes have ended: the agent connections given out end too (their peer
 	// went with the sentry and never resets them; a Watch would wait forever).
 	b.closeAgentConns(s)
@@ -248,19 +261,26 @@ func (c *trackedConn) CloseWrite() error {
 }
 
 // trackConn records c as s's until it is closed (closeAgentConns).
-func (b *Backend) trackConn(s *sandbox, c net.Conn) net.Conn {
+// A sandbox pausing or paused gets none: c is closed, ErrPaused.
+func (b *Backend) trackConn(s *sandbox, c net.Conn) (net.Conn, error) {
 	tc := &trackedConn{Conn: c, forget: func(tc *trackedConn) {
 		b.mu.Lock()
 		delete(s.agentConns, tc)
 		b.mu.Unlock()
 	}}
 	b.mu.Lock()
+	if s.pausing || s.paused != nil {
+		// A pause began while this connection was dialed: closeAgentConns may have run.
+		b.mu.Unlock()
+		_ = c.Close()
+		return nil, fmt.Errorf("dial agent of %s: %w", s.id, runtime.ErrPaused)
+	}
 	if s.agentConns == nil {
 		s.agentConns = map[*trackedConn]struct{}{}
 	}
 	s.agentConns[tc] = struct{}{}
 	b.mu.Unlock()
-	return tc
+	return tc, nil
 }
 
 // closeAgentConns closes every connection DialAgent gave out for s.

@@ -618,14 +618,14 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		// The create's ping (or the warm claim) verified this connection a moment ago
 		// (spare.go).
 		if c := b.takeSpare(s, ip); c != nil {
-			return b.trackConn(s, c), nil
+			return b.trackConn(s, c)
 		}
 	}
 	c, err := b.dialGate(ctx, s, ip, serverName)
 	if err != nil {
 		return nil, err
 	}
-	return b.trackConn(s, c), nil
+	return b.trackConn(s, c)
 }
 
 // dialGate connects to container's agent (a sidecar's name; "" = the primary) through

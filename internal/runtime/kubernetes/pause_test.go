@@ -34,7 +34,8 @@ type fakeNodeAgent struct {
 	checkpoints  []NodeCheckpointRequest
 	deleted      []string
 	onCheckpoint func(NodeCheckpointRequest) error
-	agentErr     error // Agent's error, when set
+	agentErr     error           // Agent's error, when set
+	answer       *NodeCheckpoint // Checkpoint's answer, when set
 }
 
 func (f *fakeNodeAgent) Agent(_ context.Context, node string) (NodeAgent, error) {
@@ -56,6 +57,11 @@ func (f *fakeNodeAgent) Checkpoint(_ context.Context, req NodeCheckpointRequest)
 		if err := hook(req); err != nil {
 			return NodeCheckpoint{}, err
 		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.answer != nil {
+		return *f.answer, nil
 	}
 	return NodeCheckpoint{ID: "c-test-1", Node: "node-1", Bytes: 4096, Took: time.Millisecond}, nil
 }
@@ -154,7 +160,10 @@ func TestPauseMarksBeforeDelete(t *testing.T) {
 	// An agent connection given out before the pause (the runner's Watch) is closed by
 	// it: its peer is gone with the sentry and would never reset it.
 	mine, peer := net.Pipe()
-	held := b.trackConn(s, mine)
+	held, err := b.trackConn(s, mine)
+	if err != nil {
+		t.Fatal(err)
+	}
 	info, err := b.Pause(t.Context(), "p-1", true)
 	if err != nil {
 		t.Fatal(err)
@@ -561,5 +570,48 @@ func TestPauseEgressForgotten(t *testing.T) {
 	}
 	if b.EgressKnown(ip) {
 		t.Error("the paused sandbox's IP is registered")
+	}
+}
+
+// TestPauseBadAgentAnswer: a checkpoint ID the shim would not take, or a checkpoint on
+// another node than the Pod's, fails the pause (the image, when it can be named, is
+// deleted) and the Secret is not marked.
+func TestPauseBadAgentAnswer(t *testing.T) {
+	for i, c := range []struct {
+		answer  NodeCheckpoint
+		deleted []string
+	}{
+		{NodeCheckpoint{ID: "../../etc", Node: "node-1"}, nil},
+		{NodeCheckpoint{ID: "c-other", Node: "node-2"}, []string{"c-other"}},
+	} {
+		id := fmt.Sprintf("p-ba%d", i)
+		agent := &fakeNodeAgent{answer: &c.answer}
+		b, cs, _, _ := pausable(t, gvisorSpec(id), agent)
+		if _, err := b.Pause(t.Context(), id, true); err == nil {
+			t.Errorf("%+v: Pause succeeded", c.answer)
+		}
+		if got := agent.deletedIDs(); !reflect.DeepEqual(got, c.deleted) {
+			t.Errorf("%+v: deleted %v, want %v", c.answer, got, c.deleted)
+		}
+		if sec, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), secretName(id), metav1.GetOptions{}); err != nil || sec.Labels[labelPaused] != "" {
+			t.Errorf("%+v: Secret %v (%v), want unmarked", c.answer, sec, err)
+		}
+	}
+}
+
+// TestTrackConnWhilePausing: a connection dialed while a pause began is closed and
+// ErrPaused, never handed out (closeAgentConns may already have run).
+func TestTrackConnWhilePausing(t *testing.T) {
+	b, _, s, _ := pausable(t, gvisorSpec("p-tc"), &fakeNodeAgent{})
+	b.mu.Lock()
+	s.pausing = true
+	b.mu.Unlock()
+	mine, peer := net.Pipe()
+	if c, err := b.trackConn(s, mine); !errors.Is(err, runtime.ErrPaused) || c != nil {
+		t.Errorf("trackConn while pausing = %v, %v; want ErrPaused", c, err)
+	}
+	_ = peer.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := peer.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("the connection: read %v, want EOF (closed)", err)
 	}
 }
