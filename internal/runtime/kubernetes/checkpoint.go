@@ -142,6 +142,18 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, why)
 	}
 	b.waitCaptures(ctx, s)
+	// The Create's adoption of the Secrets by the Pod first: a late one would give them
+	// back to the Pod the pause deletes (and the garbage collector would take them).
+	b.mu.Lock()
+	adopted := s.adopted
+	b.mu.Unlock()
+	if adopted != nil {
+		select {
+		case <-adopted:
+		case <-ctx.Done():
+			return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, ctx.Err())
+		}
+	}
 	t0 := time.Now()
 	b.mu.Lock()
 	select {
@@ -480,14 +492,20 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	}
 	b.log.Info("sandbox restored from its checkpoint", "sandbox", id, "node", ps.Node, "checkpoint", ps.CheckpointID,
 		"pod_created", tCreated.Round(time.Millisecond), "pod_ip", ipAt.Sub(t0).Round(time.Millisecond), "agent_answered", time.Since(t0).Round(time.Millisecond))
-	b.mu.Lock()
-	s.paused = nil
-	b.evaluateLocked(s)
-	b.mu.Unlock()
-	go b.adoptSecrets(context.WithoutCancel(ctx), created, pullSecretName(id), true)
-	if err := b.unmarkPaused(ctx, id); err != nil {
+	// The new Pod owns the Secrets and NetworkPolicy again, and the marks go, before the
+	// sandbox is resumed (a Pause can start only then: no late patch re-owns them after
+	// it), on their own budget (the sandbox runs: a caller going away must not leave it
+	// half-resumed).
+	actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), pauseFinishBudget)
+	b.adoptSecrets(actx, created, pullSecretName(id), true)
+	if err := b.unmarkPaused(actx, id); err != nil {
 		b.log.Warn("resume: remove the paused marks", "sandbox", id, "err", err)
 	}
+	acancel()
+	b.mu.Lock()
+	s.paused, s.adopted = nil, nil
+	b.evaluateLocked(s)
+	b.mu.Unlock()
 	// The image has been read by the restore: it goes.
 	go b.deleteCheckpoint(id, ps.Node, ps.CheckpointID)
 	return b.info(s), nil

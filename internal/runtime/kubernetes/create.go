@@ -384,11 +384,16 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	s.steps.observe(s.pod, s.steps.created)
 	b.hookLocked(s, StepCreated, s.steps.created)
 	b.hookPodLocked(s, s.steps.created)
+	adopted := make(chan struct{})
+	s.adopted = adopted
 	b.mu.Unlock()
 	// The steps and image pulls it saw, whatever the outcome (observe.go).
 	defer b.reportCreate(ctx, s, created, &err)
 	// The Secrets go with the Pod (garbage collector), also when the runner is gone.
-	go b.adoptSecrets(context.WithoutCancel(ctx), created, ownPull, np != nil)
+	go func() {
+		defer close(adopted)
+		b.adoptSecrets(context.WithoutCancel(ctx), created, ownPull, np != nil)
+	}()
 
 	if grp != nil {
 		b.watchAgents(s)

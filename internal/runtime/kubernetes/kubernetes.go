@@ -299,6 +299,11 @@ type sandbox struct {
 	// pause has ended the sandbox's processes: the peer, in a sentry that is gone, never
 	// resets them. Guarded by Backend.mu.
 	agentConns map[*trackedConn]struct{}
+	// adopted is closed when the Create's adoption of the sandbox's Secrets and
+	// NetworkPolicy by its Pod has ended (nil: none started): a Pause waits for it, so a
+	// late ownership patch cannot give them back to the Pod it deletes. Guarded by
+	// Backend.mu.
+	adopted chan struct{}
 }
 
 // maxIDLen is the longest sandbox ID this backend takes (IDs end up in Pod and Secret

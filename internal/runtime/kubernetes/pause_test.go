@@ -615,3 +615,33 @@ func TestTrackConnWhilePausing(t *testing.T) {
 		t.Errorf("the connection: read %v, want EOF (closed)", err)
 	}
 }
+
+// TestPauseWaitsForAdoption: a Pause right after a Create waits for the Create's
+// adoption of the Secrets by the Pod before it checkpoints (a late ownership patch would
+// give them back to the Pod the pause deletes).
+func TestPauseWaitsForAdoption(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	b, _, s, _ := pausable(t, gvisorSpec("p-ad"), agent)
+	adopted := make(chan struct{})
+	b.mu.Lock()
+	s.adopted = adopted
+	b.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { _, err := b.Pause(t.Context(), "p-ad", true); done <- err }()
+	time.Sleep(300 * time.Millisecond)
+	agent.mu.Lock()
+	early := len(agent.checkpoints)
+	agent.mu.Unlock()
+	if early != 0 {
+		t.Error("the pause checkpointed before the Create's adoption ended")
+	}
+	close(adopted)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pause did not go on after the adoption")
+	}
+}
