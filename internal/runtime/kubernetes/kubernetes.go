@@ -452,6 +452,11 @@ func (b *Backend) observe(o any, deleted bool) {
 	if s == nil || (s.uid != "" && pod.UID != s.uid) {
 		return
 	}
+	if s.paused != nil && s.uid == "" {
+		// A paused sandbox without a restored Pod: the events are those of the Pod the
+		// pause deleted (or of a failed restore's): not its Pod.
+		return
+	}
 	s.pod = pod
 	if deleted {
 		s.deleted = true
@@ -466,7 +471,9 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	b.hookPodLocked(s, now)
 	if s.pausing || s.paused != nil {
 		// A paused sandbox's Pod ends with its checkpoint and is deleted: neither ends
-		// the sandbox (checkpoint.go).
+		// the sandbox (checkpoint.go). A restored Pod's address is registered as soon as
+		// it has one (Resume waits for it as Create does).
+		b.egressObserveLocked(s)
 		close(s.changed)
 		s.changed = make(chan struct{})
 		return

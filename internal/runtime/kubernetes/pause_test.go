@@ -645,3 +645,79 @@ func TestPauseWaitsForAdoption(t *testing.T) {
 		t.Fatal("the pause did not go on after the adoption")
 	}
 }
+
+// TestResumeSucceeds: a restored Pod that gets an IP and whose agent answers resumes the
+// sandbox: its Secret loses the paused marks, its Secret, pull Secret and NetworkPolicy
+// belong to the new Pod, its new address is in the egress registry (host-name rules)
+// before Resume returns, the image is deleted, DialAgent works again.
+func TestResumeSucceeds(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	addr, gs := startTestGate(t, ctx)
+	agent := &fakeNodeAgent{}
+	spec := hostNameSpec("p-ok", runtime.EgressRule{DNSName: "api.example.com"})
+	spec.RuntimeClass = GVisorClass
+	b, cs, s, _ := pausable(t, spec, agent, func(c *Config) {
+		c.Egress = testEgress()
+		c.StartTimeout = 10 * time.Second
+		c.Dial = func(ctx context.Context, _, _ string) (net.Conn, error) { return dialRetrying(ctx, addr) }
+	})
+	b.mu.Lock()
+	s.client, s.server, s.ident = gs.client, gs.server, gs.ident
+	b.mu.Unlock()
+	if _, err := b.Pause(t.Context(), "p-ok", true); err != nil {
+		t.Fatal(err)
+	}
+	newUID := types.UID("uid-restored")
+	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		p := a.(k8stesting.CreateAction).GetObject().(*corev1.Pod)
+		p.UID = newUID
+		p.Spec.NodeName = "node-1"
+		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.10"}
+		return false, nil, nil
+	})
+	if _, err := b.Resume(t.Context(), "p-ok"); err != nil {
+		t.Fatal(err)
+	}
+	if !b.EgressKnown(netip.MustParseAddr("10.0.0.10")) {
+		t.Error("the resumed sandbox's new IP is not in the egress registry when Resume returns")
+	}
+	owned := func(refs []metav1.OwnerReference) bool { return len(refs) == 1 && refs[0].UID == newUID }
+	sec, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), secretName("p-ok"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := sec.Labels[labelPaused]; ok || sec.Annotations[annotationPausedCkpt] != "" || sec.Annotations[annotationPausedNode] != "" {
+		t.Errorf("resumed sandbox's Secret still marked: %v %v", sec.Labels, sec.Annotations)
+	}
+	if !owned(sec.OwnerReferences) {
+		t.Errorf("Secret owners %v, want the new Pod", sec.OwnerReferences)
+	}
+	pull, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), pullSecretName("p-ok"), metav1.GetOptions{})
+	if err != nil || !owned(pull.OwnerReferences) {
+		t.Errorf("pull Secret %v (%v), want owned by the new Pod", pull, err)
+	}
+	np, err := cs.NetworkingV1().NetworkPolicies("sbx").Get(t.Context(), networkPolicyName("p-ok"), metav1.GetOptions{})
+	if err != nil || !owned(np.OwnerReferences) {
+		t.Errorf("NetworkPolicy %v (%v), want owned by the new Pod", np, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(agent.deletedIDs()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := agent.deletedIDs(); !reflect.DeepEqual(got, []string{"c-test-1"}) {
+		t.Errorf("checkpoints deleted %v, want [c-test-1]", got)
+	}
+	b.mu.Lock()
+	paused := s.paused != nil
+	b.mu.Unlock()
+	if paused {
+		t.Error("still paused after Resume")
+	}
+	c, err := b.DialAgent(t.Context(), "p-ok", "")
+	if err != nil {
+		t.Errorf("DialAgent after Resume: %v", err)
+	} else {
+		c.Close()
+	}
+}
