@@ -467,6 +467,8 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	if s.pod == nil || s.pod.UID != created.UID {
 		s.pod = created
 	}
+	// Its events before this one were not taken for its (observe): what is known now.
+	b.evaluateLocked(s)
 	b.mu.Unlock()
 	ipAt, err := b.waitRestored(ctx, s)
 	if err == nil {
