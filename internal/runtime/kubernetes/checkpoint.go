@@ -39,8 +39,8 @@ import (
 //
 // Not covered yet (refused with a reason): multi-container sandboxes, disk scratch
 // volumes (host-backed emptyDirs are not in the checkpoint), registered volumes
-// (claims, GLOBAL copies), a freeze (release=false), fork, and Recover of a paused
-// sandbox after a runner restart.
+// (claims, GLOBAL copies), a freeze (release=false), fork, and taking a paused sandbox
+// over after a runner restart (Recover ends it: recoverPaused).
 
 // Paused marks on a paused sandbox's Secret.
 const (
@@ -653,10 +653,67 @@ func (b *Backend) stopPaused(_ context.Context, s *sandbox) bool {
 	return true
 }
 
-// deleteCheckpoint deletes a checkpoint on node (logged when it fails: the node agent's
-// runner-side GC removes it later).
+// recoverPaused ends, at a runner's start, the paused sandboxes an earlier run left: a
+// Secret of this runner marked paused whose sandbox has no Pod (withPod). This slice
+// does not take a paused sandbox over (a restarted runner never resumes it): its
+// checkpoint is deleted through the node agent (when this runner has one), its Secrets
+// and NetworkPolicy with Destroy, and it is reported ended with Reason CheckpointLost.
+func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([]runtime.Recovered, error) {
+	sel := b.selector.String() + "," + labelPaused + "=true"
+	list, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes backend: list paused sandboxes' secrets: %w", err)
+	}
+	var out []runtime.Recovered
+	for i := range list.Items {
+		sec := &list.Items[i]
+		id := sec.Labels[LabelSandbox]
+		if !validID(id) || sec.Name != secretName(id) || withPod[id] {
+			continue
+		}
+		b.mu.Lock()
+		known := b.sandboxes[id] != nil
+		b.mu.Unlock()
+		if known {
+			continue
+		}
+		b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+		if err := b.Destroy(ctx, id); err != nil {
+			b.log.Warn("recover: destroy a paused sandbox", "sandbox", id, "err", err)
+		}
+		s, err := sandboxFromSecret(id, sec)
+		if err != nil {
+			b.log.Warn("recover: a paused sandbox's unreadable secret: deleted", "sandbox", id, "err", err)
+			continue
+		}
+		b.log.Info("recover: a paused sandbox ended: a restarted runner does not resume it (its checkpoint deleted)", "sandbox", id)
+		ex := runtime.Exit{Reason: "CheckpointLost", At: time.Now().UTC(),
+			Message: runtime.ErrCheckpointLost.Error() + ": the runner restarted while the sandbox was paused"}
+		out = append(out, runtime.Recovered{Spec: s.spec, Info: runtime.Info{ID: id, RuntimeClass: s.class}, Exit: &ex})
+	}
+	return out, nil
+}
+
+// recoverInterruptedPause finishes, at a runner's start, what a resume cut short left
+// (a Pod of the sandbox and its Secret still marked paused): the marks go, the Pod owns
+// the Secrets and NetworkPolicy again, and the image is deleted (a restored Pod has read
+// it; a paused Pod that was not deleted yet has ended, and the sandbox with it).
+func (b *Backend) recoverInterruptedPause(ctx context.Context, id string, sec *corev1.Secret, pod *corev1.Pod) {
+	b.adoptSecrets(ctx, pod, pullSecretName(id), true)
+	if err := b.unmarkPaused(ctx, id); err != nil {
+		b.log.Warn("recover: remove the paused marks", "sandbox", id, "err", err)
+	}
+	b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+}
+
+// deleteCheckpoint deletes a checkpoint on node (logged when it fails: nothing deletes
+// it later; the node agent service, not built yet, is to remove images no sandbox names).
 func (b *Backend) deleteCheckpoint(id, node, cid string) {
-	if b.cfg.NodeAgents == nil || cid == "" {
+	if b.cfg.NodeAgents == nil || cid == "" || node == "" {
+		return
+	}
+	if err := hibernate.ValidCheckpointID(cid); err != nil {
+		b.log.Warn("delete a checkpoint", "sandbox", id, "node", node, "err", err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, checkpointDeleteBudget)

@@ -889,6 +889,16 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	var out []runtime.Recovered
 	var warmGone sync.WaitGroup // unclaimed warm Pods, deleted in parallel
 	defer warmGone.Wait()
+	withPod := map[string]bool{}
+	for i := range list.Items {
+		withPod[list.Items[i].Labels[LabelSandbox]] = true
+	}
+	// Paused sandboxes (their Pod deleted): ended, checkpoint lost (checkpoint.go).
+	lost, err := b.recoverPaused(ctx, withPod)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, lost...)
 	// One deadline for every wait for a Pod's IP below, however many Pods wait.
 	ipDeadline := time.Now().Add(recoverIPWait)
 	for i := range list.Items {
@@ -1025,6 +1035,10 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			if err := b.ensureNetworkPolicy(ctx, &rec.Spec, pod); err != nil {
 				b.log.Warn("re-create the sandbox's network policy", "sandbox", id, "err", err)
 			}
+		}
+		if sec.Labels[labelPaused] == "true" {
+			// A resume (or a pause) cut short by the restart (checkpoint.go).
+			b.recoverInterruptedPause(ctx, id, sec, pod)
 		}
 		out = append(out, rec)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -719,5 +720,114 @@ func TestResumeSucceeds(t *testing.T) {
 		t.Errorf("DialAgent after Resume: %v", err)
 	} else {
 		c.Close()
+	}
+}
+
+// madeSecret runs one Create of spec (as madePods) and returns the Pod and the sandbox
+// Secret it made.
+func madeSecret(t *testing.T, cfg Config, spec *runtime.Spec) (*corev1.Pod, *corev1.Secret) {
+	t.Helper()
+	b, cs := newFakeBackend(t, cfg)
+	var mu sync.Mutex
+	var pod *corev1.Pod
+	var sec *corev1.Secret
+	cs.PrependReactor("create", "*", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch o := a.(k8stesting.CreateAction).GetObject().(type) {
+		case *corev1.Pod:
+			pod = o.DeepCopy()
+		case *corev1.Secret:
+			if o.Name == secretName(spec.ID) {
+				sec = o.DeepCopy()
+			}
+		}
+		return false, nil, nil
+	})
+	cctx, ccancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer ccancel()
+	_, _ = b.Create(cctx, spec)
+	mu.Lock()
+	defer mu.Unlock()
+	if pod == nil || sec == nil {
+		t.Fatal("the Create made no Pod or Secret")
+	}
+	return pod, sec
+}
+
+// TestRecoverPaused: a restarted runner finds a paused sandbox (its Secret marked, no
+// Pod): it is reported ended with Reason CheckpointLost, its checkpoint is deleted
+// through the node agent, its Secrets and NetworkPolicy are deleted. A Pod with the
+// restore annotation whose Secret is still marked (a resume cut short): the marks go,
+// the Pod owns the Secrets and NetworkPolicy, the image is deleted.
+func TestRecoverPaused(t *testing.T) {
+	cfg := Config{StartTimeout: time.Second, MaxPrepull: -1, NodeAgents: &fakeNodeAgent{},
+		RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}}
+	mark := func(sec *corev1.Secret, cid string) {
+		sec.Labels[labelPaused] = "true"
+		sec.Annotations = map[string]string{annotationPausedCkpt: cid, annotationPausedNode: "node-1",
+			annotationPausedAt: "2026-12-07T12:00:00Z", annotationPausedBytes: "4096"}
+	}
+	om := func(name, id string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: "sbx", Labels: map[string]string{LabelSandbox: id}}
+	}
+	_, sec1 := madeSecret(t, cfg, gvisorSpec("p-r1"))
+	mark(sec1, "c-lost-1")
+	pod2, sec2 := madeSecret(t, cfg, gvisorSpec("p-r2"))
+	mark(sec2, "c-resumed-2")
+	pod2.UID = "uid-r2"
+	pod2.Spec.NodeName = "node-1"
+	pod2.Annotations[runtime.RestoreCheckpointAnnotation] = "c-resumed-2"
+	pod2.Status = corev1.PodStatus{Phase: corev1.PodRunning}
+
+	agent := &fakeNodeAgent{}
+	cfg.NodeAgents = agent
+	b, cs := newFakeBackend(t, cfg, sec1, sec2, pod2,
+		&corev1.Secret{ObjectMeta: om(pullSecretName("p-r1"), "p-r1")},
+		&networkingv1.NetworkPolicy{ObjectMeta: om(networkPolicyName("p-r1"), "p-r1")},
+		&corev1.Secret{ObjectMeta: om(pullSecretName("p-r2"), "p-r2")},
+		&networkingv1.NetworkPolicy{ObjectMeta: om(networkPolicyName("p-r2"), "p-r2")})
+	recs, err := b.Recover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r1 *runtime.Recovered
+	for i := range recs {
+		if recs[i].Spec.ID == "p-r1" {
+			r1 = &recs[i]
+		}
+	}
+	if r1 == nil || r1.Alive || r1.Paused || r1.Exit == nil || r1.Exit.Reason != "CheckpointLost" {
+		t.Errorf("recovered paused sandbox %+v, want ended with Reason CheckpointLost", r1)
+	}
+	for _, n := range []string{secretName("p-r1"), pullSecretName("p-r1")} {
+		if _, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("paused sandbox's %s after Recover: %v, want deleted", n, err)
+		}
+	}
+	if _, err := cs.NetworkingV1().NetworkPolicies("sbx").Get(t.Context(), networkPolicyName("p-r1"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("paused sandbox's NetworkPolicy after Recover: %v, want deleted", err)
+	}
+	got := agent.deletedIDs()
+	slices.Sort(got)
+	if !reflect.DeepEqual(got, []string{"c-lost-1", "c-resumed-2"}) {
+		t.Errorf("checkpoints deleted %v, want [c-lost-1 c-resumed-2]", got)
+	}
+	s2, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), secretName("p-r2"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s2.Labels[labelPaused]; ok || s2.Annotations[annotationPausedCkpt] != "" {
+		t.Errorf("interrupted resume's Secret still marked: %v %v", s2.Labels, s2.Annotations)
+	}
+	owned := func(refs []metav1.OwnerReference) bool { return len(refs) == 1 && refs[0].UID == "uid-r2" }
+	if !owned(s2.OwnerReferences) {
+		t.Errorf("interrupted resume's Secret owners %v, want its Pod", s2.OwnerReferences)
+	}
+	if p, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), pullSecretName("p-r2"), metav1.GetOptions{}); err != nil || !owned(p.OwnerReferences) {
+		t.Errorf("interrupted resume's pull Secret %v (%v), want owned by its Pod", p, err)
+	}
+	if np, err := cs.NetworkingV1().NetworkPolicies("sbx").Get(t.Context(), networkPolicyName("p-r2"), metav1.GetOptions{}); err != nil || !owned(np.OwnerReferences) {
+		t.Errorf("interrupted resume's NetworkPolicy %v (%v), want owned by its Pod", np, err)
 	}
 }
