@@ -72,6 +72,33 @@ type pauseState struct {
 	pullSecrets []string
 	sc          *corev1.SecurityContext
 	pullPolicy  map[string]corev1.PullPolicy
+	// pinned: the image (repo@digest) each container the paused Pod pulls every time
+	// (PullAlways: its image needs the sandbox's pull credentials, which may have expired
+	// by the resume) ran; the resumed Pod runs that, IfNotPresent (it is pinned to the
+	// same node, where the image is).
+	pinned map[string]string
+}
+
+// pinnedImages returns, for each container of pod that pulls Always, the repo@digest
+// image its status says it runs; why: one has none (not reported, or only a config
+// digest), so it cannot be pinned.
+func pinnedImages(pod *corev1.Pod) (pinned map[string]string, why string) {
+	pinned = map[string]string{}
+	for _, c := range pod.Spec.Containers {
+		if c.ImagePullPolicy != corev1.PullAlways {
+			continue
+		}
+		cs := podContainerStatus(pod.Status.ContainerStatuses, c.Name)
+		id := ""
+		if cs != nil {
+			id = strings.TrimPrefix(cs.ImageID, "docker-pullable://")
+		}
+		if i := strings.LastIndex(id, "@sha256:"); i <= 0 || len(id)-i != len("@sha256:")+64 {
+			return nil, fmt.Sprintf("container %q: the digest of its image is not known (pulled with the sandbox's credentials, it could not be pulled again at resume): this sandbox cannot be paused on Kubernetes", c.Name)
+		}
+		pinned[c.Name] = id
+	}
+	return pinned, ""
 }
 
 // PauseSupport implements runtime.Pauser: a checkpoint (never a freeze) for the gvisor
@@ -137,6 +164,9 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	}
 	b.mu.Lock()
 	why := pauseRefusal(&s.spec, s.pod)
+	if why == "" && s.pod != nil {
+		_, why = pinnedImages(s.pod)
+	}
 	b.mu.Unlock()
 	if why != "" {
 		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, why)
@@ -233,6 +263,7 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	defer pcancel()
 	ps := &pauseState{CheckpointID: cp.ID, Node: cp.Node, Bytes: cp.Bytes, At: time.Now().UTC()}
 	ps.fromPod(pod)
+	ps.pinned, _ = pinnedImages(pod) // checked above
 	if err := b.markPausedRetry(pctx, id, ps); err != nil {
 		// Its processes ended with the checkpoint: the sandbox ends with its Pod.
 		b.deleteCheckpoint(id, cp.Node, cp.ID)
@@ -436,8 +467,12 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	}
 	pod := b.buildPod(s, &s.spec, podParts{class: class, rcName: rcName, labels: maps.Clone(ps.labels), pullSecrets: pull, sc: ps.sc, node: ps.Node})
 	for i := range pod.Spec.Containers {
-		if p, ok := ps.pullPolicy[pod.Spec.Containers[i].Name]; ok {
-			pod.Spec.Containers[i].ImagePullPolicy = p
+		c := &pod.Spec.Containers[i]
+		if p, ok := ps.pullPolicy[c.Name]; ok {
+			c.ImagePullPolicy = p
+		}
+		if img, ok := ps.pinned[c.Name]; ok {
+			c.Image, c.ImagePullPolicy = img, corev1.PullIfNotPresent
 		}
 	}
 	if pod.Annotations == nil {

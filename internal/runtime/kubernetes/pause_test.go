@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"reflect"
@@ -829,5 +830,108 @@ func TestRecoverPaused(t *testing.T) {
 	}
 	if np, err := cs.NetworkingV1().NetworkPolicies("sbx").Get(t.Context(), networkPolicyName("p-r2"), metav1.GetOptions{}); err != nil || !owned(np.OwnerReferences) {
 		t.Errorf("interrupted resume's NetworkPolicy %v (%v), want owned by its Pod", np, err)
+	}
+}
+
+// TestResumePodAsCreated: the resumed Pod is the one a real Create made (a policy's
+// annotations and pull Secrets, the caller's and org's labels, the sandbox's own pull
+// credentials, host-name egress rules, a custom security context): same labels,
+// annotations (plus the restore one), pull Secrets, volumes and containers, except that
+// a container pulled with the sandbox's credentials (PullAlways) runs the image digest
+// the paused Pod ran, IfNotPresent (the credentials may have expired by the resume; the
+// Pod is pinned to the same node). Without that digest the pause is refused.
+func TestResumePodAsCreated(t *testing.T) {
+	uid := uint32(1000)
+	spec := hostNameSpec("p-full", runtime.EgressRule{DNSName: "api.example.com"})
+	spec.RuntimeClass = GVisorClass
+	spec.Image = "reg.example/app:1"
+	spec.Command, spec.Args = "sleep", []string{"600"}
+	spec.PullCredentials = &runtime.Credentials{Username: "u", Password: "p"}
+	spec.Security = &runtime.Security{RunAsUser: &uid, CapDrop: []string{"ALL"}}
+	spec.Pod = &runtime.PodSettings{Annotations: map[string]string{"team": "a"}, ImagePullSecrets: []string{"policy-pull"}}
+	spec.Meta = map[string]string{runtime.MetaOrg: "org-a", runtime.MetaCaller: "key-1"}
+	egress := func(c *Config) { c.Egress = testEgress() }
+	const digest = "reg.example/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+	// Without the image's digest in the Pod's status: refused.
+	bn, _, _, _ := pausable(t, spec, &fakeNodeAgent{}, egress)
+	if _, err := bn.Pause(t.Context(), "p-full", true); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "digest") {
+		t.Errorf("Pause of a sandbox with pull credentials and no image digest: %v, want refused naming the digest", err)
+	}
+
+	agent := &fakeNodeAgent{}
+	b, cs, s, pod := pausable(t, spec, agent, egress)
+	var main *corev1.Container
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if c.Name == containerMain {
+			main = c
+		}
+		id := "docker.io/library/agent@sha256:" + strings.Repeat("a", 64)
+		if c.Name == containerMain {
+			id = digest
+		}
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, ImageID: id})
+	}
+	if main == nil || main.ImagePullPolicy != corev1.PullAlways {
+		t.Fatalf("Create's main container %+v: want PullAlways (pull credentials)", main)
+	}
+	if len(pod.Spec.ImagePullSecrets) < 2 || main.SecurityContext == nil || pod.Annotations["team"] != "a" || pod.Labels[LabelOrg] != "org-a" {
+		t.Fatalf("Create's Pod lacks what the test needs: pull %v, annotations %v, labels %v", pod.Spec.ImagePullSecrets, pod.Annotations, pod.Labels)
+	}
+	if _, err := cs.CoreV1().Pods("sbx").UpdateStatus(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	s.pod = pod
+	b.mu.Unlock()
+	if _, err := b.Pause(t.Context(), "p-full", true); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var made *corev1.Pod
+	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		mu.Lock()
+		made = a.(k8stesting.CreateAction).GetObject().(*corev1.Pod).DeepCopy()
+		mu.Unlock()
+		return false, nil, nil
+	})
+	if _, err := b.Resume(t.Context(), "p-full"); err == nil {
+		t.Fatal("Resume without a kubelet succeeded")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if made == nil {
+		t.Fatal("Resume made no Pod")
+	}
+	if !maps.Equal(made.Labels, pod.Labels) {
+		t.Errorf("resumed Pod labels %v, Create's %v", made.Labels, pod.Labels)
+	}
+	wantAnn := maps.Clone(pod.Annotations)
+	wantAnn[runtime.RestoreCheckpointAnnotation] = "c-test-1"
+	if !maps.Equal(made.Annotations, wantAnn) {
+		t.Errorf("resumed Pod annotations %v, want %v", made.Annotations, wantAnn)
+	}
+	if !reflect.DeepEqual(made.Spec.ImagePullSecrets, pod.Spec.ImagePullSecrets) {
+		t.Errorf("resumed Pod pull Secrets %v, Create's %v", made.Spec.ImagePullSecrets, pod.Spec.ImagePullSecrets)
+	}
+	if !reflect.DeepEqual(made.Spec.Volumes, pod.Spec.Volumes) {
+		t.Errorf("resumed Pod volumes differ:\n%+v\n%+v", made.Spec.Volumes, pod.Spec.Volumes)
+	}
+	want := make([]corev1.Container, len(pod.Spec.Containers))
+	for i, c := range pod.Spec.Containers {
+		c = *c.DeepCopy()
+		if c.ImagePullPolicy == corev1.PullAlways {
+			c.Image, c.ImagePullPolicy = pod.Status.ContainerStatuses[i].ImageID, corev1.PullIfNotPresent
+		}
+		want[i] = c
+	}
+	if !reflect.DeepEqual(made.Spec.Containers, want) {
+		t.Errorf("resumed Pod's containers:\n%+v\nwant\n%+v", made.Spec.Containers, want)
+	}
+	for _, c := range made.Spec.Containers {
+		if c.Name == containerMain && (c.Image != digest || c.ImagePullPolicy != corev1.PullIfNotPresent) {
+			t.Errorf("resumed main container image %s %s, want %s IfNotPresent", c.Image, c.ImagePullPolicy, digest)
+		}
 	}
 }
