@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,6 +78,8 @@ type pauseState struct {
 	// by the resume) ran; the resumed Pod runs that, IfNotPresent (it is pinned to the
 	// same node, where the image is).
 	pinned map[string]string
+	// warmClaimed: the paused Pod's annotationWarmClaimed (the sandbox's start).
+	warmClaimed string
 }
 
 // pinnedImages returns, for each container of pod that pulls Always, the repo@digest
@@ -256,6 +259,15 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	// Its processes have ended: the agent connections given out end too (their peer
 	// went with the sentry and never resets them; a Watch would wait forever).
 	b.closeAgentConns(s)
+	// A Stop or Destroy that came while the checkpoint ran: the sandbox ends, its
+	// image is not kept.
+	b.mu.Lock()
+	stopping := s.stopping || s.deleted
+	b.mu.Unlock()
+	if stopping {
+		b.deleteCheckpoint(id, cp.Node, cp.ID)
+		return fail(errors.New("the sandbox was stopped while it was checkpointed"))
+	}
 	// The record first (a runner that stops now finds the mark), then the ownership off,
 	// then the Pod goes. The sandbox's processes are gone: a caller going away now must not
 	// lose the image, so the rest runs on its own budget.
@@ -342,6 +354,7 @@ func (b *Backend) closeAgentConns(s *sandbox) {
 // fromPod records what the resumed Pod takes from the paused one.
 func (ps *pauseState) fromPod(pod *corev1.Pod) {
 	ps.labels = maps.Clone(pod.Labels)
+	ps.warmClaimed = pod.Annotations[annotationWarmClaimed]
 	ps.pullPolicy = map[string]corev1.PullPolicy{}
 	for _, c := range pod.Spec.Containers {
 		ps.pullPolicy[c.Name] = c.ImagePullPolicy
@@ -461,7 +474,7 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	}
 	var pull []string
 	for _, n := range ps.pullSecrets {
-		if s.spec.Pod == nil || !contains(s.spec.Pod.ImagePullSecrets, n) {
+		if s.spec.Pod == nil || !slices.Contains(s.spec.Pod.ImagePullSecrets, n) {
 			pull = append(pull, n) // applyPodSettings adds the policy's again
 		}
 	}
@@ -480,6 +493,9 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	}
 	// After buildPod's applyPodSettings: a policy never names a checkpoint.
 	pod.Annotations[runtime.RestoreCheckpointAnnotation] = ps.CheckpointID
+	if ps.warmClaimed != "" {
+		pod.Annotations[annotationWarmClaimed] = ps.warmClaimed // its start (infoOf)
+	}
 	// The checkpoint's node must still be there (its agent): a node that is gone has taken
 	// the image with it.
 	if b.cfg.NodeAgents == nil {
@@ -546,15 +562,6 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	// The image has been read by the restore: it goes.
 	go b.deleteCheckpoint(id, ps.Node, ps.CheckpointID)
 	return b.info(s), nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // waitRestored waits until the restored Pod has an IP and its agent answers, or the Pod

@@ -806,26 +806,19 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("destroy %s: network policy: %w", id, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for forced := false; ; {
-		_, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			if forced {
-				return fmt.Errorf("destroy %s: the Pod is still there", id)
-			}
-			// The kubelet does not answer (node gone?): remove the object anyway.
-			forced, deadline = true, time.Now().Add(10*time.Second)
-			if err := b.deletePod(ctx, &sandbox{id: id}, 0); err != nil {
-				return fmt.Errorf("destroy %s: %w", id, err)
-			}
-		}
-		select {
-		case <-ctx.Done():
+	if err := b.waitPodGone(ctx, id, "", 30*time.Second); err != nil {
+		if ctx.Err() != nil {
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		}
+		// The kubelet does not answer (node gone?): remove the object anyway.
+		if err := b.deletePod(ctx, &sandbox{id: id}, 0); err != nil {
+			return fmt.Errorf("destroy %s: %w", id, err)
+		}
+		if err := b.waitPodGone(ctx, id, "", 10*time.Second); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("destroy %s: the Pod is still there", id)
 		}
 	}
 	b.removeLogs(id)

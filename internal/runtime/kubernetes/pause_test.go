@@ -455,7 +455,9 @@ func TestPauseCallerGoneAfterCheckpoint(t *testing.T) {
 // output or an error without events do not.
 func TestCheckpointLostReasons(t *testing.T) {
 	base := errors.New("the restored Pod ended")
-	ev := func(msg string) error { return &podEventsError{err: base, events: []string{"FailedCreatePodSandBox: " + msg}} }
+	ev := func(msg string) error {
+		return &podEventsError{err: base, events: []string{"FailedCreatePodSandBox: " + msg}}
+	}
 	for _, c := range []struct {
 		err  error
 		lost bool
@@ -933,5 +935,54 @@ func TestResumePodAsCreated(t *testing.T) {
 		if c.Name == containerMain && (c.Image != digest || c.ImagePullPolicy != corev1.PullIfNotPresent) {
 			t.Errorf("resumed main container image %s %s, want %s IfNotPresent", c.Image, c.ImagePullPolicy, digest)
 		}
+	}
+}
+
+// TestPauseStoppedDuringCheckpoint: a Stop that came while the checkpoint ran ends the
+// pause: the image is deleted, the Secret is not marked paused.
+func TestPauseStoppedDuringCheckpoint(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	b, cs, s, _ := pausable(t, gvisorSpec("p-st"), agent)
+	agent.onCheckpoint = func(NodeCheckpointRequest) error {
+		b.mu.Lock()
+		s.stopping = true
+		b.mu.Unlock()
+		return nil
+	}
+	if _, err := b.Pause(t.Context(), "p-st", true); err == nil {
+		t.Fatal("a pause whose sandbox was stopped during the checkpoint succeeded")
+	}
+	if got := agent.deletedIDs(); !reflect.DeepEqual(got, []string{"c-test-1"}) {
+		t.Errorf("checkpoints deleted %v, want [c-test-1]", got)
+	}
+	if sec, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), secretName("p-st"), metav1.GetOptions{}); err != nil || sec.Labels[labelPaused] != "" {
+		t.Errorf("Secret %v (%v), want not marked paused", sec, err)
+	}
+}
+
+// TestResumeKeepsWarmClaim: a sandbox claimed from the warm pool keeps its claim's time
+// (its start) on the resumed Pod.
+func TestResumeKeepsWarmClaim(t *testing.T) {
+	b, cs, s, pod := pausable(t, gvisorSpec("p-wc"), &fakeNodeAgent{})
+	b.mu.Lock()
+	s.pod = pod.DeepCopy()
+	s.pod.Annotations[annotationWarmClaimed] = "2026-12-07T12:00:00Z"
+	b.mu.Unlock()
+	if _, err := b.Pause(t.Context(), "p-wc", true); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var made *corev1.Pod
+	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		mu.Lock()
+		made = a.(k8stesting.CreateAction).GetObject().(*corev1.Pod).DeepCopy()
+		mu.Unlock()
+		return false, nil, nil
+	})
+	_, _ = b.Resume(t.Context(), "p-wc")
+	mu.Lock()
+	defer mu.Unlock()
+	if made == nil || made.Annotations[annotationWarmClaimed] != "2026-12-07T12:00:00Z" {
+		t.Errorf("resumed Pod %v, want the warm claim's annotation", made)
 	}
 }
