@@ -84,6 +84,8 @@ func TestK8sPauseResume(t *testing.T) {
 		Container:    runtime.Container{Image: busybox, Command: "sh", Args: []string{"-c", pauseTickScript}},
 		RuntimeClass: "gvisor",
 		Meta:         map[string]string{runtime.MetaOrg: "org-1"},
+		// A NetworkPolicy of its own, to follow across the pause.
+		Network: &runtime.Network{Egress: []runtime.EgressRule{{CIDR: "203.0.113.0/24"}}},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -166,6 +168,24 @@ func TestK8sPauseResume(t *testing.T) {
 	if _, ok := sec.Labels["sandboxd.io/paused"]; ok {
 		t.Errorf("resumed sandbox's Secret still marked paused: %v", sec.Labels)
 	}
+	// The new Pod (a new IP) owns the Secret and the NetworkPolicy again.
+	newPod, err := pods.Get(ctx, "sbx-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rsb.IP == "" || rsb.IP != newPod.Status.PodIP {
+		t.Errorf("resumed sandbox's IP %q, its Pod's %q", rsb.IP, newPod.Status.PodIP)
+	}
+	ownedByNew := func(refs []metav1.OwnerReference) bool {
+		return len(refs) == 1 && refs[0].Kind == "Pod" && refs[0].UID == newPod.UID
+	}
+	if !ownedByNew(sec.OwnerReferences) {
+		t.Errorf("resumed sandbox's Secret owners %v, want its new Pod %s", sec.OwnerReferences, newPod.UID)
+	}
+	nps := s.Client.NetworkingV1().NetworkPolicies(c.namespace)
+	if np, err := nps.Get(ctx, "sbx-"+id, metav1.GetOptions{}); err != nil || !ownedByNew(np.OwnerReferences) {
+		t.Errorf("resumed sandbox's NetworkPolicy %v (%v), want owned by its new Pod", np, err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := os.Stat(image)
@@ -196,17 +216,20 @@ func TestK8sPauseResume(t *testing.T) {
 	if _, err := r.Delete(id, 2*time.Second); err != nil {
 		t.Fatalf("delete the paused sandbox: %v", err)
 	}
-	end := terminal(t, r, id)
-	t.Logf("deleted while paused: %s (%s)", end.State, end.Reason)
+	if end := terminal(t, r, id); end.State != runner.StateTerminated || end.Reason != runner.ReasonDeleted {
+		t.Errorf("deleted while paused: %s %s (%s), want TERMINATED Deleted", end.State, end.Reason, end.Message)
+	}
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		_, serr := secrets.Get(ctx, "sbx-"+id, metav1.GetOptions{})
+		_, perr := secrets.Get(ctx, "sbx-"+id+"-pull", metav1.GetOptions{})
+		_, nerr := nps.Get(ctx, "sbx-"+id, metav1.GetOptions{})
 		_, ierr := os.Stat(image)
-		if apierrors.IsNotFound(serr) && os.IsNotExist(ierr) {
+		if apierrors.IsNotFound(serr) && apierrors.IsNotFound(perr) && apierrors.IsNotFound(nerr) && os.IsNotExist(ierr) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after deleting the paused sandbox: secret %v, image %v (want both gone)", serr, ierr)
+			t.Fatalf("after deleting the paused sandbox: secret %v, pull secret %v, network policy %v, image %v (want all gone)", serr, perr, nerr, ierr)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
