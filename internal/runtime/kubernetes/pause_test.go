@@ -986,3 +986,21 @@ func TestResumeKeepsWarmClaim(t *testing.T) {
 		t.Errorf("resumed Pod %v, want the warm claim's annotation", made)
 	}
 }
+
+// TestPausedIgnoresOldPod: a paused sandbox without a restored Pod takes no event of
+// the Pod the pause deleted (a late update, its deletion) for its own.
+func TestPausedIgnoresOldPod(t *testing.T) {
+	b, _, s, pod := pausable(t, gvisorSpec("p-old"), &fakeNodeAgent{})
+	if _, err := b.Pause(t.Context(), "p-old", true); err != nil {
+		t.Fatal(err)
+	}
+	old := pod.DeepCopy()
+	old.Status.Phase = corev1.PodFailed
+	b.observe(old, false)
+	b.observe(old, true)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s.pod != nil || s.deleted {
+		t.Errorf("paused sandbox took the deleted Pod's events: pod %v, deleted %v", s.pod != nil, s.deleted)
+	}
+}
