@@ -368,20 +368,7 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	if ownPull != "" {
 		pullSecrets = append(pullSecrets, ownPull)
 	}
-	var pod *corev1.Pod
-	if grp != nil {
-		pod = b.podForGroup(spec, grp, rcName, lbls, pullSecrets)
-	} else {
-		pod = b.podFor(spec, rcName, lbls, pullSecrets, sc)
-	}
-	addGVisorHints(pod, class)
-	b.applyEgressPod(pod, spec)
-	applyEgressSecretsPod(pod, spec, b.cfg.RunnerID)
-	b.addHello(pod, s)
-	b.addFiller(pod, spec)
-	applyClaims(pod, claims)
-	pinToNode(pod, claimNode)
-	applySecretRefs(pod, spec)
+	pod := b.buildPod(s, spec, podParts{grp: grp, class: class, rcName: rcName, labels: lbls, pullSecrets: pullSecrets, sc: sc, claims: claims, node: claimNode})
 	b.mu.Lock()
 	s.steps = &createSteps{}
 	b.mu.Unlock()
@@ -408,11 +395,16 @@ func (b *Backend) Create(ctx context.Context, spec *runtime.Spec) (_ runtime.Inf
 	s.steps.observe(s.pod, s.steps.created)
 	b.hookLocked(s, StepCreated, s.steps.created)
 	b.hookPodLocked(s, s.steps.created)
+	adopted := make(chan struct{})
+	s.adopted = adopted
 	b.mu.Unlock()
 	// The steps and image pulls it saw, whatever the outcome (observe.go).
 	defer b.reportCreate(ctx, s, created, &err)
 	// The Secrets go with the Pod (garbage collector), also when the runner is gone.
-	go b.adoptSecrets(context.WithoutCancel(ctx), created, ownPull, np != nil)
+	go func() {
+		defer close(adopted)
+		b.adoptSecrets(context.WithoutCancel(ctx), created, ownPull, np != nil)
+	}()
 
 	if grp != nil {
 		b.watchAgents(s)
@@ -516,6 +508,41 @@ func memberPodName(spec *runtime.Spec, name string) string {
 		}
 	}
 	return ""
+}
+
+// podParts is what buildPod makes a sandbox's Pod of besides its spec: what Create
+// resolved (the group, the runtime class, labels, pull Secrets, the main container's
+// security context, claims and a node to pin to).
+type podParts struct {
+	grp         *group
+	class       string
+	rcName      string
+	labels      map[string]string
+	pullSecrets []string
+	sc          *corev1.SecurityContext
+	claims      map[int]string
+	node        string
+}
+
+// buildPod is the Pod of sandbox s (spec): Create's, and Resume's (checkpoint.go), which
+// must give a restored gVisor sandbox the same containers, mounts and env.
+func (b *Backend) buildPod(s *sandbox, spec *runtime.Spec, p podParts) *corev1.Pod {
+	var pod *corev1.Pod
+	if p.grp != nil {
+		pod = b.podForGroup(spec, p.grp, p.rcName, p.labels, p.pullSecrets)
+	} else {
+		pod = b.podFor(spec, p.rcName, p.labels, p.pullSecrets, p.sc)
+	}
+	// The bin dir in the sentry's memory only where a pause can use it (it costs memory).
+	addGVisorHints(pod, p.class, p.class == GVisorClass && b.cfg.NodeAgents != nil && pauseRefusal(spec, nil) == "")
+	b.applyEgressPod(pod, spec)
+	applyEgressSecretsPod(pod, spec, b.cfg.RunnerID)
+	b.addHello(pod, s)
+	b.addFiller(pod, spec)
+	applyClaims(pod, p.claims)
+	pinToNode(pod, p.node)
+	applySecretRefs(pod, spec)
+	return pod
 }
 
 // createMade records which objects a Create made.

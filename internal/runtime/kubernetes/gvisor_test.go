@@ -20,7 +20,13 @@ import (
 // (the create itself never finishes: no kubelet).
 func madePods(t *testing.T, spec *runtime.Spec) []*corev1.Pod {
 	t.Helper()
-	b, cs := newFakeBackend(t, Config{StartTimeout: time.Second, MaxPrepull: -1})
+	return madePodsCfg(t, Config{StartTimeout: time.Second, MaxPrepull: -1}, spec)
+}
+
+// madePodsCfg is madePods on a backend of cfg.
+func madePodsCfg(t *testing.T, cfg Config, spec *runtime.Spec) []*corev1.Pod {
+	t.Helper()
+	b, cs := newFakeBackend(t, cfg)
 	var mu sync.Mutex
 	var made []*corev1.Pod
 	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
@@ -56,26 +62,67 @@ func gvisorHints(p *corev1.Pod) map[string]string {
 // TestGVisorPodHints: a gvisor-class Pod marks the emptyDirs carrying agents' sockets (the
 // gate's run dir; a group's per-container run dirs) as Pod-shared tmpfs for gVisor's shim —
 // without it the gate never reaches the agent (test/k8s TestGVisorRuntimeClass) — and
-// nothing else; a runc Pod carries no hint.
+// nothing else (a disk scratch volume stays host-backed); a runc Pod carries no hint. The
+// gate's bin dir (in the sentry's memory, so a checkpoint holds the binaries: test/k8s
+// TestK8sPauseResume) is a tmpfs only for a pausable spec on a runner with node agents,
+// and then the gate container asks for gvisorBinBytes more memory.
 func TestGVisorPodHints(t *testing.T) {
 	sleep := runtime.Container{Image: "busybox", Command: "sleep", Args: []string{"60"}}
-	single := &runtime.Spec{ID: "gv-1", Container: sleep, RuntimeClass: GVisorClass,
-		Volumes: []runtime.Volume{{Name: "scratch", Medium: runtime.MediumDisk}}}
-	single.VolumeMounts = []runtime.VolumeMount{{Volume: "scratch", Path: "/scratch"}}
-	p := madePods(t, single)[0]
-	want := map[string]string{
+	run := map[string]string{
 		"dev.gvisor.spec.mount.run.share": "pod", "dev.gvisor.spec.mount.run.type": "tmpfs",
 		"dev.gvisor.spec.mount.run.options": "rw,rprivate",
 	}
-	if got := gvisorHints(p); !maps.Equal(got, want) {
-		t.Errorf("single-container gVisor Pod hints %v, want %v", got, want)
+	withBin := maps.Clone(run)
+	maps.Copy(withBin, map[string]string{
+		"dev.gvisor.spec.mount.bin.share": "pod", "dev.gvisor.spec.mount.bin.type": "tmpfs",
+		"dev.gvisor.spec.mount.bin.options": "rw,rprivate",
+	})
+	gateMem := func(p *corev1.Pod) (req, lim int64) {
+		for _, c := range p.Spec.Containers {
+			if c.Name == containerGate {
+				return c.Resources.Requests.Memory().Value(), c.Resources.Limits.Memory().Value()
+			}
+		}
+		t.Fatal("no gate container")
+		return 0, 0
+	}
+	agentsCfg := Config{StartTimeout: time.Second, MaxPrepull: -1, NodeAgents: &fakeNodeAgent{},
+		RuntimeClasses: map[string]string{"runc": "", GVisorClass: "gvisor"}}
+
+	// Pausable, node agents: bin dir a tmpfs, the gate's memory grown.
+	plain := &runtime.Spec{ID: "gv-0", Container: sleep, RuntimeClass: GVisorClass}
+	p := madePodsCfg(t, agentsCfg, plain)[0]
+	if got := gvisorHints(p); !maps.Equal(got, withBin) {
+		t.Errorf("pausable gVisor Pod with node agents: hints %v, want %v", got, withBin)
+	}
+	req, lim := gateMem(p)
+	// Without node agents: no bin hint, the gate's memory as before.
+	p0 := madePods(t, plain)[0]
+	if got := gvisorHints(p0); !maps.Equal(got, run) {
+		t.Errorf("gVisor Pod without node agents: hints %v, want %v", got, run)
+	}
+	req0, lim0 := gateMem(p0)
+	if req-req0 != gvisorBinBytes || lim-lim0 != gvisorBinBytes {
+		t.Errorf("gate memory request/limit %d/%d with the bin tmpfs, %d/%d without: want %d more", req, lim, req0, lim0, gvisorBinBytes)
+	}
+
+	// Refused spec (a scratch volume), node agents: no bin hint.
+	single := &runtime.Spec{ID: "gv-1", Container: sleep, RuntimeClass: GVisorClass,
+		Volumes: []runtime.Volume{{Name: "scratch", Medium: runtime.MediumDisk}}}
+	single.VolumeMounts = []runtime.VolumeMount{{Volume: "scratch", Path: "/scratch"}}
+	p = madePodsCfg(t, agentsCfg, single)[0]
+	if got := gvisorHints(p); !maps.Equal(got, run) {
+		t.Errorf("unpausable gVisor Pod (scratch volume): hints %v, want %v", got, run)
+	}
+	if r, l := gateMem(p); r != req0 || l != lim0 {
+		t.Errorf("unpausable gVisor Pod: gate memory %d/%d, want %d/%d", r, l, req0, lim0)
 	}
 
 	group := single.Clone()
 	group.ID = "gv-2"
 	group.Name = "app"
 	group.Sidecars = []runtime.Container{{Name: "side", Image: "busybox", Command: "sleep", Args: []string{"60"}}}
-	p = madePods(t, &group)[0]
+	p = madePodsCfg(t, agentsCfg, &group)[0]
 	got := gvisorHints(p)
 	runs := 0
 	for _, v := range p.Spec.Volumes {
@@ -87,7 +134,7 @@ func TestGVisorPodHints(t *testing.T) {
 		}
 	}
 	if runs < 2 || len(got) != 3*runs {
-		t.Errorf("group Pod: %d run dirs, hints %v (want exactly theirs)", runs, got)
+		t.Errorf("group Pod (not pausable): %d run dirs, hints %v (want exactly theirs, no bin)", runs, got)
 	}
 
 	runc := single.Clone()

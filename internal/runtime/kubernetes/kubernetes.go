@@ -177,7 +177,11 @@ type Config struct {
 	// Egress, when set, enforces host-name egress rules through the runner's proxy and
 	// DNS (egress.go); nil: specs with them are refused (Support.NoDNSEgress).
 	Egress *EgressConfig
-	Logger *slog.Logger
+	// NodeAgents reaches the node agent of a node (checkpoint.go): pause and resume of
+	// `gvisor` sandboxes checkpoint their Pod sandbox through it. nil: pause is not
+	// configured (PauseSupport says why).
+	NodeAgents NodeAgentDialer
+	Logger     *slog.Logger
 }
 
 // Backend is the Kubernetes runtime.Backend.
@@ -293,6 +297,21 @@ type sandbox struct {
 	// logsDone: each log copy's channel, closed when it ends, by container ("" = the
 	// primary); nil without copies.
 	logsDone map[string]chan struct{}
+
+	// pausing: a Pause is checkpointing the sandbox (its Pod ends with the checkpoint:
+	// that does not end the sandbox); paused: the sandbox is paused, its Pod gone, its
+	// memory in a checkpoint on a node (checkpoint.go). Guarded by Backend.mu.
+	pausing bool
+	paused  *pauseState
+	// agentConns are the open connections DialAgent gave out (trackConn), closed when a
+	// pause has ended the sandbox's processes: the peer, in a sentry that is gone, never
+	// resets them. Guarded by Backend.mu.
+	agentConns map[*trackedConn]struct{}
+	// adopted is closed when the Create's adoption of the sandbox's Secrets and
+	// NetworkPolicy by its Pod has ended (nil: none started): a Pause waits for it, so a
+	// late ownership patch cannot give them back to the Pod it deletes. Guarded by
+	// Backend.mu.
+	adopted chan struct{}
 }
 
 // maxIDLen is the longest sandbox ID this backend takes (IDs end up in Pod and Secret
@@ -453,6 +472,11 @@ func (b *Backend) observe(o any, deleted bool) {
 	if s == nil || (s.uid != "" && pod.UID != s.uid) {
 		return
 	}
+	if s.paused != nil && s.uid == "" {
+		// A paused sandbox without a restored Pod: the events are those of the Pod the
+		// pause deleted (or of a failed restore's): not its Pod.
+		return
+	}
 	s.pod = pod
 	if deleted {
 		s.deleted = true
@@ -465,6 +489,15 @@ func (b *Backend) evaluateLocked(s *sandbox) {
 	now := time.Now()
 	s.steps.observe(s.pod, now)
 	b.hookPodLocked(s, now)
+	if s.pausing || s.paused != nil {
+		// A paused sandbox's Pod ends with its checkpoint and is deleted: neither ends
+		// the sandbox (checkpoint.go). A restored Pod's address is registered as soon as
+		// it has one (Resume waits for it as Create does).
+		b.egressObserveLocked(s)
+		close(s.changed)
+		s.changed = make(chan struct{})
+		return
+	}
 	select {
 	case <-s.done:
 	default:
@@ -586,6 +619,10 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		serverName = c.ContainerName()
 	}
 	b.mu.Lock()
+	if s.paused != nil || s.pausing {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("dial agent of %s: %w", id, runtime.ErrPaused)
+	}
 	ip := s.helloIP
 	if s.pod != nil && s.pod.Status.PodIP != "" {
 		ip = s.pod.Status.PodIP
@@ -613,10 +650,14 @@ func (b *Backend) dialAgent(ctx context.Context, id, container string, filler bo
 		// The create's ping (or the warm claim) verified this connection a moment ago
 		// (spare.go).
 		if c := b.takeSpare(s, ip); c != nil {
-			return c, nil
+			return b.trackConn(s, c)
 		}
 	}
-	return b.dialGate(ctx, s, ip, serverName)
+	c, err := b.dialGate(ctx, s, ip, serverName)
+	if err != nil {
+		return nil, err
+	}
+	return b.trackConn(s, c)
 }
 
 // dialGate connects to container's agent (a sidecar's name; "" = the primary) through
@@ -681,6 +722,9 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	case <-s.done:
 		return nil
 	default:
+	}
+	if b.stopPaused(ctx, s) {
+		return nil
 	}
 	// A capture reads the volume through the agent: the Pod stays until it is done.
 	b.waitCaptures(ctx, s)
@@ -759,6 +803,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	b.mu.Lock()
 	dropSpareLocked(s) // the kept verified connection goes with the sandbox
 	b.mu.Unlock()
+	b.stopPaused(ctx, s) // a paused sandbox's checkpoint goes with it
 	b.waitCaptures(ctx, s)
 	// A Pod that has ended goes at once; a live one gets a second, so the kubelet stops
 	// its containers before the object goes (grace 0 would leave that for later).
@@ -781,26 +826,19 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("destroy %s: network policy: %w", id, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for forced := false; ; {
-		_, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			if forced {
-				return fmt.Errorf("destroy %s: the Pod is still there", id)
-			}
-			// The kubelet does not answer (node gone?): remove the object anyway.
-			forced, deadline = true, time.Now().Add(10*time.Second)
-			if err := b.deletePod(ctx, &sandbox{id: id}, 0); err != nil {
-				return fmt.Errorf("destroy %s: %w", id, err)
-			}
-		}
-		select {
-		case <-ctx.Done():
+	if err := b.waitPodGone(ctx, id, "", 30*time.Second); err != nil {
+		if ctx.Err() != nil {
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		}
+		// The kubelet does not answer (node gone?): remove the object anyway.
+		if err := b.deletePod(ctx, &sandbox{id: id}, 0); err != nil {
+			return fmt.Errorf("destroy %s: %w", id, err)
+		}
+		if err := b.waitPodGone(ctx, id, "", 10*time.Second); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("destroy %s: the Pod is still there", id)
 		}
 	}
 	b.removeLogs(id)
@@ -864,6 +902,16 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	var out []runtime.Recovered
 	var warmGone sync.WaitGroup // unclaimed warm Pods, deleted in parallel
 	defer warmGone.Wait()
+	withPod := map[string]bool{}
+	for i := range list.Items {
+		withPod[list.Items[i].Labels[LabelSandbox]] = true
+	}
+	// Paused sandboxes (their Pod deleted): ended, checkpoint lost (checkpoint.go).
+	lost, err := b.recoverPaused(ctx, withPod)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, lost...)
 	// One deadline for every wait for a Pod's IP below, however many Pods wait.
 	ipDeadline := time.Now().Add(recoverIPWait)
 	for i := range list.Items {
@@ -1000,6 +1048,10 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			if err := b.ensureNetworkPolicy(ctx, &rec.Spec, pod); err != nil {
 				b.log.Warn("re-create the sandbox's network policy", "sandbox", id, "err", err)
 			}
+		}
+		if sec.Labels[labelPaused] == "true" {
+			// A resume (or a pause) cut short by the restart (checkpoint.go).
+			b.recoverInterruptedPause(ctx, id, sec, pod)
 		}
 		out = append(out, rec)
 	}

@@ -57,6 +57,26 @@ func (b *Backend) shipLogs(s *sandbox, container string, done chan struct{}) {
 				return // the main command has finally ended
 			}
 		}
+		if b.pausedNow(s) {
+			// Paused (checkpoint.go; DialAgent is ErrPaused): wait for the resume (or the
+			// end), not a timer.
+			for b.pausedNow(s) {
+				b.mu.Lock()
+				ch := s.changed
+				b.mu.Unlock()
+				if !b.pausedNow(s) {
+					break
+				}
+				select {
+				case <-ch:
+				case <-s.done:
+					return
+				case <-b.ctx.Done():
+					return
+				}
+			}
+			continue
+		}
 		select {
 		case <-s.done:
 			return
@@ -65,6 +85,13 @@ func (b *Backend) shipLogs(s *sandbox, container string, done chan struct{}) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// pausedNow reports whether s is pausing or paused.
+func (b *Backend) pausedNow(s *sandbox) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return s.pausing || s.paused != nil
 }
 
 func (b *Backend) logDir(id string) string { return filepath.Join(b.cfg.LogDir, id) }

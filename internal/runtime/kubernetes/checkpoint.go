@@ -1,0 +1,775 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Pause and resume of `gvisor` sandboxes (docs/api.md "On Kubernetes").
+//
+// Pause checkpoints the sandbox's gVisor Pod sandbox through the node agent of its node
+// (NodeAgent.Checkpoint, leave_running=false: its processes end with the checkpoint),
+// marks the sandbox's Secret paused (checkpoint ID, node, time, size) and takes the
+// Pod's ownership off its Secrets and NetworkPolicy — both before the Pod is deleted, so
+// the garbage collector keeps them — then deletes the Pod. The sandbox's record (spec,
+// keys) stays in its Secret, its checkpoint on the node.
+//
+// Resume makes the Pod again as Create made it (buildPod), pinned to the checkpoint's
+// node and with runtime.RestoreCheckpointAnnotation naming the checkpoint (added after
+// the policy's annotations, which can never set it): the patched gVisor shim restores the
+// Pod's containers from the image instead of starting them. The restored gate sends no
+// hello: Resume waits for the Pod's IP and for the agent to answer.
+//
+// Not covered yet (refused with a reason): multi-container sandboxes, disk scratch
+// volumes (host-backed emptyDirs are not in the checkpoint), registered volumes
+// (claims, GLOBAL copies), a freeze (release=false), fork, and taking a paused sandbox
+// over after a runner restart (Recover ends it: recoverPaused).
+
+// Paused marks on a paused sandbox's Secret.
+const (
+	labelPaused            = "sandboxd.io/paused"
+	annotationPausedCkpt   = "sandboxd.io/paused-checkpoint"
+	annotationPausedNode   = "sandboxd.io/paused-node"
+	annotationPausedAt     = "sandboxd.io/paused-at"
+	annotationPausedBytes  = "sandboxd.io/paused-bytes"
+	pauseNoAgentWhy        = "pause on Kubernetes needs the gvisor runtime class and a node agent on the sandbox's node: this runner has no node agent configured"
+	pauseNotGVisorWhyFmt   = "sandboxes of runtime class %q cannot be checkpointed on Kubernetes (a Pod cannot be frozen, and only gVisor Pods can be checkpointed): use the gvisor runtime class"
+	pauseNoFreezeWhy       = "a Pod cannot be frozen on Kubernetes: pause gvisor sandboxes releasing their resources (a checkpoint)"
+	pauseGoneWait          = 30 * time.Second
+	checkpointDeleteBudget = 30 * time.Second
+	// pauseFinishBudget bounds what a pause does after its checkpoint (mark, delete the Pod,
+	// wait for it), whatever its caller's context.
+	pauseFinishBudget = 90 * time.Second
+	markPausedTries   = 4
+)
+
+// pauseState is a paused sandbox's checkpoint and what its Pod is made again with.
+type pauseState struct {
+	CheckpointID, Node string
+	Bytes              int64
+	At                 time.Time
+	// From the paused Pod: its labels, pull Secrets (without the policy's), the main
+	// container's security context and each container's pull policy, so the resumed
+	// Pod's containers are the paused one's.
+	labels      map[string]string
+	pullSecrets []string
+	sc          *corev1.SecurityContext
+	pullPolicy  map[string]corev1.PullPolicy
+	// pinned: the image (repo@digest) each container the paused Pod pulls every time
+	// (PullAlways: its image needs the sandbox's pull credentials, which may have expired
+	// by the resume) ran; the resumed Pod runs that, IfNotPresent (it is pinned to the
+	// same node, where the image is).
+	pinned map[string]string
+	// warmClaimed: the paused Pod's annotationWarmClaimed (the sandbox's start).
+	warmClaimed string
+}
+
+// pinnedImages returns, for each container of pod that pulls Always, the repo@digest
+// image its status says it runs; why: one has none (not reported, or only a config
+// digest), so it cannot be pinned.
+func pinnedImages(pod *corev1.Pod) (pinned map[string]string, why string) {
+	pinned = map[string]string{}
+	for _, c := range pod.Spec.Containers {
+		if c.ImagePullPolicy != corev1.PullAlways {
+			continue
+		}
+		cs := podContainerStatus(pod.Status.ContainerStatuses, c.Name)
+		id := ""
+		if cs != nil {
+			id = strings.TrimPrefix(cs.ImageID, "docker-pullable://")
+		}
+		if i := strings.LastIndex(id, "@sha256:"); i <= 0 || len(id)-i != len("@sha256:")+64 {
+			return nil, fmt.Sprintf("container %q: the digest of its image is not known (pulled with the sandbox's credentials, it could not be pulled again at resume): this sandbox cannot be paused on Kubernetes", c.Name)
+		}
+		pinned[c.Name] = id
+	}
+	return pinned, ""
+}
+
+// PauseSupport implements runtime.Pauser: a checkpoint (never a freeze) for the gvisor
+// class on a runner with node agents.
+func (b *Backend) PauseSupport(class string) runtime.PauseSupport {
+	c, _, err := b.runtimeClass(class)
+	switch {
+	case err != nil:
+		return runtime.PauseSupport{Why: err.Error()}
+	case c != GVisorClass:
+		return runtime.PauseSupport{Why: fmt.Sprintf(pauseNotGVisorWhyFmt, c)}
+	case b.cfg.NodeAgents == nil:
+		return runtime.PauseSupport{Why: pauseNoAgentWhy}
+	}
+	return runtime.PauseSupport{Checkpoint: true}
+}
+
+// pauseRefusal says why spec (its Pod: pod) cannot be paused on this backend yet ("": it
+// can). A checkpoint holds the sentry's memory, the gVisor Pod-shared tmpfs volumes in it
+// (addGVisorHints) and the Secret volumes the new Pod mounts again; any other volume (a
+// host-backed emptyDir: disk scratch volumes, memory ones the kubelet mounts from the
+// host; a claim) would come back empty or not at all.
+func pauseRefusal(spec *runtime.Spec, pod *corev1.Pod) string {
+	if spec.Multi() {
+		return "multi-container sandboxes cannot be paused on Kubernetes yet"
+	}
+	if len(spec.Network.EgressSecrets()) > 0 {
+		return "sandboxes with egress secrets cannot be paused on Kubernetes yet (their CA files are in a host-backed emptyDir, not in the checkpoint)"
+	}
+	for _, v := range spec.Volumes {
+		switch {
+		case v.Global != nil:
+			return fmt.Sprintf("volume %q: sandboxes with a GLOBAL volume cannot be paused on Kubernetes yet", v.Name)
+		case v.Managed != "" || v.Keep != "":
+			return fmt.Sprintf("volume %q: sandboxes with registered volumes (claims) cannot be paused on Kubernetes yet", v.Name)
+		default:
+			return fmt.Sprintf("volume %q: sandboxes with scratch volumes cannot be paused on Kubernetes yet (a Pod's emptyDirs are not in its checkpoint)", v.Name)
+		}
+	}
+	if pod == nil {
+		return ""
+	}
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.Secret != nil:
+		case v.EmptyDir != nil && pod.Annotations[gvisorMountAnnotation+v.Name+".type"] == "tmpfs":
+		default:
+			return fmt.Sprintf("Pod volume %q is not in a checkpoint: this sandbox cannot be paused on Kubernetes yet", v.Name)
+		}
+	}
+	return ""
+}
+
+// Pause implements runtime.Pauser (see the top of this file). release=false (a freeze)
+// is not implemented.
+func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.PauseInfo, error) {
+	if !release {
+		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, pauseNoFreezeWhy)
+	}
+	s, err := b.get(id)
+	if err != nil {
+		return runtime.PauseInfo{}, err
+	}
+	if sup := b.PauseSupport(s.class); !sup.Checkpoint {
+		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, sup.Why)
+	}
+	b.mu.Lock()
+	why := pauseRefusal(&s.spec, s.pod)
+	if why == "" && s.pod != nil {
+		_, why = pinnedImages(s.pod)
+	}
+	b.mu.Unlock()
+	if why != "" {
+		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, why)
+	}
+	b.waitCaptures(ctx, s)
+	// The Create's adoption of the Secrets by the Pod first: a late one would give them
+	// back to the Pod the pause deletes (and the garbage collector would take them).
+	b.mu.Lock()
+	adopted := s.adopted
+	b.mu.Unlock()
+	if adopted != nil {
+		select {
+		case <-adopted:
+		case <-ctx.Done():
+			return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, ctx.Err())
+		}
+	}
+	t0 := time.Now()
+	b.mu.Lock()
+	select {
+	case <-s.done:
+		b.mu.Unlock()
+		return runtime.PauseInfo{}, fmt.Errorf("pause %s: the sandbox has ended", id)
+	default:
+	}
+	switch {
+	case s.paused != nil:
+		b.mu.Unlock()
+		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", runtime.ErrAlreadyPaused, id)
+	case s.pausing:
+		b.mu.Unlock()
+		return runtime.PauseInfo{}, fmt.Errorf("pause %s: a pause is under way", id)
+	}
+	pod := s.pod
+	if pod == nil || s.uid == "" || pod.UID != s.uid || pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil || s.deleted || s.stopping {
+		b.mu.Unlock()
+		return runtime.PauseInfo{}, fmt.Errorf("pause %s: its Pod is not running", id)
+	}
+	s.pausing = true
+	dropSpareLocked(s)
+	// Its address leaves the egress registry now: its processes end with the checkpoint,
+	// and the IP may go to another Pod once this one is deleted.
+	s.egressOff = true
+	b.egressForgetLocked(s)
+	b.mu.Unlock()
+	// Pausing ends (on failure) by evaluating the Pod again: an ended Pod ends the sandbox,
+	// one still running is registered again.
+	fail := func(err error) (runtime.PauseInfo, error) {
+		b.mu.Lock()
+		s.pausing = false
+		if s.uid == pod.UID && !s.deleted {
+			s.egressOff = false
+		}
+		b.evaluateLocked(s)
+		b.mu.Unlock()
+		return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+
+	agent, err := b.cfg.NodeAgents.Agent(ctx, pod.Spec.NodeName)
+	if err != nil {
+		return fail(fmt.Errorf("node agent of %s: %w", pod.Spec.NodeName, err))
+	}
+	cp, err := agent.Checkpoint(ctx, NodeCheckpointRequest{
+		Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), SandboxID: id, LeaveRunning: false,
+	})
+	if err != nil {
+		if !cp.SandboxRunning {
+			b.log.Warn("pause: the checkpoint failed and may have ended the sandbox", "sandbox", id, "err", err)
+		}
+		return fail(fmt.Errorf("checkpoint: %w", err))
+	}
+	if cp.Node == "" {
+		cp.Node = pod.Spec.NodeName
+	}
+	// The agent's answer names what the restore annotation and the paused marks carry:
+	// an ID the shim takes, on the Pod's node (the image is there and nowhere else).
+	if verr := hibernate.ValidCheckpointID(cp.ID); verr != nil || cp.Node != pod.Spec.NodeName {
+		if verr == nil {
+			verr = fmt.Errorf("the node agent of %s answered a checkpoint on node %q", pod.Spec.NodeName, cp.Node)
+		}
+		b.closeAgentConns(s)
+		if hibernate.ValidCheckpointID(cp.ID) == nil {
+			b.deleteCheckpoint(id, pod.Spec.NodeName, cp.ID)
+		}
+		return fail(fmt.Errorf("checkpoint: %w", verr))
+	}
+	// Its processes have ended: the agent connections given out end too (their peer
+	// went with the sentry and never resets them; a Watch would wait forever).
+	b.closeAgentConns(s)
+	// A Stop or Destroy that came while the checkpoint ran: the sandbox ends, its
+	// image is not kept.
+	b.mu.Lock()
+	stopping := s.stopping || s.deleted
+	b.mu.Unlock()
+	if stopping {
+		b.deleteCheckpoint(id, cp.Node, cp.ID)
+		return fail(errors.New("the sandbox was stopped while it was checkpointed"))
+	}
+	// The record first (a runner that stops now finds the mark), then the ownership off,
+	// then the Pod goes. The sandbox's processes are gone: a caller going away now must not
+	// lose the image, so the rest runs on its own budget.
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), pauseFinishBudget)
+	defer pcancel()
+	ps := &pauseState{CheckpointID: cp.ID, Node: cp.Node, Bytes: cp.Bytes, At: time.Now().UTC()}
+	ps.fromPod(pod)
+	ps.pinned, _ = pinnedImages(pod) // checked above
+	if err := b.markPausedRetry(pctx, id, ps); err != nil {
+		// Its processes ended with the checkpoint: the sandbox ends with its Pod.
+		b.deleteCheckpoint(id, cp.Node, cp.ID)
+		return fail(fmt.Errorf("mark the sandbox paused: %w", err))
+	}
+	if err := b.deletePod(pctx, s, 0); err != nil {
+		b.log.Warn("pause: delete the checkpointed Pod", "sandbox", id, "err", err)
+	}
+	if err := b.waitPodGone(pctx, id, pod.UID, pauseGoneWait); err != nil {
+		b.log.Warn("pause: the checkpointed Pod is still there", "sandbox", id, "err", err)
+	}
+	b.mu.Lock()
+	s.paused, s.pausing = ps, false
+	s.pod, s.uid, s.deleted, s.helloIP = nil, "", false, ""
+	b.evaluateLocked(s) // wakes waiters
+	b.mu.Unlock()
+	return runtime.PauseInfo{Released: true, Took: time.Since(t0), CheckpointBytes: cp.Bytes}, nil
+}
+
+// trackedConn is a connection DialAgent gave out, forgotten when closed.
+type trackedConn struct {
+	net.Conn
+	once   sync.Once
+	forget func(*trackedConn)
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() { c.forget(c) })
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection where it can (splice.go uses it).
+func (c *trackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// trackConn records c as s's until it is closed (closeAgentConns).
+// A sandbox pausing or paused gets none: c is closed, ErrPaused.
+func (b *Backend) trackConn(s *sandbox, c net.Conn) (net.Conn, error) {
+	tc := &trackedConn{Conn: c, forget: func(tc *trackedConn) {
+		b.mu.Lock()
+		delete(s.agentConns, tc)
+		b.mu.Unlock()
+	}}
+	b.mu.Lock()
+	if s.pausing || s.paused != nil {
+		// A pause began while this connection was dialed: closeAgentConns may have run.
+		b.mu.Unlock()
+		_ = c.Close()
+		return nil, fmt.Errorf("dial agent of %s: %w", s.id, runtime.ErrPaused)
+	}
+	if s.agentConns == nil {
+		s.agentConns = map[*trackedConn]struct{}{}
+	}
+	s.agentConns[tc] = struct{}{}
+	b.mu.Unlock()
+	return tc, nil
+}
+
+// closeAgentConns closes every connection DialAgent gave out for s.
+func (b *Backend) closeAgentConns(s *sandbox) {
+	b.mu.Lock()
+	conns := make([]*trackedConn, 0, len(s.agentConns))
+	for c := range s.agentConns {
+		conns = append(conns, c)
+	}
+	b.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// fromPod records what the resumed Pod takes from the paused one.
+func (ps *pauseState) fromPod(pod *corev1.Pod) {
+	ps.labels = maps.Clone(pod.Labels)
+	ps.warmClaimed = pod.Annotations[annotationWarmClaimed]
+	ps.pullPolicy = map[string]corev1.PullPolicy{}
+	for _, c := range pod.Spec.Containers {
+		ps.pullPolicy[c.Name] = c.ImagePullPolicy
+		if c.Name == containerMain && c.SecurityContext != nil {
+			ps.sc = c.SecurityContext.DeepCopy()
+		}
+	}
+	for _, r := range pod.Spec.ImagePullSecrets {
+		ps.pullSecrets = append(ps.pullSecrets, r.Name)
+	}
+}
+
+// markPaused writes the paused marks on the sandbox's Secret and takes the Pod's
+// ownership off it, its pull Secret and its NetworkPolicy (the garbage collector would
+// delete them with the Pod).
+func (b *Backend) markPaused(ctx context.Context, id string, ps *pauseState) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"ownerReferences": nil,
+		"labels":          map[string]string{labelPaused: "true"},
+		"annotations": map[string]string{
+			annotationPausedCkpt:  ps.CheckpointID,
+			annotationPausedNode:  ps.Node,
+			annotationPausedAt:    ps.At.Format(time.RFC3339),
+			annotationPausedBytes: strconv.FormatInt(ps.Bytes, 10),
+		},
+	}})
+	if err != nil {
+		return err
+	}
+	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
+	if _, err := secrets.Patch(ctx, secretName(id), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	disown := []byte(`{"metadata":{"ownerReferences":null}}`)
+	if _, err := secrets.Patch(ctx, pullSecretName(id), types.MergePatchType, disown, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("pull secret: %w", err)
+	}
+	_, err = b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Patch(ctx, networkPolicyName(id), types.MergePatchType, disown, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("network policy: %w", err)
+	}
+	return nil
+}
+
+// markPausedRetry is markPaused, tried markPausedTries times (a checkpoint whose mark
+// is not written is deleted: worth a few tries).
+func (b *Backend) markPausedRetry(ctx context.Context, id string, ps *pauseState) error {
+	var err error
+	for i := range markPausedTries {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w (after %w)", ctx.Err(), err)
+			case <-time.After(time.Duration(i) * 250 * time.Millisecond):
+			}
+		}
+		if err = b.markPaused(ctx, id, ps); err == nil {
+			return nil
+		}
+		b.log.Warn("pause: mark the sandbox paused", "sandbox", id, "try", i+1, "err", err)
+	}
+	return err
+}
+
+// unmarkPaused removes the paused marks from the sandbox's Secret.
+func (b *Backend) unmarkPaused(ctx context.Context, id string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"labels": map[string]any{labelPaused: nil},
+		"annotations": map[string]any{
+			annotationPausedCkpt: nil, annotationPausedNode: nil, annotationPausedAt: nil, annotationPausedBytes: nil,
+		},
+	}})
+	if err != nil {
+		return err
+	}
+	_, err = b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(ctx, secretName(id), types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+// waitPodGone waits, at most d, until the Pod of sandbox id (of uid, when set) is gone.
+func (b *Backend) waitPodGone(ctx context.Context, id string, uid types.UID, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		p, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || err == nil && uid != "" && p.UID != uid {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = errors.New("still there")
+			}
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Resume implements runtime.Pauser (see the top of this file).
+func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
+	s, err := b.get(id)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	b.mu.Lock()
+	ps := s.paused
+	b.mu.Unlock()
+	if ps == nil {
+		return runtime.Info{}, fmt.Errorf("%w: %s", runtime.ErrNotPaused, id)
+	}
+	class, rcName, err := b.runtimeClass(s.class)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	var pull []string
+	for _, n := range ps.pullSecrets {
+		if s.spec.Pod == nil || !slices.Contains(s.spec.Pod.ImagePullSecrets, n) {
+			pull = append(pull, n) // applyPodSettings adds the policy's again
+		}
+	}
+	pod := b.buildPod(s, &s.spec, podParts{class: class, rcName: rcName, labels: maps.Clone(ps.labels), pullSecrets: pull, sc: ps.sc, node: ps.Node})
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if p, ok := ps.pullPolicy[c.Name]; ok {
+			c.ImagePullPolicy = p
+		}
+		if img, ok := ps.pinned[c.Name]; ok {
+			c.Image, c.ImagePullPolicy = img, corev1.PullIfNotPresent
+		}
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	// After buildPod's applyPodSettings: a policy never names a checkpoint.
+	pod.Annotations[runtime.RestoreCheckpointAnnotation] = ps.CheckpointID
+	if ps.warmClaimed != "" {
+		pod.Annotations[annotationWarmClaimed] = ps.warmClaimed // its start (infoOf)
+	}
+	// The checkpoint's node must still be there (its agent): a node that is gone has taken
+	// the image with it.
+	if b.cfg.NodeAgents == nil {
+		return runtime.Info{}, fmt.Errorf("resume %s: %w: %s", id, errdefs.ErrNotImplemented, pauseNoAgentWhy)
+	}
+	if _, err := b.cfg.NodeAgents.Agent(ctx, ps.Node); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) || apierrors.IsNotFound(err) {
+			return runtime.Info{}, fmt.Errorf("resume %s: node %s: %w: %w", id, ps.Node, runtime.ErrCheckpointLost, err)
+		}
+		return runtime.Info{}, fmt.Errorf("resume %s: node agent of %s: %w", id, ps.Node, err)
+	}
+	t0 := time.Now()
+	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("resume %s: pod: %w", id, err)
+	}
+	tCreated := time.Since(t0)
+	b.mu.Lock()
+	s.uid, s.deleted, s.egressOff, s.stopping, s.helloIP = created.UID, false, false, false, ""
+	if s.pod == nil || s.pod.UID != created.UID {
+		s.pod = created
+	}
+	// Its events before this one were not taken for its (observe): what is known now.
+	b.evaluateLocked(s)
+	b.mu.Unlock()
+	ipAt, err := b.waitRestored(ctx, s)
+	if err == nil {
+		// As Create: its host-name egress rules hold once its new address is registered.
+		err = b.waitEgress(ctx, s)
+	}
+	if err != nil {
+		// The new Pod goes; the sandbox stays paused (its checkpoint is kept) unless the
+		// checkpoint itself is what failed.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseGoneWait)
+		if derr := b.deletePod(dctx, s, 1); derr != nil {
+			b.log.Warn("resume: delete the failed Pod", "sandbox", id, "err", derr)
+		}
+		_ = b.waitPodGone(dctx, id, created.UID, pauseGoneWait)
+		cancel()
+		b.mu.Lock()
+		s.pod, s.uid, s.deleted = nil, "", false
+		b.mu.Unlock()
+		if checkpointLost(err) {
+			return runtime.Info{}, fmt.Errorf("resume %s: %w: %w", id, runtime.ErrCheckpointLost, err)
+		}
+		return runtime.Info{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	b.log.Info("sandbox restored from its checkpoint", "sandbox", id, "node", ps.Node, "checkpoint", ps.CheckpointID,
+		"pod_created", tCreated.Round(time.Millisecond), "pod_ip", ipAt.Sub(t0).Round(time.Millisecond), "agent_answered", time.Since(t0).Round(time.Millisecond))
+	// The new Pod owns the Secrets and NetworkPolicy again, and the marks go, before the
+	// sandbox is resumed (a Pause can start only then: no late patch re-owns them after
+	// it), on their own budget (the sandbox runs: a caller going away must not leave it
+	// half-resumed).
+	actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), pauseFinishBudget)
+	b.adoptSecrets(actx, created, pullSecretName(id), true)
+	if err := b.unmarkPaused(actx, id); err != nil {
+		b.log.Warn("resume: remove the paused marks", "sandbox", id, "err", err)
+	}
+	acancel()
+	b.mu.Lock()
+	s.paused, s.adopted = nil, nil
+	b.evaluateLocked(s)
+	b.mu.Unlock()
+	// The image has been read by the restore: it goes.
+	go b.deleteCheckpoint(id, ps.Node, ps.CheckpointID)
+	return b.info(s), nil
+}
+
+// waitRestored waits until the restored Pod has an IP and its agent answers, or the Pod
+// fails to start (the shim's reason in its events), at most StartTimeout.
+func (b *Backend) waitRestored(ctx context.Context, s *sandbox) (ipAt time.Time, _ error) {
+	timer := time.NewTimer(b.cfg.StartTimeout)
+	defer timer.Stop()
+	var (
+		pinged   chan error
+		stopPing = func() {}
+	)
+	defer func() { stopPing() }()
+	for {
+		b.mu.Lock()
+		pod, ch := s.pod, s.changed
+		b.mu.Unlock()
+		if err := startError(pod, &s.spec); err != nil {
+			return ipAt, b.withEvents(ctx, pod, err)
+		}
+		if podEnded(pod) || pod != nil && pod.DeletionTimestamp != nil {
+			return ipAt, b.withEvents(ctx, pod, fmt.Errorf("the restored Pod ended: %s", podSummary(pod)))
+		}
+		if ip := pod.Status.PodIP; ip != "" && pinged == nil {
+			ipAt = time.Now()
+			pinged, stopPing = b.startPing(ctx, s, ip)
+		}
+		select {
+		case <-ch:
+		case err := <-pinged:
+			return ipAt, err
+		case <-timer.C:
+			return ipAt, b.withEvents(ctx, pod, fmt.Errorf("the restored Pod did not answer within %s: %s", b.cfg.StartTimeout, podSummary(pod)))
+		case <-ctx.Done():
+			return ipAt, ctx.Err()
+		}
+	}
+}
+
+// podEventsError is an error with the Pod's warning events (their messages: the
+// kubelet's, carrying the shim's reasons).
+type podEventsError struct {
+	err    error
+	events []string
+}
+
+func (e *podEventsError) Error() string {
+	return fmt.Sprintf("%v (events: %s)", e.err, strings.Join(e.events, "; "))
+}
+
+func (e *podEventsError) Unwrap() error { return e.err }
+
+// withEvents adds the Pod's warning events (the shim's reasons) to err.
+func (b *Backend) withEvents(ctx context.Context, pod *corev1.Pod, err error) error {
+	if pod == nil {
+		return err
+	}
+	evs, lerr := b.cfg.Client.CoreV1().Events(b.cfg.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(pod.UID)})
+	if lerr != nil {
+		return err
+	}
+	var msgs []string
+	for _, e := range evs.Items {
+		if e.Type == corev1.EventTypeWarning && e.InvolvedObject.UID == pod.UID {
+			msgs = append(msgs, e.Reason+": "+e.Message)
+		}
+	}
+	if len(msgs) == 0 {
+		return err
+	}
+	return &podEventsError{err: err, events: msgs}
+}
+
+// shimImageLost says whether the patched shim's reason in an event message
+// (scripts/runsc-shim/zz_sandboxd_restore.go.in) is a refusal of the image itself, which
+// no later restore gets past: incomplete (no marker), no such checkpoint, an invalid
+// checkpoint ID, an image dir or marker of the wrong kind or owner. A runsc restore that
+// failed otherwise (or a bad checkpoint root) is not: the sandbox stays paused.
+func shimImageLost(msg string) bool {
+	i := strings.Index(msg, "sandboxd restore: ")
+	if i < 0 {
+		return false
+	}
+	m := msg[i:]
+	switch {
+	case strings.Contains(m, "invalid checkpoint id"):
+		return true
+	case strings.HasPrefix(m, "sandboxd restore: checkpoint "):
+		return strings.Contains(m, "incomplete image") || strings.Contains(m, "no such checkpoint")
+	case strings.Contains(m, "owned by root and writable only by it") && !strings.Contains(m, "checkpoint root's parent") && !strings.Contains(m, "a parent of the checkpoint root"):
+		return true
+	}
+	return false
+}
+
+// checkpointLost: a restore failed for the image's sake — one of the shim's refusals of
+// the image in the restored Pod's events (never the Pod's own output: a sandbox writes
+// its termination message). (Resume checks the node's agent before: not found, lost.)
+func checkpointLost(err error) bool {
+	var pe *podEventsError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	for _, m := range pe.events {
+		if shimImageLost(m) {
+			return true
+		}
+	}
+	return false
+}
+
+// stopPaused ends a paused sandbox (Stop, Destroy): its checkpoint is deleted and Wait
+// returns Reason "Stopped". False: s is not paused.
+func (b *Backend) stopPaused(_ context.Context, s *sandbox) bool {
+	b.mu.Lock()
+	ps := s.paused
+	if ps == nil {
+		b.mu.Unlock()
+		return false
+	}
+	s.paused = nil
+	select {
+	case <-s.done:
+	default:
+		s.exit = runtime.Exit{Reason: "Stopped", Message: "the sandbox was stopped while paused", At: time.Now().UTC()}
+		close(s.done)
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+	b.mu.Unlock()
+	b.deleteCheckpoint(s.id, ps.Node, ps.CheckpointID)
+	return true
+}
+
+// recoverPaused ends, at a runner's start, the paused sandboxes an earlier run left: a
+// Secret of this runner marked paused whose sandbox has no Pod (withPod). This slice
+// does not take a paused sandbox over (a restarted runner never resumes it): its
+// checkpoint is deleted through the node agent (when this runner has one), its Secrets
+// and NetworkPolicy with Destroy, and it is reported ended with Reason CheckpointLost.
+func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([]runtime.Recovered, error) {
+	sel := b.selector.String() + "," + labelPaused + "=true"
+	list, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes backend: list paused sandboxes' secrets: %w", err)
+	}
+	var out []runtime.Recovered
+	for i := range list.Items {
+		sec := &list.Items[i]
+		id := sec.Labels[LabelSandbox]
+		if !validID(id) || sec.Name != secretName(id) || withPod[id] {
+			continue
+		}
+		b.mu.Lock()
+		known := b.sandboxes[id] != nil
+		b.mu.Unlock()
+		if known {
+			continue
+		}
+		b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+		if err := b.Destroy(ctx, id); err != nil {
+			b.log.Warn("recover: destroy a paused sandbox", "sandbox", id, "err", err)
+		}
+		s, err := sandboxFromSecret(id, sec)
+		if err != nil {
+			b.log.Warn("recover: a paused sandbox's unreadable secret: deleted", "sandbox", id, "err", err)
+			continue
+		}
+		b.log.Info("recover: a paused sandbox ended: a restarted runner does not resume it (its checkpoint deleted)", "sandbox", id)
+		ex := runtime.Exit{Reason: "CheckpointLost", At: time.Now().UTC(),
+			Message: runtime.ErrCheckpointLost.Error() + ": the runner restarted while the sandbox was paused"}
+		out = append(out, runtime.Recovered{Spec: s.spec, Info: runtime.Info{ID: id, RuntimeClass: s.class}, Exit: &ex})
+	}
+	return out, nil
+}
+
+// recoverInterruptedPause finishes, at a runner's start, what a resume cut short left
+// (a Pod of the sandbox and its Secret still marked paused): the marks go, the Pod owns
+// the Secrets and NetworkPolicy again, and the image is deleted (a restored Pod has read
+// it; a paused Pod that was not deleted yet has ended, and the sandbox with it).
+func (b *Backend) recoverInterruptedPause(ctx context.Context, id string, sec *corev1.Secret, pod *corev1.Pod) {
+	b.adoptSecrets(ctx, pod, pullSecretName(id), true)
+	if err := b.unmarkPaused(ctx, id); err != nil {
+		b.log.Warn("recover: remove the paused marks", "sandbox", id, "err", err)
+	}
+	b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+}
+
+// deleteCheckpoint deletes a checkpoint on node (logged when it fails: nothing deletes
+// it later; the node agent service, not built yet, is to remove images no sandbox names).
+func (b *Backend) deleteCheckpoint(id, node, cid string) {
+	if b.cfg.NodeAgents == nil || cid == "" || node == "" {
+		return
+	}
+	if err := hibernate.ValidCheckpointID(cid); err != nil {
+		b.log.Warn("delete a checkpoint", "sandbox", id, "node", node, "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, checkpointDeleteBudget)
+	defer cancel()
+	agent, err := b.cfg.NodeAgents.Agent(ctx, node)
+	if err == nil {
+		err = agent.DeleteCheckpoint(ctx, cid)
+	}
+	if err != nil {
+		b.log.Warn("delete a checkpoint", "sandbox", id, "node", node, "checkpoint", cid, "err", err)
+	}
+}
+
+var _ runtime.Pauser = (*Backend)(nil)

@@ -1,0 +1,45 @@
+package kubernetes
+
+import (
+	"context"
+	"time"
+)
+
+// Pause and resume of `gvisor` sandboxes (checkpoint.go) go through a node agent on the
+// sandbox's node: the process that reaches the node's gVisor shim (its hibernate server,
+// internal/nodeagent/hibernate) and the checkpoint directory the patched shim restores
+// Pods from (runtime.RestoreCheckpointAnnotation). The backend needs only this of it.
+
+// NodeAgent is what the backend needs of the node agent on one node.
+type NodeAgent interface {
+	// Checkpoint checkpoints the gVisor Pod sandbox of the Pod req names (the agent
+	// resolves it on its node, never from the caller) into a new, complete image the
+	// agent names.
+	Checkpoint(ctx context.Context, req NodeCheckpointRequest) (NodeCheckpoint, error)
+	// DeleteCheckpoint removes an image; idempotent.
+	DeleteCheckpoint(ctx context.Context, checkpointID string) error
+}
+
+// NodeCheckpointRequest names the Pod whose sandbox is checkpointed: the Pod's
+// namespace, name and UID and the sandbox ID its sandboxd.io/sandbox-id label carries.
+// LeaveRunning: the sandbox runs on after the checkpoint (a fork's); false: it ends with
+// the checkpoint (a pause's).
+type NodeCheckpointRequest struct {
+	Namespace, Name, UID, SandboxID string
+	LeaveRunning                    bool
+}
+
+// NodeCheckpoint is a checkpoint taken: its ID (what the restore annotation names), the
+// node it is on, its size and how long it took. SandboxRunning: after a failed
+// checkpoint, whether the sandbox still runs.
+type NodeCheckpoint struct {
+	ID, Node       string
+	Bytes          int64
+	Took           time.Duration
+	SandboxRunning bool
+}
+
+// NodeAgentDialer reaches the node agent of a node.
+type NodeAgentDialer interface {
+	Agent(ctx context.Context, node string) (NodeAgent, error)
+}
