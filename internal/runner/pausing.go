@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/gen/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/apierr"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/span"
 )
@@ -180,6 +181,9 @@ func (r *Runner) pause(ctx context.Context, id string, opts PauseOptions, idle t
 		r.notifyLocked(e)  // for Agent calls that wait for the pause
 		if errors.Is(err, runtime.ErrAlreadyPaused) {
 			return Sandbox{}, fmt.Errorf("%w: %s", ErrAlreadyPaused, id)
+		}
+		if errors.Is(err, errdefs.ErrNotImplemented) { // the backend refuses this sandbox, with its reason
+			return Sandbox{}, fmt.Errorf("%w: sandbox %s: %w", ErrCannotCheckpoint, id, err)
 		}
 		return Sandbox{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}

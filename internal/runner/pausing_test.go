@@ -47,6 +47,9 @@ type pauseFake struct {
 	onPause func(id string)
 	// caExpiry is when each sandbox's egress CA expires (runtime.EgressCAExpirer).
 	caExpiry map[string]time.Time
+	// refuse, when set, is Pause's answer for every sandbox (a backend's refusal of one
+	// sandbox that its runtime class could otherwise be paused by).
+	refuse error
 }
 
 func (f *pauseFake) EgressCAExpiry(id string) (time.Time, bool) {
@@ -87,6 +90,9 @@ func (f *pauseFake) DialAgent(ctx context.Context, id, container string) (net.Co
 func (f *pauseFake) Pause(_ context.Context, id string, release bool) (runtime.PauseInfo, error) {
 	if f.onPause != nil {
 		f.onPause(id)
+	}
+	if f.refuse != nil {
+		return runtime.PauseInfo{}, f.refuse
 	}
 	sb := f.Sandbox(id, 0)
 	if sb == nil || !sb.Alive() {
@@ -346,6 +352,31 @@ func TestPauseFreezeAndRefusals(t *testing.T) {
 	}
 	if _, err := pl.Pause(ctx, "nope", PauseOptions{}); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("pause of an unknown sandbox: %v", err)
+	}
+}
+
+// TestPauseBackendRefusesSandbox: a backend that can checkpoint the sandbox's runtime class
+// but refuses this sandbox (errdefs.ErrNotImplemented with its reason: the Kubernetes
+// backend for a multi-container sandbox, one with volumes or egress secrets) is
+// FAILED_PRECONDITION CWSANDBOX_CHECKPOINT_NOT_SUPPORTED with that reason, not INTERNAL,
+// and the sandbox runs on.
+func TestPauseBackendRefusesSandbox(t *testing.T) {
+	why := "sandboxes with egress secrets cannot be paused on Kubernetes yet"
+	be := newPauseFake(checkpointing)
+	be.refuse = fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, why)
+	l := pauseLocal(t, be, "")
+	ctx := context.Background()
+	sb := runningSandbox(t, l, nil, time.Hour)
+	_, err := l.Pause(ctx, sb.ID, PauseOptions{})
+	if !errors.Is(err, ErrCannotCheckpoint) {
+		t.Errorf("pause: %v, want ErrCannotCheckpoint", err)
+	}
+	ae := APIError(sb.ID, err, "")
+	if apierr.Reason(ae) != apierr.CheckpointNotSupported || connect.CodeOf(ae) != connect.CodeFailedPrecondition || !strings.Contains(ae.Error(), why) {
+		t.Errorf("API error %v, want FAILED_PRECONDITION %s naming the reason", ae, apierr.CheckpointNotSupported)
+	}
+	if got, _ := l.Get(ctx, sb.ID); got.State != StateRunning {
+		t.Errorf("after the refusal: %s, want RUNNING", got.State)
 	}
 }
 

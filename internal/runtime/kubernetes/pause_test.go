@@ -407,6 +407,21 @@ func TestPauseRefused(t *testing.T) {
 			t.Errorf("Pause of %s asked the node agent", spec.ID)
 		}
 	}
+	// Egress secrets: their CA files are in a host-backed emptyDir, not in the checkpoint.
+	egress := egressSecretSpec("p-e")
+	egress.RuntimeClass = GVisorClass
+	agent := &fakeNodeAgent{}
+	pb, _, _, pod := pausable(t, egress, agent, func(c *Config) { c.Egress = testEgress() })
+	if _, err := pb.Pause(t.Context(), egress.ID, true); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "egress secrets") {
+		t.Errorf("Pause of a sandbox with egress secrets: %v, want ErrNotImplemented saying egress secrets", err)
+	}
+	if len(agent.checkpoints) != 0 {
+		t.Error("Pause of a sandbox with egress secrets asked the node agent")
+	}
+	// Nor does its Pod carry the pausable Pods' cost: no bin tmpfs hint.
+	if v, ok := pod.Annotations[gvisorMountAnnotation+"bin.type"]; ok {
+		t.Errorf("a sandbox with egress secrets got the bin hint %q on a runner with node agents", v)
+	}
 	if _, err := b.Resume(t.Context(), "nope"); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("Resume of an unknown sandbox: %v", err)
 	}
