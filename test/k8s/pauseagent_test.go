@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sclient "k8s.io/client-go/kubernetes"
 
@@ -54,19 +55,39 @@ func (a *localAgent) Agent(_ context.Context, node string) (kubernetes.NodeAgent
 	return a, nil
 }
 
+// runningContainer returns the Pod asked for and the containerd ID of one of its running
+// containers. The sandbox can be RUNNING (its agent answered through the gate) before the
+// kubelet has posted the container statuses with their IDs (its status manager writes
+// them asynchronously): a clean CI run once paused in that window and saw an empty ID.
+// So it waits, bounded, for an ID; the real node agent asks CRI and has no such window.
+func (a *localAgent) runningContainer(ctx context.Context, req kubernetes.NodeCheckpointRequest) (*corev1.Pod, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		pod, err := a.client.CoreV1().Pods(req.Namespace).Get(ctx, req.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, "", err
+		}
+		if string(pod.UID) != req.UID || pod.Labels[kubernetes.LabelSandbox] != req.SandboxID {
+			return nil, "", fmt.Errorf("pod %s/%s is not the one asked for", req.Namespace, req.Name)
+		}
+		for _, cs := range append(append([]corev1.ContainerStatus(nil), pod.Status.ContainerStatuses...), pod.Status.InitContainerStatuses...) {
+			cid, ok := strings.CutPrefix(cs.ContainerID, "containerd://")
+			if ok && cs.State.Running != nil && hibernate.ValidContainerID(cid) == nil {
+				return pod, cid, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, "", errors.New("no running container with an ID in the Pod's status")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 func (a *localAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
-	pod, err := a.client.CoreV1().Pods(req.Namespace).Get(ctx, req.Name, metav1.GetOptions{})
+	pod, cid, err := a.runningContainer(ctx, req)
 	if err != nil {
-		return kubernetes.NodeCheckpoint{SandboxRunning: true}, err
-	}
-	if string(pod.UID) != req.UID || pod.Labels[kubernetes.LabelSandbox] != req.SandboxID {
-		return kubernetes.NodeCheckpoint{SandboxRunning: true}, fmt.Errorf("pod %s/%s is not the one asked for", req.Namespace, req.Name)
-	}
-	if len(pod.Status.ContainerStatuses) == 0 {
-		return kubernetes.NodeCheckpoint{SandboxRunning: true}, errors.New("no container status")
-	}
-	cid, _ := strings.CutPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	if err := hibernate.ValidContainerID(cid); err != nil {
 		return kubernetes.NodeCheckpoint{SandboxRunning: true}, err
 	}
 	b, err := os.ReadFile(filepath.Join(a.dataDir, "containerd", "state", "io.containerd.runtime.v2.task", "k8s.io", cid, "config.json"))
