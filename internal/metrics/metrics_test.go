@@ -307,3 +307,30 @@ func TestCreateToFirstExec(t *testing.T) {
 	}
 	lint(t, m)
 }
+
+// TestObserveExecBoundChild: successful execs go through the result="ok" child bound at
+// the first one, each path its own; a failed exec still gets its code's series; no series
+// exists before its first observation.
+func TestObserveExecBoundChild(t *testing.T) {
+	m := New()
+	if n := testutil.CollectAndCount(m.Registry(), "cwsandbox_exec_duration_seconds"); n != 0 {
+		t.Fatalf("exec_duration series before any exec: %d, want 0", n)
+	}
+	m.ObserveExec(PathGateway, time.Second, nil)
+	m.ObserveExec(PathGateway, 2*time.Second, nil)
+	m.ObserveExec(PathDirect, 4*time.Second, nil)
+	m.ObserveExec("elsewhere", 8*time.Second, nil) // any other path is the gateway's
+	m.ObserveExec(PathDirect, time.Second, connect.NewError(connect.CodeNotFound, errors.New("x")))
+	scrape := gather(t, m)
+	for _, want := range []string{
+		`cwsandbox_exec_duration_seconds_count{path="gateway",result="ok"} 3`,
+		`cwsandbox_exec_duration_seconds_sum{path="gateway",result="ok"} 11`,
+		`cwsandbox_exec_duration_seconds_count{path="direct",result="ok"} 1`,
+		`cwsandbox_exec_duration_seconds_sum{path="direct",result="ok"} 4`,
+		`cwsandbox_exec_duration_seconds_count{path="direct",result="not_found"} 1`,
+	} {
+		if !strings.Contains(scrape, want+"\n") {
+			t.Errorf("want %s in:\n%s", want, grepLines(scrape, "exec_duration_seconds_"))
+		}
+	}
+}
