@@ -78,6 +78,14 @@ var rules = []rule{
 		},
 	},
 	{
+		name: "sandbox-gate pulls only what it needs",
+		why: "the gate runs in every Kubernetes sandbox Pod (installs the agent and the egress CA bundle, fronts the agent): " +
+			"small and static; shared code it needs lives in leaves (internal/atomicfile, internal/egress/cabundle), never the egress proxy",
+		from: []string{"internal/runtime/kubernetes/cmd/sandbox-gate"},
+		// Beside the standard library, exactly these (add one only if the gate needs it).
+		only: []string{"internal/runtime/kubernetes/gate", "internal/agentconfig", "internal/atomicfile", "internal/egress/cabundle"},
+	},
+	{
 		name: "the Go SDK stays a client",
 		why: "sdk/go is imported by users' programs: it links the generated API and the archive " +
 			"format it writes (internal/fsarchive, Linux only, for build contexts), no server code",

@@ -8,6 +8,8 @@ import (
 	"maps"
 	"os"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/egress/cabundle"
 )
 
 // What a backend needs to give a sandbox egress secrets (docs/secrets.md, "Secrets
@@ -127,15 +129,9 @@ func Build(sandboxID, org string, rules []Rule, values map[string]string) (*Sand
 // ErrNoValue: Build was given a rule without its value.
 var ErrNoValue = errors.New("missing egress secret value")
 
-// Bundle is bundle.pem: roots, then the sandbox CA's certificate.
-func Bundle(roots, caPEM []byte) []byte {
-	out := make([]byte, 0, len(roots)+1+len(caPEM))
-	out = append(out, roots...)
-	if len(roots) > 0 && roots[len(roots)-1] != '\n' {
-		out = append(out, '\n')
-	}
-	return append(out, caPEM...)
-}
+// Bundle is bundle.pem: roots, then the sandbox CA's certificate (cabundle.Join, which
+// the Kubernetes backend's sandbox-gate uses too).
+func Bundle(roots, caPEM []byte) []byte { return cabundle.Join(roots, caPEM) }
 
 // ReadUpstreamRoots reads the PEM roots the proxy verifies injection hosts against
 // (Proxy.UpstreamRoots); "": nil, the system roots.

@@ -33,6 +33,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // Resolver finds the caller's Pod sandbox (cri.Resolver).
@@ -276,7 +277,9 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 		if aerr := s.cfg.Store.Abort(id); aerr != nil {
 			s.log.Warn("node agent: removing a failed image", "id", id, "err", aerr)
 		}
-		err = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("checkpoint of sandbox %s failed: %w", m.SandboxId, err))
+		// The shim's and runsc's own text (host paths, shim internals) stays in this
+		// agent's log (below): the caller gets one fixed sentence per kind of failure.
+		err = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("checkpoint of sandbox %s failed: %s", m.SandboxId, checkpointFailure(err)))
 	}
 	// A successful checkpoint without leave_running ends the sandbox (runsc), whatever
 	// becomes of its image; otherwise ask the runtime whether a container of it still runs
@@ -290,7 +293,7 @@ func (s *Server) Checkpoint(ctx context.Context, req *connect.Request[nodeagentv
 		s.log.Warn("node agent: whether the sandbox runs", "sandbox", m.SandboxId, "err", rerr)
 	}
 	if err != nil {
-		s.log.Warn("node agent: checkpoint failed", "sandbox", m.SandboxId, "pod", ref.Namespace+"/"+ref.Name, "err", err)
+		s.log.Warn("node agent: checkpoint failed", "sandbox", m.SandboxId, "pod", ref.Namespace+"/"+ref.Name, "err", err, "cause", ckptErr)
 		ce := toConnect(err)
 		ce.Meta().Set(SandboxRunningMeta, runningMeta(running))
 		return nil, ce
@@ -386,6 +389,27 @@ func (s *Server) RunGC(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// checkpointFailure is what the caller learns of a failed checkpoint (err, the
+// Checkpointer's error): a fixed sentence per kind of failure, never err's text, which
+// carries the shim's and runsc's output and host paths (it is logged instead).
+func checkpointFailure(err error) string {
+	var call *hibernate.CallError
+	switch {
+	case errors.As(err, &call) && call.Code == int32(connect.CodeUnimplemented):
+		return "the node's gVisor shim cannot checkpoint (it is not sandboxd's patched shim)"
+	case errors.As(err, &call):
+		return "the gVisor runtime could not checkpoint the sandbox (its output is in the node agent's log)"
+	case errors.Is(err, hibernate.ErrDial):
+		return "the sandbox's gVisor shim does not answer (the sandbox ended, or the shim has no hibernate server)"
+	case errors.Is(err, hibernate.ErrInvalid):
+		return "the node agent cannot address the sandbox's shim (a node configuration problem: see the node agent's log)"
+	}
+	return "the checkpoint failed on the node (see the node agent's log)"
+}
+
+// maxErrorText bounds the message of an error the agent answers.
+const maxErrorText = 512
+
 // toConnect maps the packages' errors to connect codes.
 func toConnect(err error) *connect.Error {
 	var ce *connect.Error
@@ -420,5 +444,7 @@ func toConnect(err error) *connect.Error {
 		slog.Warn("node agent: CRI runtime", "err", err)
 		return connect.NewError(code, errors.New("the node's CRI runtime does not answer"))
 	}
-	return connect.NewError(code, err)
+	// The rest are about the caller's request (its Pod, its IDs, its quota): their text
+	// says what is wrong, bounded.
+	return connect.NewError(code, errors.New(textclip.Clip(err.Error(), maxErrorText)))
 }

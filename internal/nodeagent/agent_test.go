@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,6 +20,7 @@ import (
 	nodeagentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/nodeagent/v1"
 	"github.com/sandboxd/sandboxd/gen/sandboxd/nodeagent/v1/nodeagentv1connect"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/cri"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
 	"github.com/sandboxd/sandboxd/internal/pki"
 )
@@ -648,5 +650,53 @@ func TestTLSReload(t *testing.T) {
 	}
 	if _, err := clientFor(t, addr, ca1, &cl1).Info(ctx); err == nil {
 		t.Fatal("after rotation, the old CA's client is still accepted")
+	}
+}
+
+// TestCheckpointFailureText: a failed checkpoint answers one fixed sentence per kind of
+// failure; the shim's and runsc's text (host paths, shim internals) stays in the log.
+func TestCheckpointFailureText(t *testing.T) {
+	secret := "/run/containerd/runsc/k8s.io/" + criID + "/log.json: runsc: " + strings.Repeat("stack frame ", 100)
+	for name, tc := range map[string]struct {
+		err  error
+		want string
+	}{
+		"runsc failed":     {&hibernate.CallError{Method: "Checkpoint", Code: 2, Message: secret}, "the gVisor runtime could not checkpoint"},
+		"no hibernate rpc": {&hibernate.CallError{Method: "Checkpoint", Code: 12, Message: secret}, "not sandboxd's patched shim"},
+		"no shim":          {fmt.Errorf("%w: %s", hibernate.ErrDial, secret), "does not answer"},
+		"socket path":      {fmt.Errorf("%w socket path %s", hibernate.ErrInvalid, secret), "node configuration problem"},
+		"other":            {errors.New(secret), "the checkpoint failed on the node"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, 1<<20)
+			f.ckpt.err = tc.err
+			f.res.ready = true
+			_, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+			var ce *connect.Error
+			if !errors.As(err, &ce) || ce.Code() != connect.CodeFailedPrecondition || ce.Meta().Get(SandboxRunningMeta) != "true" {
+				t.Fatalf("failed checkpoint: %v", err)
+			}
+			msg := ce.Message()
+			if !strings.Contains(msg, tc.want) || !strings.Contains(msg, "sandbox abc") {
+				t.Errorf("message %q: want %q and the sandbox", msg, tc.want)
+			}
+			if strings.Contains(msg, "/run/") || strings.Contains(msg, "runsc:") || strings.Contains(msg, criID) || strings.Contains(msg, "stack") || len(msg) > maxErrorText {
+				t.Errorf("message carries the node's text: %q", msg)
+			}
+		})
+	}
+}
+
+// TestErrorTextBounded: the text of an error about the caller's request is bounded.
+func TestErrorTextBounded(t *testing.T) {
+	f := newFixture(t, 1<<20)
+	f.res.err = fmt.Errorf("%w: %s", cri.ErrDenied, strings.Repeat("x", 10000))
+	_, err := f.srv.Checkpoint(as(runnerA), connect.NewRequest(goodRequest()))
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("denied: %v", err)
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce); len(ce.Message()) > maxErrorText || !strings.HasPrefix(ce.Message(), "permission denied") {
+		t.Fatalf("message of %d bytes: %.80q", len(ce.Message()), ce.Message())
 	}
 }

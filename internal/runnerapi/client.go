@@ -272,6 +272,9 @@ func (c *Client) forkResults(res *runnerv1.ForkResponse, targets []runner.ForkTa
 			return nil, err
 		}
 		if r.GetError() != nil {
+			if err := checkForkError(c.id, targets[i].ID, r.GetError()); err != nil {
+				return nil, err
+			}
 			out[i].Err = forkErrorFromProto(targets[i].ID, r.GetError())
 		}
 	}

@@ -24,6 +24,11 @@ const (
 	maxReplyContainers = runtime.MaxContainers
 	// maxIDLen bounds an ID a runner answers (a sandbox's: runtime.ValidID).
 	maxIDLen = 63
+	// maxReplyShort bounds a short string of a reply: an address, a runtime class, an
+	// image digest, a container's name, a fork error's code and reason, a snapshot's
+	// digest. The gateway keeps them with the sandbox (in memory and in its store) and
+	// shows them to users: counts alone bound the elements, not their bytes.
+	maxReplyShort = 1 << 10
 )
 
 // MaxListedSandboxes bounds the sandboxes of a runner's List reply.
@@ -66,6 +71,13 @@ func checkDuration(what string, d *durationpb.Duration) error {
 func checkText(what, s string) error {
 	if len(s) > maxReplyText {
 		return fmt.Errorf("%s: %d bytes, at most %d", what, len(s), maxReplyText)
+	}
+	return nil
+}
+
+func checkShort(what, s string) error {
+	if len(s) > maxReplyShort {
+		return fmt.Errorf("%s: %d bytes, at most %d", what, len(s), maxReplyShort)
 	}
 	return nil
 }
@@ -127,11 +139,19 @@ func sandboxProblem(want string, p *runnerv1.Sandbox) error {
 	if err := checkText("message", p.GetMessage()); err != nil {
 		return err
 	}
+	for _, f := range []struct{ what, s string }{{"ip", p.GetIp()}, {"runtime_class", p.GetRuntimeClass()}, {"image_digest", p.GetImageDigest()}} {
+		if err := checkShort(f.what, f.s); err != nil {
+			return err
+		}
+	}
 	cs := p.GetContainers()
 	if len(cs) > maxReplyContainers {
 		return fmt.Errorf("%d container statuses, at most %d", len(cs), maxReplyContainers)
 	}
 	for i, c := range cs {
+		if err := checkShort(fmt.Sprintf("containers[%d].name", i), c.GetName()); err != nil {
+			return err
+		}
 		if err := checkCount(fmt.Sprintf("containers[%d].restarts", i), int64(c.GetRestarts())); err != nil {
 			return err
 		}
@@ -176,6 +196,11 @@ func checkJob(runnerID, want string, p *runnerv1.SnapshotJob) error {
 		if err := checkText("reason", p.GetReason()); err != nil {
 			return err
 		}
+		for _, f := range []struct{ what, s string }{{"sandbox_id", p.GetSandboxId()}, {"volume", p.GetVolume()}, {"digest", p.GetDigest()}} {
+			if err := checkShort(f.what, f.s); err != nil {
+				return err
+			}
+		}
 		return checkText("message", p.GetMessage())
 	}()
 	if err != nil {
@@ -208,6 +233,21 @@ func checkCapacity(runnerID string, p *runnerv1.CapacityResponse) error {
 	}
 	if err := checkTime("connected_at", p.GetConnectedAt()); err != nil {
 		return badReply(runnerID, "capacity: %v", err)
+	}
+	return nil
+}
+
+// checkForkError checks the error of one fork a runner answered.
+func checkForkError(runnerID, target string, p *runnerv1.ForkError) error {
+	err := checkShort("code", p.GetCode())
+	if err == nil {
+		err = checkShort("reason", p.GetReason())
+	}
+	if err == nil {
+		err = checkText("message", p.GetMessage())
+	}
+	if err != nil {
+		return badReply(runnerID, "fork %s: error %v", target, err)
 	}
 	return nil
 }

@@ -206,7 +206,8 @@ func wantBadReply(t *testing.T, what string, err error, wire bool) {
 // calls with replies that cannot be right: about another sandbox or snapshot than asked,
 // with negative counts and sizes, unknown states, timestamps no store can keep, a
 // negative lifetime, huge texts, more container statuses than a sandbox has, sandboxes
-// without an ID or listed twice, more or fewer forks and snapshot jobs than asked, more
+// without an ID or listed twice, short strings (an address, a digest, a runtime class,
+// a container's name, a fork error's reason) of megabytes, more or fewer forks and snapshot jobs than asked, more
 // build steps than a build has (each kept by the gateway as a build log event) or steps
 // numbered outside their total. The
 // gateway's client of the runner takes none of them: each fails its one call, UNAVAILABLE
@@ -266,6 +267,49 @@ func TestTenantRunnerWrongReplies(t *testing.T) {
 		{"get: huge message", func(r *replyRunner) {
 			r.sandbox = with(func(sb *runnerv1.Sandbox) { sb.Message = strings.Repeat("m", 8<<20) })
 		}, get},
+		// Counted elements of any size: a short string of megabytes, which the gateway
+		// would keep with the sandbox (memory, store) and show.
+		{"get: huge image digest", func(r *replyRunner) {
+			r.sandbox = with(func(sb *runnerv1.Sandbox) { sb.ImageDigest = "sha256:" + strings.Repeat("a", 8<<20) })
+		}, get},
+		{"get: huge ip", func(r *replyRunner) {
+			r.sandbox = with(func(sb *runnerv1.Sandbox) { sb.Ip = strings.Repeat("1", 8<<20) })
+		}, get},
+		{"get: huge runtime class", func(r *replyRunner) {
+			r.sandbox = with(func(sb *runnerv1.Sandbox) { sb.RuntimeClass = strings.Repeat("g", 8<<20) })
+		}, get},
+		{"get: huge container name", func(r *replyRunner) {
+			r.sandbox = with(func(sb *runnerv1.Sandbox) {
+				sb.Containers = []*runnerv1.ContainerStatus{{Name: strings.Repeat("c", 8<<20)}}
+			})
+		}, get},
+		{"list: huge image digest", func(r *replyRunner) {
+			r.list = []*runnerv1.Sandbox{{Id: id, State: runnerv1.State_STATE_RUNNING, ImageDigest: strings.Repeat("d", 8<<20)}}
+		}, func(ctx context.Context, c *runnerapi.Client) error { _, err := c.List(ctx); return err }},
+		{"fork: huge error message", func(r *replyRunner) {
+			r.forks = func(ts []*runnerv1.ForkTarget) []*runnerv1.ForkResult {
+				return []*runnerv1.ForkResult{{Error: &runnerv1.ForkError{Code: "internal", Message: strings.Repeat("m", 8<<20)}}}
+			}
+		}, func(ctx context.Context, c *runnerapi.Client) error {
+			_, err := c.Fork(ctx, id, []runner.ForkTarget{{ID: "forked000000001"}})
+			return err
+		}},
+		{"fork: huge error reason", func(r *replyRunner) {
+			r.forks = func(ts []*runnerv1.ForkTarget) []*runnerv1.ForkResult {
+				return []*runnerv1.ForkResult{{Error: &runnerv1.ForkError{Code: "internal", Reason: strings.Repeat("R", 8<<20)}}}
+			}
+		}, func(ctx context.Context, c *runnerapi.Client) error {
+			_, err := c.Fork(ctx, id, []runner.ForkTarget{{ID: "forked000000001"}})
+			return err
+		}},
+		{"get snapshot job: huge digest", func(r *replyRunner) {
+			r.job = func(s string) *runnerv1.SnapshotJob {
+				return &runnerv1.SnapshotJob{SnapshotId: s, Digest: strings.Repeat("0", 8<<20)}
+			}
+		}, func(ctx context.Context, c *runnerapi.Client) error {
+			_, err := c.GetSnapshotJob(ctx, "snap1")
+			return err
+		}},
 		{"get: a thousand container statuses", func(r *replyRunner) {
 			r.sandbox = with(func(sb *runnerv1.Sandbox) {
 				for range 1000 {

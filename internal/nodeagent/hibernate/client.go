@@ -52,10 +52,14 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return nil, fmt.Errorf("hibernate: dial: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrDial, err)
 	}
 	return &Client{conn: conn, next: 1}, nil
 }
+
+// ErrDial: the shim's hibernate server could not be reached (no socket: the sandbox
+// ended, or the shim is not sandboxd's patched one).
+var ErrDial = errors.New("hibernate: dial")
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }

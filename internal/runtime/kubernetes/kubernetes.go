@@ -47,6 +47,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -196,6 +197,8 @@ type Backend struct {
 	ctx             context.Context // ends with Close
 	cancel          context.CancelFunc
 	selector        labels.Selector
+	// standbyProbe replaces heldInStandby in Recover when set (tests).
+	standbyProbe func(ctx context.Context, s *sandbox, ip string) bool
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -914,6 +917,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	out = append(out, lost...)
 	// One deadline for every wait for a Pod's IP below, however many Pods wait.
 	ipDeadline := time.Now().Add(recoverIPWait)
+	var found []*recovering
 	for i := range list.Items {
 		pod := &list.Items[i]
 		id := pod.Labels[LabelSandbox]
@@ -987,61 +991,23 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 			}
 		}
 		b.mu.Unlock()
-		ip := pod.Status.PodIP
-		if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) &&
-			time.Since(pod.CreationTimestamp.Time) < b.cfg.StartTimeout && time.Until(ipDeadline) > 0 {
-			// A create that took its gate's hello returns before the kubelet reports the
-			// Pod's IP (its next relist, ~1 s): a runner restarted within that window
-			// waits for the report, for a Pod young enough to be such a create only, and
-			// all of them within one shared recoverIPWait.
-			ip = b.waitPodIP(ctx, s, time.Until(ipDeadline))
-			// The wait saw the Pod change: the checks below judge what it shows now (a
-			// claim's or restore's annotations, the containers' states), not the list.
-			b.mu.Lock()
-			if s.pod != nil && s.pod.UID == pod.UID {
-				pod = s.pod
-			}
-			b.mu.Unlock()
-		}
-		if notRunning && ip != "" && pod.DeletionTimestamp == nil {
-			// The kubelet reports a container running only at its next relist, seconds
-			// after a Pod of many containers started: an agent that answers is alive.
-			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			if b.pingAgent(pctx, s, ip) == nil {
-				rec.Alive, rec.Exit = true, nil
-				b.mu.Lock()
-				rec.Info = infoOf(s)
-				b.mu.Unlock()
-			}
-			cancel()
-		}
-		if rec.Exit != nil && rec.Exit.Reason == "Vanished" && commits(&s.spec) && workloadRunning(pod, &s.spec) &&
-			pod.Annotations[annotationWorkloadStarted] == "true" {
-			// A GLOBAL writer whose primary has ended while a sidecar still runs (in its
-			// stop grace): alive until its whole workload has ended, so that its copy is
-			// not committed while the sidecar writes. Only a workload that was started: a
-			// create cut short (a sidecar in standby, the primary still pulling) stays
-			// vanished rather than holding the volume's lease with nothing started.
-			rec.Alive, rec.Exit = true, nil
-		}
-		if ip == "" {
-			ip = pod.Status.PodIP
-		}
-		if rec.Alive && ip != "" && (restoresVolumes(&s.spec) || commits(&s.spec) || warmClaimBegun(pod) || b.usesEgress(&s.spec) && !s.spec.Multi()) && b.heldInStandby(ctx, s, ip) {
-			// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler, or
-			// one waiting for its address in the egress registry) cut short by the
-			// restart: its main command was never started (the agent still holds it):
-			// vanished, as above; a writer's copy is never committed.
-			msg := "the sandbox's volumes were being restored when the runner stopped"
-			if !restoresVolumes(&s.spec) && !commits(&s.spec) && !warmClaimBegun(pod) {
-				msg = "the sandbox was being started when the runner stopped"
-			}
-			ex := runtime.Exit{Reason: "Vanished", Message: msg, At: time.Now().UTC()}
-			rec.Alive, rec.Exit = false, &ex
-			b.mu.Lock()
-			s.neverStarted = true
-			b.mu.Unlock()
-		}
+		found = append(found, &recovering{s: s, pod: pod, sec: sec, rec: rec, notRunning: notRunning})
+	}
+	// What each sandbox's agent says (an IP the kubelet reports late, an agent alive
+	// before the kubelet says so, one still held in standby): up to recoverProbes Pods at
+	// once, each probe bounded by its own timeout, so that many sandboxes whose agents do
+	// not answer cost about one probe's time, not one each.
+	var probes errgroup.Group
+	probes.SetLimit(recoverProbes)
+	for _, r := range found {
+		probes.Go(func() error {
+			b.recoverProbe(ctx, r, ipDeadline)
+			return nil
+		})
+	}
+	_ = probes.Wait()
+	for _, r := range found {
+		s, pod, sec, rec, id := r.s, r.pod, r.sec, r.rec, r.s.id
 		if rec.Alive {
 			b.startLogs(s)
 			b.watchAgents(s)
@@ -1062,6 +1028,86 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		b.prepull.cleanup(ctx)
 	}
 	return out, nil
+}
+
+// recovering is one sandbox Recover re-adopts, between its listing and its report.
+type recovering struct {
+	s          *sandbox
+	pod        *corev1.Pod // as the probes last saw it
+	sec        *corev1.Secret
+	rec        runtime.Recovered
+	notRunning bool // its Pod did not say its main container runs
+}
+
+// recoverProbes bounds the sandboxes whose agents Recover probes at once.
+const recoverProbes = 16
+
+// recoverProbe asks r's agent what the Pod's status does not say yet (Recover): it
+// waits (within ipDeadline) for the IP of a young Pod without one, takes an agent that
+// answers for alive, and a Create cut short (its agent still in standby) for vanished.
+func (b *Backend) recoverProbe(ctx context.Context, r *recovering, ipDeadline time.Time) {
+	s, pod, notRunning := r.s, r.pod, r.notRunning
+	rec := &r.rec
+	defer func() { r.pod = pod }()
+	probe := b.heldInStandby
+	if b.standbyProbe != nil {
+		probe = b.standbyProbe
+	}
+	ip := pod.Status.PodIP
+	if notRunning && ip == "" && pod.DeletionTimestamp == nil && scheduled(pod) &&
+		time.Since(pod.CreationTimestamp.Time) < b.cfg.StartTimeout && time.Until(ipDeadline) > 0 {
+		// A create that took its gate's hello returns before the kubelet reports the
+		// Pod's IP (its next relist, ~1 s): a runner restarted within that window
+		// waits for the report, for a Pod young enough to be such a create only, and
+		// all of them within one shared recoverIPWait.
+		ip = b.waitPodIP(ctx, s, time.Until(ipDeadline))
+		// The wait saw the Pod change: the checks below judge what it shows now (a
+		// claim's or restore's annotations, the containers' states), not the list.
+		b.mu.Lock()
+		if s.pod != nil && s.pod.UID == pod.UID {
+			pod = s.pod
+		}
+		b.mu.Unlock()
+	}
+	if notRunning && ip != "" && pod.DeletionTimestamp == nil {
+		// The kubelet reports a container running only at its next relist, seconds
+		// after a Pod of many containers started: an agent that answers is alive.
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		if b.pingAgent(pctx, s, ip) == nil {
+			rec.Alive, rec.Exit = true, nil
+			b.mu.Lock()
+			rec.Info = infoOf(s)
+			b.mu.Unlock()
+		}
+		cancel()
+	}
+	if rec.Exit != nil && rec.Exit.Reason == "Vanished" && commits(&s.spec) && workloadRunning(pod, &s.spec) &&
+		pod.Annotations[annotationWorkloadStarted] == "true" {
+		// A GLOBAL writer whose primary has ended while a sidecar still runs (in its
+		// stop grace): alive until its whole workload has ended, so that its copy is
+		// not committed while the sidecar writes. Only a workload that was started: a
+		// create cut short (a sidecar in standby, the primary still pulling) stays
+		// vanished rather than holding the volume's lease with nothing started.
+		rec.Alive, rec.Exit = true, nil
+	}
+	if ip == "" {
+		ip = pod.Status.PodIP
+	}
+	if rec.Alive && ip != "" && (restoresVolumes(&s.spec) || commits(&s.spec) || warmClaimBegun(pod) || b.usesEgress(&s.spec) && !s.spec.Multi()) && probe(ctx, s, ip) {
+		// A Create restoring volumes (or a GLOBAL writer's, waiting for its filler, or
+		// one waiting for its address in the egress registry) cut short by the
+		// restart: its main command was never started (the agent still holds it):
+		// vanished, as above; a writer's copy is never committed.
+		msg := "the sandbox's volumes were being restored when the runner stopped"
+		if !restoresVolumes(&s.spec) && !commits(&s.spec) && !warmClaimBegun(pod) {
+			msg = "the sandbox was being started when the runner stopped"
+		}
+		ex := runtime.Exit{Reason: "Vanished", Message: msg, At: time.Now().UTC()}
+		rec.Alive, rec.Exit = false, &ex
+		b.mu.Lock()
+		s.neverStarted = true
+		b.mu.Unlock()
+	}
 }
 
 // recoveredStartExit is the exit Recover reports for a Pod that startError says cannot

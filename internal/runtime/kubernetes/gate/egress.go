@@ -8,6 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/sandboxd/sandboxd/internal/atomicfile"
+	"github.com/sandboxd/sandboxd/internal/egress/cabundle"
 )
 
 // Egress secrets (docs/secrets.md; the runner's internal/runtime/kubernetes egress.go):
@@ -27,7 +30,8 @@ const (
 )
 
 // InstallEgressBundle writes dstDir/ca.pem (srcDir/EgressCAFile) and dstDir/bundle.pem
-// (srcDir/EgressRootsFile, when there, then the CA), mode 0444, atomically each.
+// (srcDir/EgressRootsFile, when there, then the CA: cabundle.Join, as the local backend's
+// egress.Bundle), mode 0444, each replaced durably (atomicfile).
 // Without srcDir/EgressCAFile it does nothing (a sandbox without egress secrets).
 func InstallEgressBundle(srcDir, dstDir string) error {
 	ca, err := readBounded(filepath.Join(srcDir, EgressCAFile))
@@ -41,23 +45,11 @@ func InstallEgressBundle(srcDir, dstDir string) error {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	bundle := append([]byte(nil), roots...)
-	if len(bundle) > 0 && bundle[len(bundle)-1] != '\n' {
-		bundle = append(bundle, '\n')
-	}
-	bundle = append(bundle, ca...)
 	for _, f := range []struct {
 		name string
 		data []byte
-	}{{"ca.pem", ca}, {"bundle.pem", bundle}} {
-		tmp := filepath.Join(dstDir, "."+f.name+".tmp")
-		if err := os.WriteFile(tmp, f.data, 0o444); err != nil {
-			return err
-		}
-		if err := os.Chmod(tmp, 0o444); err != nil { // umask
-			return err
-		}
-		if err := os.Rename(tmp, filepath.Join(dstDir, f.name)); err != nil {
+	}{{"ca.pem", ca}, {"bundle.pem", cabundle.Join(roots, ca)}} {
+		if err := atomicfile.WriteFile(filepath.Join(dstDir, f.name), f.data, 0o444); err != nil {
 			return err
 		}
 	}
