@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -218,8 +219,10 @@ func startAgent(b *testing.B, bin, dir string) (ready, exec1 time.Duration, thre
 	select {
 	case err := <-done:
 		stopped = true
-		// The main command was stopped by SIGTERM, so the agent's code is its exit's.
-		if ee, ok := err.(*exec.ExitError); err != nil && !ok || ok && ee.ExitCode() < 0 {
+		// The main command was stopped by SIGTERM, so the agent's code is its exit's; the
+		// agent itself must have exited, not died of a signal.
+		var ee *exec.ExitError
+		if err != nil && (!errors.As(err, &ee) || ee.ExitCode() < 0) {
 			b.Fatalf("agent stop: %v\n%s", err, stderr.String())
 		}
 	case <-time.After(30 * time.Second):
