@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -94,10 +95,12 @@ type Agent struct {
 	mu      sync.Mutex
 	status  *agentv1.StatusResponse
 	version uint64
-	changed chan struct{}
-	done    chan struct{} // closed once the final status is set and logs are closed
-	execs   map[*proc]struct{}
-	calls   inflight
+	// statusWritten: status.json has been written by this agent (see update).
+	statusWritten bool
+	changed       chan struct{}
+	done          chan struct{} // closed once the final status is set and logs are closed
+	execs         map[*proc]struct{}
+	calls         inflight
 
 	// Standby (pooled) agents: cfg, workDir and user are set once, by Start, before
 	// started is set and startCh closed; handlers that use them check started first.
@@ -318,7 +321,15 @@ func newAgent(opts Options) (*Agent, error) {
 		a.configure(opts.Config)
 	}
 	getReaper()
-	a.update(func(*agentv1.StatusResponse) {})
+	if !statusUnwritten(a.status) {
+		a.update(func(*agentv1.StatusResponse) {})
+	} else if err := os.Remove(filepath.Join(opts.StateDir, agentconfig.StatusFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// A status.json of an earlier agent in this state dir (a restarted container
+		// of a Pod) must not stand for this one's.
+		_ = logw.Close()
+		_ = devNull.Close()
+		return nil, fmt.Errorf("agent: stale status file: %w", err)
+	}
 	return a, nil
 }
 
@@ -424,9 +435,25 @@ func (a *Agent) update(f func(*agentv1.StatusResponse)) {
 	a.version++
 	close(a.changed)
 	a.changed = make(chan struct{})
+	if !a.statusWritten && statusUnwritten(a.status) {
+		return
+	}
+	a.statusWritten = true
 	if err := a.writeStatusFile(a.status); err != nil {
 		a.log.Error("write status", "err", err)
 	}
+}
+
+// statusUnwritten reports whether status.json is left unwritten for st while the agent
+// has written none yet: a new agent's STARTING, which its main command's RUNNING (or a
+// failure) follows at once. The file's readers take a final state, a restart count and
+// a member container's RUNNING from it (runtime/local computeExit and
+// ContainerStatuses, the Kubernetes gate): without the file a starting member shows as
+// ContainerCreating instead of Waiting for those few milliseconds, and nothing else
+// differs. Each write creates and renames a file in the state dir before the agent can
+// answer (bench/ BenchmarkAgentStart). From the first state written on, every change is.
+func statusUnwritten(st *agentv1.StatusResponse) bool {
+	return st.State == agentv1.MainState_MAIN_STATE_STARTING && st.RestartCount == 0
 }
 
 // maxTerminationLog is what the kubelet keeps of a termination message.

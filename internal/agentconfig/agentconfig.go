@@ -28,7 +28,8 @@ const (
 	// Without it the agent listens on Config.Listen.
 	ListenFD = 3
 	// StatusFile (in StateDir) is the last StatusResponse, as protojson, rewritten
-	// atomically on every change.
+	// atomically on every change from the main command's first RUNNING (or the first
+	// other state) on; a new agent removes one left there and writes none while STARTING.
 	StatusFile = "status.json"
 	LogsDir    = "logs"
 	MainLog    = "main"

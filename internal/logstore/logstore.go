@@ -157,11 +157,17 @@ func (w *Writer) recover() error {
 	}
 	n, end, nanos := validPrefix(b, 0, 0, uint64(li.Size()))
 	w.lastNanos = nanos
-	if err := w.idx.Truncate(int64(n)); err != nil {
-		return err
+	// Only what is cut: a truncate to the size a file has still changes its times (a
+	// journal transaction each, at every agent's start on two new, empty files).
+	if n < len(b) {
+		if err := w.idx.Truncate(int64(n)); err != nil {
+			return err
+		}
 	}
-	if err := w.log.Truncate(int64(end)); err != nil {
-		return err
+	if end < uint64(li.Size()) {
+		if err := w.log.Truncate(int64(end)); err != nil {
+			return err
+		}
 	}
 	if _, err := w.idx.Seek(int64(n), io.SeekStart); err != nil {
 		return err

@@ -3,12 +3,11 @@ package runtime
 import (
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 )
 
-var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+var idPattern = newLazyRegexp(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 
 // ValidID reports whether id is 1 to maxLen characters of [a-z0-9-], not starting or
 // ending with '-' (a backend's names derive from it, hence its own maximum).
@@ -83,12 +82,12 @@ const (
 	MaxHostAliases = 64
 )
 
-var containerName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+var containerName = newLazyRegexp(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // ValidContainerName reports whether name is a DNS-1123 label, as container names are.
 func ValidContainerName(name string) bool { return containerName.MatchString(name) }
 
-var hostAlias = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$`)
+var hostAlias = newLazyRegexp(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$`)
 
 // ValidHostAlias reports whether h may be a name in /etc/hosts: lowercase DNS labels,
 // at most 253 characters.

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"regexp"
 	"strings"
 	"time"
 )
@@ -96,7 +95,7 @@ func ManagedVolumeName(org, claim string) string {
 
 // KeepNamePattern is what a Volume.Keep name looks like: a backend uses it as one path
 // element, so it is never a caller's string (the runner derives it from a hash).
-var KeepNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+var KeepNamePattern = newLazyRegexp(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
 // KeptVolume is a kept volume (Volume.Keep) as KeptVolumes lists it.
 type KeptVolume struct {
