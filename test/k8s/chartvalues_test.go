@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -14,9 +15,14 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
 
 // chartHelm is helm for the tests that render the chart without a cluster: $HELM or
@@ -269,4 +275,306 @@ func TestChartRuntimeClasses(t *testing.T) {
 			t.Errorf("%v: the chart refuses it, the installer takes %v", c.set, c.m)
 		}
 	}
+}
+
+// renderedChart is every object `helm template` renders, by "Kind/name".
+type renderedChart map[string][]byte
+
+// renderChart renders the whole chart (release sandboxd-runner, namespace sandboxd) with args.
+func renderChart(t *testing.T, helm string, args ...string) (renderedChart, error) {
+	t.Helper()
+	cmd := osexec.Command(helm, append([]string{"template", "sandboxd-runner", chartDir, "--namespace", "sandboxd"}, args...)...)
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *osexec.ExitError
+		if errors.As(err, &ee) {
+			return nil, &chartError{string(ee.Stderr)}
+		}
+		t.Fatalf("helm template: %v", err)
+	}
+	objs := renderedChart{}
+	for doc := range bytes.SplitSeq(out, []byte("\n---\n")) {
+		var m struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(doc, &m); err != nil {
+			t.Fatalf("rendered object: %v\n%s", err, doc)
+		}
+		if m.Kind == "" {
+			continue
+		}
+		key := m.Kind + "/" + m.Metadata.Name
+		if _, dup := objs[key]; dup {
+			t.Fatalf("%s rendered twice", key)
+		}
+		objs[key] = doc
+	}
+	return objs, nil
+}
+
+// get decodes the object key into obj (strictly: a field the API does not know fails).
+func (r renderedChart) get(t *testing.T, key string, obj any) bool {
+	t.Helper()
+	doc, ok := r[key]
+	if !ok {
+		return false
+	}
+	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		t.Fatalf("%s: %v\n%s", key, err, doc)
+	}
+	return true
+}
+
+func (r renderedChart) keys() []string {
+	var out []string
+	for k := range r {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// roleGrants: the Role's rules on resource (verbs, sorted, per rule).
+func roleGrants(role rbacv1.Role, resource string) []string {
+	var out []string
+	for _, r := range role.Rules {
+		if slices.Contains(r.Resources, resource) {
+			out = append(out, strings.Join(r.Verbs, ","))
+		}
+	}
+	return out
+}
+
+// TestChartEgress (issue 23): the chart's egress values. Off (the default), the chart
+// renders exactly what it did without them: no egress Service, no NetworkPolicy, no
+// --egress-* args or ports. On: a ClusterIP Service `<fullname>-egress` selecting the
+// runner's Pods (443/TCP → the proxy's port, 53/UDP and 53/TCP → the DNS's), the four
+// --egress-* args naming that Service's ClusterIP through the variable the kubelet gives
+// the container for it (or the pinned egress.clusterIP), the container ports, and a
+// NetworkPolicy on the runner's Pods that admits the proxy and DNS ports from the sandbox
+// namespace's sandbox Pods only (the labels the backend puts on them) and the runner's
+// other ports from anywhere. The Role grants the egress roots ConfigMap either way. Bad
+// values fail the render naming the value. helm lint passes with it on.
+func TestChartEgress(t *testing.T) {
+	helm := chartHelm(t)
+	on := []string{"--set", "egress.enabled=true"}
+	if out, err := osexec.Command(helm, append([]string{"lint", "--strict", chartDir}, on...)...).CombinedOutput(); err != nil {
+		t.Errorf("helm lint %v: %v\n%s", on, err, out)
+	}
+
+	const svcName = "sandboxd-runner-egress"
+	const svcVar = "$(SANDBOXD_RUNNER_EGRESS_SERVICE_HOST)"
+	// The kubelet's variable for a Service: its name upper-cased, '-' as '_'.
+	if v := "$(" + strings.ToUpper(strings.ReplaceAll(svcName, "-", "_")) + "_SERVICE_HOST)"; v != svcVar {
+		t.Fatalf("%s: the kubelet names it %s", svcName, v)
+	}
+	egressPorts := func(c corev1.Container) []corev1.ContainerPort {
+		var out []corev1.ContainerPort
+		for _, p := range c.Ports {
+			if strings.HasPrefix(p.Name, "egress") {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	runner := func(r renderedChart) (appsv1.Deployment, corev1.Container) {
+		var d appsv1.Deployment
+		if !r.get(t, "Deployment/sandboxd-runner", &d) {
+			t.Fatalf("no Deployment in %v", r.keys())
+		}
+		return d, d.Spec.Template.Spec.Containers[0]
+	}
+	checkRole := func(name string, r renderedChart) {
+		t.Helper()
+		var role rbacv1.Role
+		if !r.get(t, "Role/sandboxd-runner-sandboxes", &role) {
+			t.Fatalf("%s: no Role sandboxd-runner-sandboxes", name)
+		}
+		if got, want := roleGrants(role, "configmaps"), []string{"create", "get,update"}; !slices.Equal(got, want) {
+			t.Errorf("%s: the Role's configmaps grants %q, want %q (the egress roots ConfigMap)", name, got, want)
+		}
+	}
+
+	// Off.
+	off, err := renderChart(t, helm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range off.keys() {
+		if strings.HasSuffix(k, "-egress") || strings.HasPrefix(k, "NetworkPolicy/") {
+			t.Errorf("off: %s rendered", k)
+		}
+	}
+	d, c := runner(off)
+	if got := withPrefix(c.Args, "--egress"); got != nil {
+		t.Errorf("off: args %q", got)
+	}
+	if got := egressPorts(c); got != nil {
+		t.Errorf("off: ports %v", got)
+	}
+	if d.Spec.Template.Spec.EnableServiceLinks != nil {
+		t.Errorf("off: enableServiceLinks set")
+	}
+	checkRole("off", off)
+	// Off, the other egress values change nothing.
+	offSet, err := renderChart(t, helm, "--set", "egress.proxyPort=1,egress.clusterIP=10.96.0.53,egress.forbid={10.0.0.0/8}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(offSet, off) {
+		t.Errorf("off with other egress values: %v, want %v", offSet.keys(), off.keys())
+	}
+
+	wantPorts := func(proxy, dns int32) []corev1.ContainerPort {
+		return []corev1.ContainerPort{{Name: "egress-proxy", ContainerPort: proxy},
+			{Name: "egress-dns", ContainerPort: dns, Protocol: corev1.ProtocolUDP}, {Name: "egress-dns-tcp", ContainerPort: dns}}
+	}
+	for _, tc := range []struct {
+		name       string
+		set        []string
+		args       []string
+		proxy, dns int32
+		clusterIP  string
+		sandboxNS  string
+		policy     bool
+		otherPorts []networkingv1.NetworkPolicyPort
+	}{
+		{name: "on", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd",
+			args: []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353", "--egress-proxy-addr=" + svcVar, "--egress-dns-addr=" + svcVar}},
+		{name: "pinned, forbid, moved ports, no edge or hello, other sandbox namespace",
+			set: []string{"--set", "egress.enabled=true,egress.clusterIP=10.96.0.53,egress.proxyPort=8443,egress.dnsPort=7444,egress.forbid={100.64.0.0/10,fd00::/108}",
+				"--set", "edge.enabled=false,hello.enabled=false,sandboxNamespace=sbx"},
+			policy: true, proxy: 8443, dns: 7444, clusterIP: "10.96.0.53", sandboxNS: "sbx",
+			args: []string{"--egress-proxy-listen=:8443", "--egress-dns-listen=:7444", "--egress-proxy-addr=10.96.0.53", "--egress-dns-addr=10.96.0.53",
+				"--egress-forbid=100.64.0.0/10,fd00::/108"},
+			otherPorts: []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, 7443), npPort(corev1.ProtocolTCP, 9467)}},
+		{name: "no NetworkPolicy", set: []string{"--set", "egress.enabled=true,egress.networkPolicy.enabled=false"}, proxy: 15443, dns: 5353,
+			args: []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353", "--egress-proxy-addr=" + svcVar, "--egress-dns-addr=" + svcVar}},
+	} {
+		r, err := renderChart(t, helm, tc.set...)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		checkRole(tc.name, r)
+		d, c := runner(r)
+		if got := withPrefix(c.Args, "--egress"); !slices.Equal(got, tc.args) {
+			t.Errorf("%s: args %q, want %q", tc.name, got, tc.args)
+		}
+		if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--runner-peer-pods=") }) {
+			t.Errorf("%s: no --runner-peer-pods (the runner refuses --egress-* without it)", tc.name)
+		}
+		if got, want := egressPorts(c), wantPorts(tc.proxy, tc.dns); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: ports %v, want %v", tc.name, got, want)
+		}
+		if links := d.Spec.Template.Spec.EnableServiceLinks; (tc.clusterIP == "") != (links != nil && *links) {
+			t.Errorf("%s: enableServiceLinks %v (the variable is needed without a pinned clusterIP)", tc.name, links)
+		}
+
+		var svc corev1.Service
+		if !r.get(t, "Service/"+svcName, &svc) {
+			t.Errorf("%s: no Service %s in %v", tc.name, svcName, r.keys())
+			continue
+		}
+		podLabels := d.Spec.Template.Labels
+		if svc.Spec.Type != corev1.ServiceTypeClusterIP || svc.Spec.ClusterIP != tc.clusterIP || svc.Namespace != "sandboxd" {
+			t.Errorf("%s: Service %s type %q clusterIP %q namespace %q", tc.name, svc.Name, svc.Spec.Type, svc.Spec.ClusterIP, svc.Namespace)
+		}
+		if len(svc.Spec.Selector) == 0 || !reflect.DeepEqual(svc.Spec.Selector, d.Spec.Selector.MatchLabels) {
+			t.Errorf("%s: Service selector %v, the runner's Pods %v", tc.name, svc.Spec.Selector, podLabels)
+		}
+		wantSvc := []corev1.ServicePort{
+			{Name: "proxy", Port: 443, TargetPort: intstr.FromString("egress-proxy"), Protocol: corev1.ProtocolTCP},
+			{Name: "dns", Port: 53, TargetPort: intstr.FromString("egress-dns"), Protocol: corev1.ProtocolUDP},
+			{Name: "dns-tcp", Port: 53, TargetPort: intstr.FromString("egress-dns-tcp"), Protocol: corev1.ProtocolTCP},
+		}
+		if !reflect.DeepEqual(svc.Spec.Ports, wantSvc) {
+			t.Errorf("%s: Service ports %+v, want %+v", tc.name, svc.Spec.Ports, wantSvc)
+		}
+
+		var np networkingv1.NetworkPolicy
+		if has := r.get(t, "NetworkPolicy/"+svcName, &np); has != tc.policy {
+			t.Errorf("%s: NetworkPolicy rendered %v, want %v", tc.name, has, tc.policy)
+		}
+		if !tc.policy {
+			continue
+		}
+		if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, d.Spec.Selector.MatchLabels) || !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+			t.Errorf("%s: NetworkPolicy selects %v types %v", tc.name, np.Spec.PodSelector, np.Spec.PolicyTypes)
+		}
+		if len(np.Spec.Ingress) != 2 {
+			t.Fatalf("%s: NetworkPolicy ingress %+v", tc.name, np.Spec.Ingress)
+		}
+		sandboxes := np.Spec.Ingress[0]
+		wantFrom := []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": tc.sandboxNS}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{kubernetes.LabelManagedBy: kubernetes.ManagedBy}},
+		}}
+		wantEgressPorts := []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, tc.proxy), npPort(corev1.ProtocolUDP, tc.dns), npPort(corev1.ProtocolTCP, tc.dns)}
+		if !reflect.DeepEqual(sandboxes.From, wantFrom) || !reflect.DeepEqual(sandboxes.Ports, wantEgressPorts) {
+			t.Errorf("%s: sandbox rule %+v, want from %+v ports %+v", tc.name, sandboxes, wantFrom, wantEgressPorts)
+		}
+		others := np.Spec.Ingress[1]
+		wantOthers := tc.otherPorts
+		if wantOthers == nil {
+			wantOthers = []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, 7443), npPort(corev1.ProtocolTCP, 8443),
+				npPort(corev1.ProtocolTCP, 9467), npPort(corev1.ProtocolUDP, 7444)}
+		}
+		if others.From != nil || !reflect.DeepEqual(others.Ports, wantOthers) {
+			t.Errorf("%s: other rule %+v, want from anywhere to %+v", tc.name, others, wantOthers)
+		}
+		// Every port the runner's container declares is admitted by one of the rules.
+		for _, p := range c.Ports {
+			proto := p.Protocol
+			if proto == "" {
+				proto = corev1.ProtocolTCP
+			}
+			want := npPort(proto, p.ContainerPort)
+			if !slices.ContainsFunc(append(slices.Clone(others.Ports), sandboxes.Ports...), func(q networkingv1.NetworkPolicyPort) bool { return reflect.DeepEqual(q, want) }) {
+				t.Errorf("%s: the runner's port %s %d/%s is not admitted", tc.name, p.Name, p.ContainerPort, proto)
+			}
+		}
+	}
+
+	for _, bad := range []struct {
+		set, err string
+	}{
+		{"egress.enabled=yes", "egress.enabled: want true or false"},
+		{"egress.enabled=true,egress.proxyPort=0", "egress.proxyPort: want a port 1-65535"},
+		{"egress.enabled=true,egress.dnsPort=65536", "egress.dnsPort: want a port 1-65535"},
+		{"egress.enabled=true,egress.proxyPort=abc", "egress.proxyPort: want a port"},
+		{"egress.enabled=true,egress.dnsPort=15443", "egress.proxyPort and egress.dnsPort: both 15443"},
+		{"egress.enabled=true,egress.proxyPort=7443", "egress.proxyPort: port 7443 is already the runner API's"},
+		{"egress.enabled=true,egress.dnsPort=9467", "egress.dnsPort: port 9467 is already metrics.port's"},
+		{"egress.enabled=true,egress.proxyPort=8443", "egress.proxyPort: port 8443 is already the edge's"},
+		{"egress.enabled=true,egress.dnsPort=7444", "egress.dnsPort: UDP port 7444 is already the gate hello's"},
+		{"egress.enabled=true,egress.clusterIP=None", `egress.clusterIP "None": want an IP address`},
+		{"egress.enabled=true,egress.clusterIP=10.96.0.300", `egress.clusterIP "10.96.0.300": want an IP address`},
+		{"egress.enabled=true,egress.clusterIP=127.0.0.1", `egress.clusterIP "127.0.0.1": not an address`},
+		{"egress.enabled=true,egress.forbid={10.0.0.0/8,bad}", `egress.forbid: "bad": want a CIDR`},
+		{"egress.enabled=true,egress.forbid=10.0.0.0/8", "egress.forbid: want a list of CIDRs"},
+		{"egress.enabled=true,egress.networkPolicy.enabled=no", "egress.networkPolicy.enabled: want true or false"},
+	} {
+		_, err := renderChart(t, helm, "--set", bad.set)
+		if err == nil || !strings.Contains(err.Error(), bad.err) {
+			t.Errorf("%s: %v, want the render refused with %q", bad.set, err, bad.err)
+		}
+	}
+	// A value that would inject an argument is refused, not rendered.
+	for _, bad := range []string{"egress.clusterIP=10.96.0.53\n- --privileged", "egress.forbid[0]=10.0.0.0/8\n- --privileged"} {
+		if _, err := renderChart(t, helm, "--set", "egress.enabled=true", "--set-string", bad); err == nil || !strings.Contains(err.Error(), "egress.") {
+			t.Errorf("%q: %v, want the render refused", bad, err)
+		}
+	}
+	if testing.Verbose() {
+		t.Logf("rendered with egress on: %v", fmt.Sprint(func() []string { r, _ := renderChart(t, helm, on...); return r.keys() }()))
+	}
+}
+
+func npPort(proto corev1.Protocol, port int32) networkingv1.NetworkPolicyPort {
+	p := intstr.FromInt32(port)
+	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &p}
 }
