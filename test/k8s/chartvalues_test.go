@@ -557,11 +557,26 @@ func TestChartEgress(t *testing.T) {
 		{"egress.enabled=true,egress.forbid={10.0.0.0/8,bad}", `egress.forbid: "bad": want a CIDR`},
 		{"egress.enabled=true,egress.forbid=10.0.0.0/8", "egress.forbid: want a list of CIDRs"},
 		{"egress.enabled=true,egress.networkPolicy.enabled=no", "egress.networkPolicy.enabled: want true or false"},
+		{"dnsPolicy=Bogus", `dnsPolicy "Bogus": want ClusterFirst`},
+		{"dnsPolicy=None", "dnsPolicy None: dnsConfig.nameservers must name"},
+		{"dnsConfig=1.2.3.4", "dnsConfig: want a Pod dnsConfig"},
 	} {
 		_, err := renderChart(t, helm, "--set", bad.set)
 		if err == nil || !strings.Contains(err.Error(), bad.err) {
 			t.Errorf("%s: %v, want the render refused with %q", bad.set, err, bad.err)
 		}
+	}
+	// The runner Pod's own resolvers (where the proxy resolves what it dials).
+	dns, err := renderChart(t, helm, "--set", "egress.enabled=true,dnsPolicy=None,dnsConfig.nameservers={192.0.2.53}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := runner(dns); d.Spec.Template.Spec.DNSPolicy != corev1.DNSNone || d.Spec.Template.Spec.DNSConfig == nil ||
+		!slices.Equal(d.Spec.Template.Spec.DNSConfig.Nameservers, []string{"192.0.2.53"}) {
+		t.Errorf("dnsPolicy/dnsConfig: %q %+v", d.Spec.Template.Spec.DNSPolicy, d.Spec.Template.Spec.DNSConfig)
+	}
+	if d, _ := runner(off); d.Spec.Template.Spec.DNSPolicy != "" || d.Spec.Template.Spec.DNSConfig != nil {
+		t.Errorf("default: dnsPolicy %q dnsConfig %+v, want the cluster's", d.Spec.Template.Spec.DNSPolicy, d.Spec.Template.Spec.DNSConfig)
 	}
 	// A value that would inject an argument is refused, not rendered.
 	for _, bad := range []string{"egress.clusterIP=10.96.0.53\n- --privileged", "egress.forbid[0]=10.0.0.0/8\n- --privileged"} {
