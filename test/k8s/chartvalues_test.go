@@ -356,8 +356,10 @@ func roleGrants(role rbacv1.Role, resource string) []string {
 // the container for it (or the pinned egress.clusterIP), the container ports, and a
 // NetworkPolicy on the runner's Pods that admits the proxy and DNS ports from the sandbox
 // namespace's sandbox Pods only (the labels the backend puts on them) and the runner's
-// other ports from anywhere. The Role grants the egress roots ConfigMap either way. Bad
-// values fail the render naming the value. helm lint passes with it on.
+// other ports from anywhere. The Role grants the egress roots ConfigMap either way.
+// dnsPolicy/dnsConfig (the runner Pod's resolvers, where the proxy resolves) render as
+// given, and nothing by default. Bad values fail the render naming the value. helm lint
+// passes with egress on.
 func TestChartEgress(t *testing.T) {
 	helm := chartHelm(t)
 	on := []string{"--set", "egress.enabled=true"}
