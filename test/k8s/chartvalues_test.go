@@ -586,9 +586,6 @@ func TestChartEgress(t *testing.T) {
 			t.Errorf("%q: %v, want the render refused", bad, err)
 		}
 	}
-	if testing.Verbose() {
-		t.Logf("rendered with egress on: %v", fmt.Sprint(func() []string { r, _ := renderChart(t, helm, on...); return r.keys() }()))
-	}
 }
 
 func npPort(proto corev1.Protocol, port int32) networkingv1.NetworkPolicyPort {
