@@ -9,6 +9,7 @@ import (
 	osexec "os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -280,10 +281,10 @@ func TestChartRuntimeClasses(t *testing.T) {
 // renderedChart is every object `helm template` renders, by "Kind/name".
 type renderedChart map[string][]byte
 
-// renderChart renders the whole chart (release sandboxd-runner, namespace sandboxd) with args.
-func renderChart(t *testing.T, helm string, args ...string) (renderedChart, error) {
+// renderChart renders the whole chart as release (namespace sandboxd) with args.
+func renderChart(t *testing.T, helm, release string, args ...string) (renderedChart, error) {
 	t.Helper()
-	cmd := osexec.Command(helm, append([]string{"template", "sandboxd-runner", chartDir, "--namespace", "sandboxd"}, args...)...)
+	cmd := osexec.Command(helm, append([]string{"template", release, chartDir, "--namespace", "sandboxd"}, args...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *osexec.ExitError
@@ -328,6 +329,17 @@ func (r renderedChart) get(t *testing.T, key string, obj any) bool {
 	return true
 }
 
+// named is the names of the objects of kind, sorted.
+func (r renderedChart) named(kind string) []string {
+	var out []string
+	for _, k := range r.keys() {
+		if name, ok := strings.CutPrefix(k, kind+"/"); ok {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 func (r renderedChart) keys() []string {
 	var out []string
 	for k := range r {
@@ -367,12 +379,17 @@ func TestChartEgress(t *testing.T) {
 		t.Errorf("helm lint %v: %v\n%s", on, err, out)
 	}
 
-	const svcName = "sandboxd-runner-egress"
-	const svcVar = "$(SANDBOXD_RUNNER_EGRESS_SERVICE_HOST)"
-	// The kubelet's variable for a Service: its name upper-cased, '-' as '_'.
-	if v := "$(" + strings.ToUpper(strings.ReplaceAll(svcName, "-", "_")) + "_SERVICE_HOST)"; v != svcVar {
-		t.Fatalf("%s: the kubelet names it %s", svcName, v)
+	// The variable the kubelet gives a container for a Service of its namespace: the
+	// Service's name upper-cased, '-' as '_'.
+	serviceVar := func(svc string) string {
+		return "$(" + strings.ToUpper(strings.ReplaceAll(svc, "-", "_")) + "_SERVICE_HOST)"
 	}
+	// The args the runner gets with the proxy and DNS on their default ports, reached at addr.
+	onArgs := func(addr string) []string {
+		return []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353", "--egress-proxy-addr=" + addr, "--egress-dns-addr=" + addr}
+	}
+	// A release name of helm's maximum length (53): the chart truncates its names to 63.
+	long := "r" + strings.Repeat("x", 51) + "9"
 	egressPorts := func(c corev1.Container) []corev1.ContainerPort {
 		var out []corev1.ContainerPort
 		for _, p := range c.Ports {
@@ -383,17 +400,19 @@ func TestChartEgress(t *testing.T) {
 		return out
 	}
 	runner := func(r renderedChart) (appsv1.Deployment, corev1.Container) {
+		t.Helper()
 		var d appsv1.Deployment
-		if !r.get(t, "Deployment/sandboxd-runner", &d) {
-			t.Fatalf("no Deployment in %v", r.keys())
+		if names := r.named("Deployment"); len(names) != 1 || !r.get(t, "Deployment/"+names[0], &d) {
+			t.Fatalf("want one Deployment in %v", r.keys())
 		}
 		return d, d.Spec.Template.Spec.Containers[0]
 	}
 	checkRole := func(name string, r renderedChart) {
 		t.Helper()
 		var role rbacv1.Role
-		if !r.get(t, "Role/sandboxd-runner-sandboxes", &role) {
-			t.Fatalf("%s: no Role sandboxd-runner-sandboxes", name)
+		d, _ := runner(r)
+		if !r.get(t, "Role/"+d.Name+"-sandboxes", &role) {
+			t.Fatalf("%s: no Role %s-sandboxes in %v", name, d.Name, r.keys())
 		}
 		if got, want := roleGrants(role, "configmaps"), []string{"create", "get,update"}; !slices.Equal(got, want) {
 			t.Errorf("%s: the Role's configmaps grants %q, want %q (the egress roots ConfigMap)", name, got, want)
@@ -401,7 +420,7 @@ func TestChartEgress(t *testing.T) {
 	}
 
 	// Off.
-	off, err := renderChart(t, helm)
+	off, err := renderChart(t, helm, "sandboxd-runner")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +441,7 @@ func TestChartEgress(t *testing.T) {
 	}
 	checkRole("off", off)
 	// Off, the other egress values change nothing.
-	offSet, err := renderChart(t, helm, "--set", "egress.proxyPort=1,egress.clusterIP=10.96.0.53,egress.forbid={10.0.0.0/8}")
+	offSet, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.proxyPort=1,egress.clusterIP=10.96.0.53,egress.forbid={10.0.0.0/8}")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,16 +455,22 @@ func TestChartEgress(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name       string
+		release    string // default sandboxd-runner
 		set        []string
-		args       []string
+		args       []string // "$(SERVICE)": the variable of the rendered egress Service
 		proxy, dns int32
 		clusterIP  string
 		sandboxNS  string
 		policy     bool
 		otherPorts []networkingv1.NetworkPolicyPort
 	}{
-		{name: "on", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd",
-			args: []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353", "--egress-proxy-addr=" + svcVar, "--egress-dns-addr=" + svcVar}},
+		{name: "on", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
+		// Release names the chart's name is not part of (fullname <release>-sandboxd-runner),
+		// and one of 53 characters (fullname and Service name truncated): the args name the
+		// variable of the Service the chart renders, whatever its name.
+		{name: "release foo", release: "foo", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
+		{name: "release my-runner", release: "my-runner", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
+		{name: "release of 53 characters", release: long, set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
 		{name: "pinned, forbid, moved ports, no edge or hello, other sandbox namespace",
 			set: []string{"--set", "egress.enabled=true,egress.clusterIP=10.96.0.53,egress.proxyPort=8443,egress.dnsPort=7444,egress.forbid={100.64.0.0/10,fd00::/108}",
 				"--set", "edge.enabled=false,hello.enabled=false,sandboxNamespace=sbx"},
@@ -454,17 +479,42 @@ func TestChartEgress(t *testing.T) {
 				"--egress-forbid=100.64.0.0/10,fd00::/108"},
 			otherPorts: []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, 7443), npPort(corev1.ProtocolTCP, 9467)}},
 		{name: "no NetworkPolicy", set: []string{"--set", "egress.enabled=true,egress.networkPolicy.enabled=false"}, proxy: 15443, dns: 5353,
-			args: []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353", "--egress-proxy-addr=" + svcVar, "--egress-dns-addr=" + svcVar}},
+			args: onArgs("$(SERVICE)")},
 	} {
-		r, err := renderChart(t, helm, tc.set...)
+		release := tc.release
+		if release == "" {
+			release = "sandboxd-runner"
+		}
+		r, err := renderChart(t, helm, release, tc.set...)
 		if err != nil {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
 		}
 		checkRole(tc.name, r)
 		d, c := runner(r)
-		if got := withPrefix(c.Args, "--egress"); !slices.Equal(got, tc.args) {
-			t.Errorf("%s: args %q, want %q", tc.name, got, tc.args)
+		// The egress Service: the Service that is not the runner's own (named as its Deployment).
+		var svcName string
+		for _, n := range r.named("Service") {
+			if n != d.Name {
+				if svcName != "" {
+					t.Fatalf("%s: Services %v", tc.name, r.named("Service"))
+				}
+				svcName = n
+			}
+		}
+		if svcName == "" {
+			t.Errorf("%s: no egress Service in %v", tc.name, r.keys())
+			continue
+		}
+		if len(svcName) > 63 || !regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?-egress$`).MatchString(svcName) {
+			t.Errorf("%s: Service name %q: want a DNS-1035 label of at most 63 ending in -egress", tc.name, svcName)
+		}
+		wantArgs := slices.Clone(tc.args)
+		for i, a := range wantArgs {
+			wantArgs[i] = strings.ReplaceAll(a, "$(SERVICE)", serviceVar(svcName))
+		}
+		if got := withPrefix(c.Args, "--egress"); !slices.Equal(got, wantArgs) {
+			t.Errorf("%s: args %q, want %q (Service %s)", tc.name, got, wantArgs, svcName)
 		}
 		if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--runner-peer-pods=") }) {
 			t.Errorf("%s: no --runner-peer-pods (the runner refuses --egress-* without it)", tc.name)
@@ -563,13 +613,13 @@ func TestChartEgress(t *testing.T) {
 		{"dnsPolicy=None", "dnsPolicy None: dnsConfig.nameservers must name"},
 		{"dnsConfig=1.2.3.4", "dnsConfig: want a Pod dnsConfig"},
 	} {
-		_, err := renderChart(t, helm, "--set", bad.set)
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", bad.set)
 		if err == nil || !strings.Contains(err.Error(), bad.err) {
 			t.Errorf("%s: %v, want the render refused with %q", bad.set, err, bad.err)
 		}
 	}
 	// The runner Pod's own resolvers (where the proxy resolves what it dials).
-	dns, err := renderChart(t, helm, "--set", "egress.enabled=true,dnsPolicy=None,dnsConfig.nameservers={192.0.2.53}")
+	dns, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true,dnsPolicy=None,dnsConfig.nameservers={192.0.2.53}")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +632,7 @@ func TestChartEgress(t *testing.T) {
 	}
 	// A value that would inject an argument is refused, not rendered.
 	for _, bad := range []string{"egress.clusterIP=10.96.0.53\n- --privileged", "egress.forbid[0]=10.0.0.0/8\n- --privileged"} {
-		if _, err := renderChart(t, helm, "--set", "egress.enabled=true", "--set-string", bad); err == nil || !strings.Contains(err.Error(), "egress.") {
+		if _, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", bad); err == nil || !strings.Contains(err.Error(), "egress.") {
 			t.Errorf("%q: %v, want the render refused", bad, err)
 		}
 	}
