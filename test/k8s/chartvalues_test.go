@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -618,6 +619,51 @@ func TestChartEgress(t *testing.T) {
 			t.Errorf("%s: %v, want the render refused with %q", bad.set, err, bad.err)
 		}
 	}
+	// egress.forbid: the chart takes a CIDR exactly when the runner does (--egress-forbid:
+	// netip.ParsePrefix, an IPv4-mapped prefix not shorter than /96), refusing the rest
+	// naming it.
+	runnerTakesForbid := func(c string) bool {
+		p, err := netip.ParsePrefix(c)
+		return err == nil && (!p.Addr().Is4In6() || p.Bits() >= 96)
+	}
+	for _, c := range []string{"10.0.0.0/8", "0.0.0.0/0", "10.1.2.3/32", "fd00::/108", "::/0", "FD00::/8", "1:2:3:4:5:6:7:8/128",
+		"1:2:3:4:5:6:7::/112", "::1.2.3.4/128", "1:2:3:4:5:6:1.2.3.4/128", "::ffff:10.0.0.0/104", "::ffff:a00:0/104", "0:0:0:0:0:ffff:a00:0/96",
+		"999.0.0.0/99", "10.0.0.0/33", "10.0.0.0/08", "010.0.0.0/8", "10.0.0/8", "10.0.0.0", "fd00::/129", "fd00::/999", "fd00::/0128",
+		":::/8", "1::2::3/64", "1.2.3.4::/8", "1:2:3:4:5:6:7:8:9/128", "1:2:3:4:5:6:7/128", "12345::/8", "fe80::1%eth0/64", "fd00::/-1",
+		"::ffff:10.0.0.0/8", "::ffff:a00:0/95", "0:0:0:0:0:ffff:a00:0/0"} {
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "egress.forbid[0]="+c)
+		switch want := runnerTakesForbid(c); {
+		case want && err != nil:
+			t.Errorf("egress.forbid %q: %v; the runner takes it", c, err)
+		case !want && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("egress.forbid: %q", c))):
+			t.Errorf("egress.forbid %q: %v, want the render refused naming it (the runner refuses it)", c, err)
+		}
+	}
+	if _, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "egress.forbid[0]=::ffff:10.0.0.0/8"); err == nil ||
+		!strings.Contains(err.Error(), "IPv4-mapped prefix shorter than /96") {
+		t.Errorf("egress.forbid ::ffff:10.0.0.0/8: %v, want the mapped prefix named", err)
+	}
+	// egress.clusterIP: an address the runner takes for --egress-*-addr (netip.ParseAddr; not
+	// unspecified, loopback, link-local or multicast), and neither IPv4-mapped (the IPv4
+	// address itself is the Service's clusterIP) nor in 0.0.0.0/8 (no destination).
+	runnerTakesAddr := func(a string) bool {
+		ip, err := netip.ParseAddr(a)
+		return err == nil && ip.Zone() == "" && !ip.Is4In6() && !ip.IsUnspecified() && !ip.IsLoopback() && !ip.IsMulticast() &&
+			!ip.IsLinkLocalUnicast() && !ip.IsLinkLocalMulticast() && !(ip.Is4() && ip.As4()[0] == 0)
+	}
+	for _, a := range []string{"10.96.0.53", "240.0.0.1", "fd00::53", "FD00:0:0:0:0:0:0:53", "fec0::1", "2001:db8::1.2.3.4",
+		"10.96.0.300", "010.96.0.53", "0.0.0.1", "127.0.0.1", "169.254.1.1", "224.0.0.1", "239.255.255.255", "::", ":::", "::1", "0::01",
+		"0:0:0:0:0:0:0:1", "fe80::1", "FE80::1", "febf::1", "ff02::1", "::ffff:10.96.0.53", "::ffff:a60:35", "1:2", "1::2::3", "fd00::12345",
+		"fd00::1%eth0", "None"} {
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "egress.clusterIP="+a)
+		switch want := runnerTakesAddr(a); {
+		case want && err != nil:
+			t.Errorf("egress.clusterIP %q: %v; the runner takes it", a, err)
+		case !want && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("egress.clusterIP %q", a))):
+			t.Errorf("egress.clusterIP %q: %v, want the render refused naming it", a, err)
+		}
+	}
+
 	// The runner Pod's own resolvers (where the proxy resolves what it dials).
 	dns, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true,dnsPolicy=None,dnsConfig.nameservers={192.0.2.53}")
 	if err != nil {
