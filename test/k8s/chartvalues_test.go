@@ -610,6 +610,9 @@ func TestChartEgress(t *testing.T) {
 		{"egress.enabled=true,egress.forbid={10.0.0.0/8,bad}", `egress.forbid: "bad": want a CIDR`},
 		{"egress.enabled=true,egress.forbid=10.0.0.0/8", "egress.forbid: want a list of CIDRs"},
 		{"egress.enabled=true,egress.networkPolicy.enabled=no", "egress.networkPolicy.enabled: want true or false"},
+		{"egress=1", "egress: want a map"},
+		{"egress=null", "egress: want a map"},
+		{"egress.enabled=true,egress.networkPolicy=false", "egress.networkPolicy: want a map"},
 		{"dnsPolicy=Bogus", `dnsPolicy "Bogus": want ClusterFirst`},
 		{"dnsPolicy=None", "dnsPolicy None: dnsConfig.nameservers must name"},
 		{"dnsConfig=1.2.3.4", "dnsConfig: want a Pod dnsConfig"},
@@ -661,6 +664,26 @@ func TestChartEgress(t *testing.T) {
 			t.Errorf("egress.clusterIP %q: %v; the runner takes it", a, err)
 		case !want && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("egress.clusterIP %q", a))):
 			t.Errorf("egress.clusterIP %q: %v, want the render refused naming it", a, err)
+		}
+	}
+
+	// deployment.yaml checks egress.* before reading it, as egress.yaml does: rendered
+	// without egress.yaml, a malformed egress is the check's message, not a template error.
+	noEgress := t.TempDir()
+	if err := os.CopyFS(noEgress, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(noEgress, "templates", "egress.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct{ set, err string }{
+		{"egress=1", "egress: want a map"},
+		{"egress.enabled=true,egress.networkPolicy=false", "egress.networkPolicy: want a map"},
+		{"egress.enabled=1", "egress.enabled: want true or false"},
+	} {
+		out, err := osexec.Command(helm, "template", "sandboxd-runner", noEgress, "--namespace", "sandboxd", "--set", bad.set).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), bad.err) || !strings.Contains(string(out), "templates/deployment.yaml") {
+			t.Errorf("deployment.yaml alone, %s: %v\n%s\nwant the render refused with %q", bad.set, err, out, bad.err)
 		}
 	}
 

@@ -174,6 +174,9 @@ syntax (zones not taken). */ -}}
 {{- fail (printf "egress.forbid: %q: want a CIDR (10.96.0.0/12, fd00::/108)" $c) -}}
 {{- end -}}
 {{- end -}}
+{{- if not (kindIs "map" $e.networkPolicy) -}}
+{{- fail (printf "egress.networkPolicy: want a map (enabled), got %v" $e.networkPolicy) -}}
+{{- end -}}
 {{- if not (kindIs "bool" $e.networkPolicy.enabled) -}}
 {{- fail (printf "egress.networkPolicy.enabled: want true or false, got %v" $e.networkPolicy.enabled) -}}
 {{- end -}}
