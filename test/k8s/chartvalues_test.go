@@ -599,6 +599,9 @@ func TestChartEgress(t *testing.T) {
 		{"egress.enabled=true,egress.proxyPort=0", "egress.proxyPort: want a port 1-65535"},
 		{"egress.enabled=true,egress.dnsPort=65536", "egress.dnsPort: want a port 1-65535"},
 		{"egress.enabled=true,egress.proxyPort=abc", "egress.proxyPort: want a port"},
+		{"egress.enabled=true,egress.proxyPort=443", "egress.proxyPort: port 443 is below 1024: the runner (a non-root user, no capabilities) cannot bind it"},
+		{"egress.enabled=true,egress.dnsPort=53", "egress.dnsPort: port 53 is below 1024"},
+		{"egress.enabled=true,egress.dnsPort=1023", "egress.dnsPort: port 1023 is below 1024"},
 		{"egress.enabled=true,egress.dnsPort=15443", "egress.proxyPort and egress.dnsPort: both 15443"},
 		{"egress.enabled=true,egress.proxyPort=7443", "egress.proxyPort: port 7443 is already the runner API's"},
 		{"egress.enabled=true,egress.dnsPort=9467", "egress.dnsPort: port 9467 is already metrics.port's"},
@@ -667,6 +670,9 @@ func TestChartEgress(t *testing.T) {
 		}
 	}
 
+	if _, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true,egress.proxyPort=1024,egress.dnsPort=65535"); err != nil {
+		t.Errorf("ports 1024 and 65535: %v", err)
+	}
 	// deployment.yaml checks egress.* before reading it, as egress.yaml does: rendered
 	// without egress.yaml, a malformed egress is the check's message, not a template error.
 	noEgress := t.TempDir()

@@ -111,6 +111,9 @@ syntax (zones not taken). */ -}}
 {{- if or (not (regexMatch "^[0-9]{1,5}$" (toString $v))) (lt (int $v) 1) (gt (int $v) 65535) -}}
 {{- fail (printf "egress.%s: want a port 1-65535, got %v" $k $v) -}}
 {{- end -}}
+{{- if lt (int $v) 1024 -}}
+{{- fail (printf "egress.%s: port %v is below 1024: the runner (a non-root user, no capabilities) cannot bind it where the container runtime keeps net.ipv4.ip_unprivileged_port_start at 1024 (containerd 1.7's default); want 1024-65535 (the Service maps %s to it)" $k $v (ternary "443" "53" (eq $k "proxyPort"))) -}}
+{{- end -}}
 {{- end -}}
 {{- $proxy := int $e.proxyPort -}}
 {{- $dns := int $e.dnsPort -}}
