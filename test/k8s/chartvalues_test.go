@@ -564,7 +564,10 @@ func TestChartEgress(t *testing.T) {
 		sandboxes := np.Spec.Ingress[0]
 		wantFrom := []networkingv1.NetworkPolicyPeer{{
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": tc.sandboxNS}},
-			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{kubernetes.LabelManagedBy: kubernetes.ManagedBy}},
+			// Sandbox Pods only: the backend's managed-by label and a sandbox ID (its pre-pull
+			// Pods carry managed-by but no sandbox ID).
+			PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{kubernetes.LabelManagedBy: kubernetes.ManagedBy},
+				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: kubernetes.LabelSandbox, Operator: metav1.LabelSelectorOpExists}}},
 		}}
 		wantEgressPorts := []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, tc.proxy), npPort(corev1.ProtocolUDP, tc.dns), npPort(corev1.ProtocolTCP, tc.dns)}
 		if !reflect.DeepEqual(sandboxes.From, wantFrom) || !reflect.DeepEqual(sandboxes.Ports, wantEgressPorts) {
