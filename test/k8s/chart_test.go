@@ -447,11 +447,26 @@ func checkChartEgress(t *testing.T, ctx context.Context, api sandboxv1connect.Sa
 		Network: &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{
 			{Destination: &sandboxv1.EgressRule_HttpsHostname{HttpsHostname: "api.granted.test"}}}},
 	})
+	// Deleted whatever happened above: with a context of its own (the test's may be spent),
+	// reporting with t.Error (a deferred t.Fatal would hide the failure that ran it).
 	defer func() {
-		if _, err := api.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id, GracePeriodSeconds: 2})); err != nil {
-			t.Fatal(err)
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := api.DeleteSandbox(dctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id, GracePeriodSeconds: 2})); err != nil {
+			t.Errorf("delete the egress sandbox %s: %v", id, err)
+			return
 		}
-		waitPublicState(t, ctx, api, id, sandboxv1.State_STATE_TERMINATED)
+		for {
+			res, err := api.GetSandbox(dctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+			if err == nil && res.Msg.GetStatus().GetState() == sandboxv1.State_STATE_TERMINATED {
+				return
+			}
+			if dctx.Err() != nil {
+				t.Errorf("the egress sandbox %s not terminated within a minute of its delete: %v", id, err)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}()
 	p, err := admin.CoreV1().Pods(ns).Get(ctx, "sbx-"+id, metav1.GetOptions{})
 	if err != nil {
