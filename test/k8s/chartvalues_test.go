@@ -361,9 +361,10 @@ func roleGrants(role rbacv1.Role, resource string) []string {
 	return out
 }
 
-// TestChartEgress (issue 23): the chart's egress values. Off (the default), the chart
-// renders exactly what it did without them: no egress Service, no NetworkPolicy, no
-// --egress-* args or ports. On: a ClusterIP Service `<fullname>-egress` selecting the
+// TestChartEgress (issue 23): the chart's egress values. Off (the default): no egress
+// Service, no NetworkPolicy, no --egress-* args or ports, no enableServiceLinks, and the other
+// egress values change nothing (that render equals the default one; the default render is
+// not compared with the chart before egress existed). On: a ClusterIP Service `<fullname>-egress` selecting the
 // runner's Pods (443/TCP → the proxy's port, 53/UDP and 53/TCP → the DNS's), the four
 // --egress-* args naming that Service's ClusterIP through the variable the kubelet gives
 // the container for it (or the pinned egress.clusterIP), the container ports, and a
@@ -420,7 +421,8 @@ func TestChartEgress(t *testing.T) {
 		}
 	}
 
-	// Off.
+	// Off: none of the egress objects, args or ports (checked one by one, not against a
+	// golden render).
 	off, err := renderChart(t, helm, "sandboxd-runner")
 	if err != nil {
 		t.Fatal(err)
