@@ -2,13 +2,17 @@ package k8s
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	osexec "os/exec"
@@ -34,6 +38,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/connecttest"
 	"github.com/sandboxd/sandboxd/internal/controlplane"
 	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
 	"github.com/sandboxd/sandboxd/internal/gateway"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
@@ -128,6 +133,10 @@ func nodeIP(t *testing.T, ctx context.Context, admin k8s.Interface) string {
 //   - :applyAvailableUpdate: the runner rolls its own Deployment to the channel's version
 //     (the runner image tagged and built as update-test); the new Pod reports that version
 //     and re-adopts a live sandbox, which still execs.
+//   - Host-name egress (issue 23): installed with egress.enabled, the runner serves its
+//     egress proxy and DNS behind the chart's egress Service, resolving through an
+//     egresstest internet's DNS (the chart's dnsPolicy/dnsConfig); a sandbox granted one
+//     host reaches it by name, another host is refused (checkChartEgress).
 //   - The runner Pod deleted (grace 0): the Deployment recreates it, the new Pod takes the
 //     Lease and re-adopts the sandbox again. (The kubelet still stops the old container
 //     with SIGTERM, on which the runner releases the Lease; a holder that dies without
@@ -189,6 +198,15 @@ func TestChartRunner(t *testing.T) {
 		_ = admin.CoreV1().PersistentVolumes().Delete(bg, ns, metav1.DeleteOptions{})
 	})
 
+	// The "internet" the runner's egress proxy reaches: a network namespace of this host
+	// routed from it (198.18.0.0/15), with its DNS server and two HTTPS hosts.
+	in := egresstest.New(t)
+	eg := chartEgress{in: in, grantedIP: in.Addr(t), otherIP: in.Addr(t)}
+	in.SetA("api.granted.test", eg.grantedIP)
+	in.SetA("other.test", eg.otherIP)
+	eg.granted = in.ServeHTTPS(t, eg.grantedIP, "api.granted.test")
+	eg.other = in.ServeHTTPS(t, eg.otherIP, "other.test")
+
 	repo, tag, _ := strings.Cut(runnerImage, ":")
 	agentRepo, agentTag, _ := strings.Cut(c.agentImage, ":")
 	install := osexec.CommandContext(ctx, helm, "install", release, chartDir, "--namespace", ns, "--create-namespace",
@@ -205,7 +223,10 @@ func TestChartRunner(t *testing.T) {
 		// become (no sandbox here names an image of it: TestPlatformRegistryPull pulls).
 		"--set", "platformRegistry.host=registry.invalid:5000", "--set", "platformRegistry.plainHTTP=true",
 		// gVisor sandboxes (issue 21): the class gvisor as Pods of up.sh's RuntimeClass gvisor.
-		"--set", "runtimeClasses.runc=", "--set", "runtimeClasses.gvisor=gvisor")
+		"--set", "runtimeClasses.runc=", "--set", "runtimeClasses.gvisor=gvisor",
+		// Host-name egress rules (issue 23): the chart's egress Service and args; the runner
+		// resolves through the egresstest internet's DNS (the proxy dials what it answers).
+		"--set", "egress.enabled=true", "--set", "dnsPolicy=None", "--set", "dnsConfig.nameservers={"+in.DNS.Addr().String()+"}")
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
@@ -325,6 +346,7 @@ func TestChartRunner(t *testing.T) {
 	}
 	waitPublicState(t, ctx, api, first, sandboxv1.State_STATE_TERMINATED)
 	checkGVisorSandbox(t, ctx, api, admin, ns)
+	checkChartEgress(t, ctx, api, admin, ns, pod, eg)
 	edgeStart := time.Now()
 	checkEdge(t, ctx, api, svc, runnerID, cp.ca.Pool())
 	t.Logf("a public HTTPS endpoint answers through the Service's edge port %s after its create", time.Since(edgeStart).Round(time.Millisecond))
@@ -387,6 +409,106 @@ func TestChartRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPublicState(t, ctx, api, live, sandboxv1.State_STATE_TERMINATED)
+}
+
+// chartEgress is checkChartEgress's internet: two HTTPS hosts the runner's DNS resolves.
+type chartEgress struct {
+	in                 *egresstest.Internet
+	grantedIP, otherIP netip.Addr
+	granted, other     *egresstest.Server
+}
+
+// checkChartEgress (issue 23): the chart's egress values on the runner Pod. The runner took
+// the egress Service's ClusterIP from the variable the kubelet gives its container (the
+// chart's `$(…_SERVICE_HOST)` args; a literal would have stopped it), so a python sandbox
+// created through the public API with the rule https_hostname api.granted.test gets that
+// address as its only nameserver; the runner's DNS answers the granted name with it and
+// relays another name to the runner's resolvers (its real address); the granted host is
+// reached by name through the Service (443 → the runner Pod's proxy port), and the other
+// host is refused by the proxy (TLS access_denied) even when asked for by name through it:
+// the other server sees no connection.
+func checkChartEgress(t *testing.T, ctx context.Context, api sandboxv1connect.SandboxServiceClient, admin k8s.Interface, ns string, runnerPod *corev1.Pod, eg chartEgress) {
+	t.Helper()
+	start := time.Now()
+	svc, err := admin.CoreV1().Services(ns).Get(ctx, "sandboxd-runner-egress", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the chart's egress Service: %v", err)
+	}
+	ip := svc.Spec.ClusterIP
+	if args := runnerPod.Spec.Containers[0].Args; !slices.Contains(args, "--egress-proxy-addr=$(SANDBOXD_RUNNER_EGRESS_SERVICE_HOST)") {
+		t.Errorf("runner args %q: no egress proxy address from the Service's variable", args)
+	}
+	for _, st := range runnerPod.Status.ContainerStatuses {
+		t.Logf("runner container %s: %d restarts", st.Name, st.RestartCount)
+	}
+	id := createRunningSpec(t, ctx, api, &sandboxv1.SandboxSpec{
+		Containers: []*sandboxv1.Container{{Name: "main", Image: python, Command: "sleep", Args: []string{"3600"},
+			Resources: &sandboxv1.Resources{Cpu: "200m", Memory: "128Mi"}}},
+		Network: &sandboxv1.NetworkOptions{Egress: []*sandboxv1.EgressRule{
+			{Destination: &sandboxv1.EgressRule_HttpsHostname{HttpsHostname: "api.granted.test"}}}},
+	})
+	// Deleted whatever happened above: with a context of its own (the test's may be spent),
+	// reporting with t.Error (a deferred t.Fatal would hide the failure that ran it).
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := api.DeleteSandbox(dctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id, GracePeriodSeconds: 2})); err != nil {
+			t.Errorf("delete the egress sandbox %s: %v", id, err)
+			return
+		}
+		for {
+			res, err := api.GetSandbox(dctx, connect.NewRequest(&sandboxv1.GetSandboxRequest{SandboxId: id}))
+			if err == nil && res.Msg.GetStatus().GetState() == sandboxv1.State_STATE_TERMINATED {
+				return
+			}
+			if dctx.Err() != nil {
+				t.Errorf("the egress sandbox %s not terminated within a minute of its delete: %v", id, err)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	p, err := admin.CoreV1().Pods(ns).Get(ctx, "sbx-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.DNSPolicy != corev1.DNSNone || p.Spec.DNSConfig == nil || !slices.Equal(p.Spec.DNSConfig.Nameservers, []string{ip}) {
+		t.Errorf("the sandbox Pod's DNS %q %+v, want the egress Service %s only", p.Spec.DNSPolicy, p.Spec.DNSConfig, ip)
+	}
+	grantedConns, otherConns := eg.granted.Conns(), eg.other.Conns()
+	out := execOK(t, ctx, api, id, "python3", "-c", egressProbe, ip)
+	var got map[string]string
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("probe output %q: %v", out, err)
+	}
+	t.Logf("probe: %q", got)
+	fp := func(s *egresstest.Server) string {
+		sum := sha256.Sum256(s.Cert.Raw)
+		return "ok:" + hex.EncodeToString(sum[:])[:16]
+	}
+	if rc := got["resolv.conf"]; !strings.Contains(rc, "nameserver "+ip) || strings.Count(rc, "nameserver") != 1 {
+		t.Errorf("resolv.conf %q: want the egress Service %s only", rc, ip)
+	}
+	for check, want := range map[string]string{
+		"resolve granted":              ip,                  // the proxy's Service, not the host's address
+		"resolve other":                eg.otherIP.String(), // relayed to the runner's resolvers
+		"granted name":                 fp(eg.granted),
+		"other name through the proxy": "fail:",
+	} {
+		if g := got[check]; g != want && !(want == "fail:" && strings.HasPrefix(g, want)) {
+			t.Errorf("%s: %q, want %q", check, g, want)
+		}
+	}
+	if g := strings.ToLower(got["other name through the proxy"]); !strings.Contains(g, "access denied") && !strings.Contains(g, "access_denied") {
+		t.Errorf("other name through the proxy: %q, want the proxy's access-denied alert", g)
+	}
+	if n := eg.granted.Conns() - grantedConns; n < 1 {
+		t.Errorf("the granted server saw %d connections", n)
+	}
+	if n := eg.other.Conns() - otherConns; n != 0 {
+		t.Errorf("the other server saw %d connections through the proxy", n)
+	}
+	t.Logf("egress through the chart's Service %s: create and probe %s", ip, time.Since(start).Round(time.Millisecond))
 }
 
 func podReady(p *corev1.Pod) bool {

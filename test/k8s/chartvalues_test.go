@@ -1,22 +1,30 @@
 package k8s
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
 
 // chartHelm is helm for the tests that render the chart without a cluster: $HELM or
@@ -269,4 +277,448 @@ func TestChartRuntimeClasses(t *testing.T) {
 			t.Errorf("%v: the chart refuses it, the installer takes %v", c.set, c.m)
 		}
 	}
+}
+
+// renderedChart is every object `helm template` renders, by "Kind/name".
+type renderedChart map[string][]byte
+
+// renderChart renders the whole chart as release (namespace sandboxd) with args.
+func renderChart(t *testing.T, helm, release string, args ...string) (renderedChart, error) {
+	t.Helper()
+	cmd := osexec.Command(helm, append([]string{"template", release, chartDir, "--namespace", "sandboxd"}, args...)...)
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *osexec.ExitError
+		if errors.As(err, &ee) {
+			return nil, &chartError{string(ee.Stderr)}
+		}
+		t.Fatalf("helm template: %v", err)
+	}
+	objs := renderedChart{}
+	for doc := range bytes.SplitSeq(out, []byte("\n---\n")) {
+		var m struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(doc, &m); err != nil {
+			t.Fatalf("rendered object: %v\n%s", err, doc)
+		}
+		if m.Kind == "" {
+			continue
+		}
+		key := m.Kind + "/" + m.Metadata.Name
+		if _, dup := objs[key]; dup {
+			t.Fatalf("%s rendered twice", key)
+		}
+		objs[key] = doc
+	}
+	return objs, nil
+}
+
+// get decodes the object key into obj (strictly: a field the API does not know fails).
+func (r renderedChart) get(t *testing.T, key string, obj any) bool {
+	t.Helper()
+	doc, ok := r[key]
+	if !ok {
+		return false
+	}
+	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		t.Fatalf("%s: %v\n%s", key, err, doc)
+	}
+	return true
+}
+
+// named is the names of the objects of kind, sorted.
+func (r renderedChart) named(kind string) []string {
+	var out []string
+	for _, k := range r.keys() {
+		if name, ok := strings.CutPrefix(k, kind+"/"); ok {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func (r renderedChart) keys() []string {
+	var out []string
+	for k := range r {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// roleGrants: the Role's rules on resource (verbs, sorted, per rule).
+func roleGrants(role rbacv1.Role, resource string) []string {
+	var out []string
+	for _, r := range role.Rules {
+		if slices.Contains(r.Resources, resource) {
+			out = append(out, strings.Join(r.Verbs, ","))
+		}
+	}
+	return out
+}
+
+// TestChartEgress (issue 23): the chart's egress values. Off (the default): no egress
+// Service, no NetworkPolicy, no --egress-* args or ports, no enableServiceLinks, and the other
+// egress values change nothing (that render equals the default one; the default render is
+// not compared with the chart before egress existed). On: a ClusterIP Service `<fullname>-egress` selecting the
+// runner's Pods (443/TCP → the proxy's port, 53/UDP and 53/TCP → the DNS's), the four
+// --egress-* args naming that Service's ClusterIP through the variable the kubelet gives
+// the container for it (or the pinned egress.clusterIP), the container ports, and a
+// NetworkPolicy on the runner's Pods that admits the proxy and DNS ports from the sandbox
+// namespace's sandbox Pods only (the labels the backend puts on them) and the runner's
+// other ports from anywhere. The Role grants the egress roots ConfigMap either way.
+// dnsPolicy/dnsConfig (the runner Pod's resolvers, where the proxy resolves) render as
+// given, and nothing by default. Bad values fail the render naming the value. helm lint
+// passes with egress on.
+func TestChartEgress(t *testing.T) {
+	helm := chartHelm(t)
+	on := []string{"--set", "egress.enabled=true"}
+	if out, err := osexec.Command(helm, append([]string{"lint", "--strict", chartDir}, on...)...).CombinedOutput(); err != nil {
+		t.Errorf("helm lint %v: %v\n%s", on, err, out)
+	}
+
+	// The variable the kubelet gives a container for a Service of its namespace: the
+	// Service's name upper-cased, '-' as '_'.
+	serviceVar := func(svc string) string {
+		return "$(" + strings.ToUpper(strings.ReplaceAll(svc, "-", "_")) + "_SERVICE_HOST)"
+	}
+	// The args the runner gets with the proxy and DNS on their default ports, reached at addr.
+	onArgs := func(addr string) []string {
+		return []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353", "--egress-proxy-addr=" + addr, "--egress-dns-addr=" + addr}
+	}
+	// A release name of helm's maximum length (53): the chart truncates its names to 63.
+	long := "r" + strings.Repeat("x", 51) + "9"
+	egressPorts := func(c corev1.Container) []corev1.ContainerPort {
+		var out []corev1.ContainerPort
+		for _, p := range c.Ports {
+			if strings.HasPrefix(p.Name, "egress") {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	runner := func(r renderedChart) (appsv1.Deployment, corev1.Container) {
+		t.Helper()
+		var d appsv1.Deployment
+		if names := r.named("Deployment"); len(names) != 1 || !r.get(t, "Deployment/"+names[0], &d) {
+			t.Fatalf("want one Deployment in %v", r.keys())
+		}
+		return d, d.Spec.Template.Spec.Containers[0]
+	}
+	checkRole := func(name string, r renderedChart) {
+		t.Helper()
+		var role rbacv1.Role
+		d, _ := runner(r)
+		if !r.get(t, "Role/"+d.Name+"-sandboxes", &role) {
+			t.Fatalf("%s: no Role %s-sandboxes in %v", name, d.Name, r.keys())
+		}
+		if got, want := roleGrants(role, "configmaps"), []string{"create", "get,update"}; !slices.Equal(got, want) {
+			t.Errorf("%s: the Role's configmaps grants %q, want %q (the egress roots ConfigMap)", name, got, want)
+		}
+	}
+
+	// Off: none of the egress objects, args or ports (checked one by one, not against a
+	// golden render).
+	off, err := renderChart(t, helm, "sandboxd-runner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range off.keys() {
+		if strings.HasSuffix(k, "-egress") || strings.HasPrefix(k, "NetworkPolicy/") {
+			t.Errorf("off: %s rendered", k)
+		}
+	}
+	d, c := runner(off)
+	if got := withPrefix(c.Args, "--egress"); got != nil {
+		t.Errorf("off: args %q", got)
+	}
+	if got := egressPorts(c); got != nil {
+		t.Errorf("off: ports %v", got)
+	}
+	if d.Spec.Template.Spec.EnableServiceLinks != nil {
+		t.Errorf("off: enableServiceLinks set")
+	}
+	checkRole("off", off)
+	// Off, the other egress values change nothing.
+	offSet, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.proxyPort=1,egress.clusterIP=10.96.0.53,egress.forbid={10.0.0.0/8}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(offSet, off) {
+		t.Errorf("off with other egress values: %v, want %v", offSet.keys(), off.keys())
+	}
+
+	wantPorts := func(proxy, dns int32) []corev1.ContainerPort {
+		return []corev1.ContainerPort{{Name: "egress-proxy", ContainerPort: proxy},
+			{Name: "egress-dns", ContainerPort: dns, Protocol: corev1.ProtocolUDP}, {Name: "egress-dns-tcp", ContainerPort: dns}}
+	}
+	for _, tc := range []struct {
+		name       string
+		release    string // default sandboxd-runner
+		set        []string
+		args       []string // "$(SERVICE)": the variable of the rendered egress Service
+		proxy, dns int32
+		clusterIP  string
+		sandboxNS  string
+		policy     bool
+		otherPorts []networkingv1.NetworkPolicyPort
+	}{
+		{name: "on", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
+		// Release names the chart's name is not part of (fullname <release>-sandboxd-runner),
+		// and one of 53 characters (fullname and Service name truncated): the args name the
+		// variable of the Service the chart renders, whatever its name.
+		{name: "release foo", release: "foo", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
+		{name: "release my-runner", release: "my-runner", set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
+		{name: "release of 53 characters", release: long, set: on, policy: true, proxy: 15443, dns: 5353, sandboxNS: "sandboxd", args: onArgs("$(SERVICE)")},
+		{name: "pinned, forbid, moved ports, no edge or hello, other sandbox namespace",
+			set: []string{"--set", "egress.enabled=true,egress.clusterIP=10.96.0.53,egress.proxyPort=8443,egress.dnsPort=7444,egress.forbid={100.64.0.0/10,fd00::/108}",
+				"--set", "edge.enabled=false,hello.enabled=false,sandboxNamespace=sbx"},
+			policy: true, proxy: 8443, dns: 7444, clusterIP: "10.96.0.53", sandboxNS: "sbx",
+			args: []string{"--egress-proxy-listen=:8443", "--egress-dns-listen=:7444", "--egress-proxy-addr=10.96.0.53", "--egress-dns-addr=10.96.0.53",
+				"--egress-forbid=100.64.0.0/10,fd00::/108"},
+			otherPorts: []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, 7443), npPort(corev1.ProtocolTCP, 9467)}},
+		{name: "no NetworkPolicy", set: []string{"--set", "egress.enabled=true,egress.networkPolicy.enabled=false"}, proxy: 15443, dns: 5353,
+			args: onArgs("$(SERVICE)")},
+	} {
+		release := tc.release
+		if release == "" {
+			release = "sandboxd-runner"
+		}
+		r, err := renderChart(t, helm, release, tc.set...)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		checkRole(tc.name, r)
+		d, c := runner(r)
+		// The egress Service: the Service that is not the runner's own (named as its Deployment).
+		var svcName string
+		for _, n := range r.named("Service") {
+			if n != d.Name {
+				if svcName != "" {
+					t.Fatalf("%s: Services %v", tc.name, r.named("Service"))
+				}
+				svcName = n
+			}
+		}
+		if svcName == "" {
+			t.Errorf("%s: no egress Service in %v", tc.name, r.keys())
+			continue
+		}
+		if len(svcName) > 63 || !regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?-egress$`).MatchString(svcName) {
+			t.Errorf("%s: Service name %q: want a DNS-1035 label of at most 63 ending in -egress", tc.name, svcName)
+		}
+		wantArgs := slices.Clone(tc.args)
+		for i, a := range wantArgs {
+			wantArgs[i] = strings.ReplaceAll(a, "$(SERVICE)", serviceVar(svcName))
+		}
+		if got := withPrefix(c.Args, "--egress"); !slices.Equal(got, wantArgs) {
+			t.Errorf("%s: args %q, want %q (Service %s)", tc.name, got, wantArgs, svcName)
+		}
+		if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--runner-peer-pods=") }) {
+			t.Errorf("%s: no --runner-peer-pods (the runner refuses --egress-* without it)", tc.name)
+		}
+		if got, want := egressPorts(c), wantPorts(tc.proxy, tc.dns); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: ports %v, want %v", tc.name, got, want)
+		}
+		if links := d.Spec.Template.Spec.EnableServiceLinks; (tc.clusterIP == "") != (links != nil && *links) {
+			t.Errorf("%s: enableServiceLinks %v (the variable is needed without a pinned clusterIP)", tc.name, links)
+		}
+
+		var svc corev1.Service
+		if !r.get(t, "Service/"+svcName, &svc) {
+			t.Errorf("%s: no Service %s in %v", tc.name, svcName, r.keys())
+			continue
+		}
+		podLabels := d.Spec.Template.Labels
+		if svc.Spec.Type != corev1.ServiceTypeClusterIP || svc.Spec.ClusterIP != tc.clusterIP || svc.Namespace != "sandboxd" {
+			t.Errorf("%s: Service %s type %q clusterIP %q namespace %q", tc.name, svc.Name, svc.Spec.Type, svc.Spec.ClusterIP, svc.Namespace)
+		}
+		if len(svc.Spec.Selector) == 0 || !reflect.DeepEqual(svc.Spec.Selector, d.Spec.Selector.MatchLabels) {
+			t.Errorf("%s: Service selector %v, the runner's Pods %v", tc.name, svc.Spec.Selector, podLabels)
+		}
+		wantSvc := []corev1.ServicePort{
+			{Name: "proxy", Port: 443, TargetPort: intstr.FromString("egress-proxy"), Protocol: corev1.ProtocolTCP},
+			{Name: "dns", Port: 53, TargetPort: intstr.FromString("egress-dns"), Protocol: corev1.ProtocolUDP},
+			{Name: "dns-tcp", Port: 53, TargetPort: intstr.FromString("egress-dns-tcp"), Protocol: corev1.ProtocolTCP},
+		}
+		if !reflect.DeepEqual(svc.Spec.Ports, wantSvc) {
+			t.Errorf("%s: Service ports %+v, want %+v", tc.name, svc.Spec.Ports, wantSvc)
+		}
+
+		var np networkingv1.NetworkPolicy
+		if has := r.get(t, "NetworkPolicy/"+svcName, &np); has != tc.policy {
+			t.Errorf("%s: NetworkPolicy rendered %v, want %v", tc.name, has, tc.policy)
+		}
+		if !tc.policy {
+			continue
+		}
+		if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, d.Spec.Selector.MatchLabels) || !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+			t.Errorf("%s: NetworkPolicy selects %v types %v", tc.name, np.Spec.PodSelector, np.Spec.PolicyTypes)
+		}
+		if len(np.Spec.Ingress) != 2 {
+			t.Fatalf("%s: NetworkPolicy ingress %+v", tc.name, np.Spec.Ingress)
+		}
+		sandboxes := np.Spec.Ingress[0]
+		wantFrom := []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": tc.sandboxNS}},
+			// Sandbox Pods only: the backend's managed-by label and a sandbox ID (its pre-pull
+			// Pods carry managed-by but no sandbox ID).
+			PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{kubernetes.LabelManagedBy: kubernetes.ManagedBy},
+				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: kubernetes.LabelSandbox, Operator: metav1.LabelSelectorOpExists}}},
+		}}
+		wantEgressPorts := []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, tc.proxy), npPort(corev1.ProtocolUDP, tc.dns), npPort(corev1.ProtocolTCP, tc.dns)}
+		if !reflect.DeepEqual(sandboxes.From, wantFrom) || !reflect.DeepEqual(sandboxes.Ports, wantEgressPorts) {
+			t.Errorf("%s: sandbox rule %+v, want from %+v ports %+v", tc.name, sandboxes, wantFrom, wantEgressPorts)
+		}
+		others := np.Spec.Ingress[1]
+		wantOthers := tc.otherPorts
+		if wantOthers == nil {
+			wantOthers = []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, 7443), npPort(corev1.ProtocolTCP, 8443),
+				npPort(corev1.ProtocolTCP, 9467), npPort(corev1.ProtocolUDP, 7444)}
+		}
+		if others.From != nil || !reflect.DeepEqual(others.Ports, wantOthers) {
+			t.Errorf("%s: other rule %+v, want from anywhere to %+v", tc.name, others, wantOthers)
+		}
+		// Every port the runner's container declares is admitted by one of the rules.
+		for _, p := range c.Ports {
+			proto := p.Protocol
+			if proto == "" {
+				proto = corev1.ProtocolTCP
+			}
+			want := npPort(proto, p.ContainerPort)
+			if !slices.ContainsFunc(append(slices.Clone(others.Ports), sandboxes.Ports...), func(q networkingv1.NetworkPolicyPort) bool { return reflect.DeepEqual(q, want) }) {
+				t.Errorf("%s: the runner's port %s %d/%s is not admitted", tc.name, p.Name, p.ContainerPort, proto)
+			}
+		}
+	}
+
+	for _, bad := range []struct {
+		set, err string
+	}{
+		{"egress.enabled=yes", "egress.enabled: want true or false"},
+		{"egress.enabled=true,egress.proxyPort=0", "egress.proxyPort: want a port 1-65535"},
+		{"egress.enabled=true,egress.dnsPort=65536", "egress.dnsPort: want a port 1-65535"},
+		{"egress.enabled=true,egress.proxyPort=abc", "egress.proxyPort: want a port"},
+		{"egress.enabled=true,egress.proxyPort=443", "egress.proxyPort: port 443 is below 1024: the runner (a non-root user, no capabilities) cannot bind it"},
+		{"egress.enabled=true,egress.dnsPort=53", "egress.dnsPort: port 53 is below 1024"},
+		{"egress.enabled=true,egress.dnsPort=1023", "egress.dnsPort: port 1023 is below 1024"},
+		{"egress.enabled=true,egress.dnsPort=15443", "egress.proxyPort and egress.dnsPort: both 15443"},
+		{"egress.enabled=true,egress.proxyPort=7443", "egress.proxyPort: port 7443 is already the runner API's"},
+		{"egress.enabled=true,egress.dnsPort=9467", "egress.dnsPort: port 9467 is already metrics.port's"},
+		{"egress.enabled=true,egress.proxyPort=8443", "egress.proxyPort: port 8443 is already the edge's"},
+		{"egress.enabled=true,egress.dnsPort=7444", "egress.dnsPort: UDP port 7444 is already the gate hello's"},
+		{"egress.enabled=true,egress.clusterIP=None", `egress.clusterIP "None": want an IP address`},
+		{"egress.enabled=true,egress.clusterIP=10.96.0.300", `egress.clusterIP "10.96.0.300": want an IP address`},
+		{"egress.enabled=true,egress.clusterIP=127.0.0.1", `egress.clusterIP "127.0.0.1": not an address`},
+		{"egress.enabled=true,egress.forbid={10.0.0.0/8,bad}", `egress.forbid: "bad": want a CIDR`},
+		{"egress.enabled=true,egress.forbid=10.0.0.0/8", "egress.forbid: want a list of CIDRs"},
+		{"egress.enabled=true,egress.networkPolicy.enabled=no", "egress.networkPolicy.enabled: want true or false"},
+		{"egress=1", "egress: want a map"},
+		{"egress=null", "egress: want a map"},
+		{"egress.enabled=true,egress.networkPolicy=false", "egress.networkPolicy: want a map"},
+		{"dnsPolicy=Bogus", `dnsPolicy "Bogus": want ClusterFirst`},
+		{"dnsPolicy=None", "dnsPolicy None: dnsConfig.nameservers must name"},
+		{"dnsConfig=1.2.3.4", "dnsConfig: want a Pod dnsConfig"},
+	} {
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", bad.set)
+		if err == nil || !strings.Contains(err.Error(), bad.err) {
+			t.Errorf("%s: %v, want the render refused with %q", bad.set, err, bad.err)
+		}
+	}
+	// egress.forbid: the chart takes a CIDR exactly when the runner does (--egress-forbid:
+	// netip.ParsePrefix, an IPv4-mapped prefix not shorter than /96), refusing the rest
+	// naming it.
+	runnerTakesForbid := func(c string) bool {
+		p, err := netip.ParsePrefix(c)
+		return err == nil && (!p.Addr().Is4In6() || p.Bits() >= 96)
+	}
+	for _, c := range []string{"10.0.0.0/8", "0.0.0.0/0", "10.1.2.3/32", "fd00::/108", "::/0", "FD00::/8", "1:2:3:4:5:6:7:8/128",
+		"1:2:3:4:5:6:7::/112", "::1.2.3.4/128", "1:2:3:4:5:6:1.2.3.4/128", "::ffff:10.0.0.0/104", "::ffff:a00:0/104", "0:0:0:0:0:ffff:a00:0/96",
+		"999.0.0.0/99", "10.0.0.0/33", "10.0.0.0/08", "010.0.0.0/8", "10.0.0/8", "10.0.0.0", "fd00::/129", "fd00::/999", "fd00::/0128",
+		":::/8", "1::2::3/64", "1.2.3.4::/8", "1:2:3:4:5:6:7:8:9/128", "1:2:3:4:5:6:7/128", "12345::/8", "fe80::1%eth0/64", "fd00::/-1",
+		"::ffff:10.0.0.0/8", "::ffff:a00:0/95", "0:0:0:0:0:ffff:a00:0/0"} {
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "egress.forbid[0]="+c)
+		switch want := runnerTakesForbid(c); {
+		case want && err != nil:
+			t.Errorf("egress.forbid %q: %v; the runner takes it", c, err)
+		case !want && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("egress.forbid: %q", c))):
+			t.Errorf("egress.forbid %q: %v, want the render refused naming it (the runner refuses it)", c, err)
+		}
+	}
+	if _, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "egress.forbid[0]=::ffff:10.0.0.0/8"); err == nil ||
+		!strings.Contains(err.Error(), "IPv4-mapped prefix shorter than /96") {
+		t.Errorf("egress.forbid ::ffff:10.0.0.0/8: %v, want the mapped prefix named", err)
+	}
+	// egress.clusterIP: an address the runner takes for --egress-*-addr (netip.ParseAddr; not
+	// unspecified, loopback, link-local or multicast), and neither IPv4-mapped (the IPv4
+	// address itself is the Service's clusterIP) nor in 0.0.0.0/8 (no destination).
+	runnerTakesAddr := func(a string) bool {
+		ip, err := netip.ParseAddr(a)
+		return err == nil && ip.Zone() == "" && !ip.Is4In6() && !ip.IsUnspecified() && !ip.IsLoopback() && !ip.IsMulticast() &&
+			!ip.IsLinkLocalUnicast() && !ip.IsLinkLocalMulticast() && !(ip.Is4() && ip.As4()[0] == 0)
+	}
+	for _, a := range []string{"10.96.0.53", "240.0.0.1", "fd00::53", "FD00:0:0:0:0:0:0:53", "fec0::1", "2001:db8::1.2.3.4",
+		"10.96.0.300", "010.96.0.53", "0.0.0.1", "127.0.0.1", "169.254.1.1", "224.0.0.1", "239.255.255.255", "::", ":::", "::1", "0::01",
+		"0:0:0:0:0:0:0:1", "fe80::1", "FE80::1", "febf::1", "ff02::1", "::ffff:10.96.0.53", "::ffff:a60:35", "1:2", "1::2::3", "fd00::12345",
+		"fd00::1%eth0", "None"} {
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "egress.clusterIP="+a)
+		switch want := runnerTakesAddr(a); {
+		case want && err != nil:
+			t.Errorf("egress.clusterIP %q: %v; the runner takes it", a, err)
+		case !want && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("egress.clusterIP %q", a))):
+			t.Errorf("egress.clusterIP %q: %v, want the render refused naming it", a, err)
+		}
+	}
+
+	if _, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true,egress.proxyPort=1024,egress.dnsPort=65535"); err != nil {
+		t.Errorf("ports 1024 and 65535: %v", err)
+	}
+	// deployment.yaml checks egress.* before reading it, as egress.yaml does: rendered
+	// without egress.yaml, a malformed egress is the check's message, not a template error.
+	noEgress := t.TempDir()
+	if err := os.CopyFS(noEgress, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(noEgress, "templates", "egress.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct{ set, err string }{
+		{"egress=1", "egress: want a map"},
+		{"egress.enabled=true,egress.networkPolicy=false", "egress.networkPolicy: want a map"},
+		{"egress.enabled=1", "egress.enabled: want true or false"},
+	} {
+		out, err := osexec.Command(helm, "template", "sandboxd-runner", noEgress, "--namespace", "sandboxd", "--set", bad.set).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), bad.err) || !strings.Contains(string(out), "templates/deployment.yaml") {
+			t.Errorf("deployment.yaml alone, %s: %v\n%s\nwant the render refused with %q", bad.set, err, out, bad.err)
+		}
+	}
+
+	// The runner Pod's own resolvers (where the proxy resolves what it dials).
+	dns, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true,dnsPolicy=None,dnsConfig.nameservers={192.0.2.53}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := runner(dns); d.Spec.Template.Spec.DNSPolicy != corev1.DNSNone || d.Spec.Template.Spec.DNSConfig == nil ||
+		!slices.Equal(d.Spec.Template.Spec.DNSConfig.Nameservers, []string{"192.0.2.53"}) {
+		t.Errorf("dnsPolicy/dnsConfig: %q %+v", d.Spec.Template.Spec.DNSPolicy, d.Spec.Template.Spec.DNSConfig)
+	}
+	if d, _ := runner(off); d.Spec.Template.Spec.DNSPolicy != "" || d.Spec.Template.Spec.DNSConfig != nil {
+		t.Errorf("default: dnsPolicy %q dnsConfig %+v, want the cluster's", d.Spec.Template.Spec.DNSPolicy, d.Spec.Template.Spec.DNSConfig)
+	}
+	// A value that would inject an argument is refused, not rendered.
+	for _, bad := range []string{"egress.clusterIP=10.96.0.53\n- --privileged", "egress.forbid[0]=10.0.0.0/8\n- --privileged"} {
+		if _, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", bad); err == nil || !strings.Contains(err.Error(), "egress.") {
+			t.Errorf("%q: %v, want the render refused", bad, err)
+		}
+	}
+}
+
+func npPort(proto corev1.Protocol, port int32) networkingv1.NetworkPolicyPort {
+	p := intstr.FromInt32(port)
+	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &p}
 }

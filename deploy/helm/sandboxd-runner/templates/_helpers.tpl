@@ -25,3 +25,163 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "sandboxd-runner.secretName" -}}
 {{- default (include "sandboxd-runner.fullname" .) .Values.controlPlane.existingSecret -}}
 {{- end -}}
+
+{{- /* The egress Service (egress.enabled): a DNS-1035 label of at most 63. */ -}}
+{{- define "sandboxd-runner.egressName" -}}
+{{- printf "%s-egress" (include "sandboxd-runner.fullname" . | trunc 56 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- /* Where sandbox Pods reach the egress proxy (443) and DNS (53): the pinned
+ClusterIP, else the egress Service's, which the kubelet gives the runner's container as
+<SERVICE>_SERVICE_HOST (a Service of the Pod's namespace that exists when the container
+starts; $(VAR) in args expands it). */ -}}
+{{- define "sandboxd-runner.egressAddr" -}}
+{{- if .Values.egress.clusterIP -}}
+{{- .Values.egress.clusterIP -}}
+{{- else -}}
+{{- printf "$(%s_SERVICE_HOST)" (include "sandboxd-runner.egressName" . | upper | replace "-" "_") -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* An IPv4 address as netip.ParseAddr reads one (octets 0-255, no leading zeros). */ -}}
+{{- define "sandboxd-runner.ipv4Pattern" -}}
+((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])
+{{- end -}}
+
+{{- /* The eight groups of the IPv6 address . (lower-case, "::" expanded to zeros; an IPv4
+tail as the two groups "v4") joined by ":", or "" if . is not one in netip.ParseAddr's
+syntax (zones not taken). */ -}}
+{{- define "sandboxd-runner.ipv6Groups" -}}
+{{- $v4 := printf "^%s$" (include "sandboxd-runner.ipv4Pattern" .) -}}
+{{- $halves := splitList "::" (toString .) -}}
+{{- $ok := and (kindIs "string" .) (le (len $halves) 2) -}}
+{{- $parts := list -}}
+{{- range $i, $h := $halves -}}
+{{- $g := list -}}
+{{- if $h -}}
+{{- $fields := splitList ":" $h -}}
+{{- range $j, $f := $fields -}}
+{{- if regexMatch "^[0-9A-Fa-f]{1,4}$" $f -}}
+{{- $g = append $g (lower $f) -}}
+{{- else if and (eq $i (sub (len $halves) 1)) (eq $j (sub (len $fields) 1)) (regexMatch $v4 $f) -}}
+{{- $g = concat $g (list "v4" "v4") -}}
+{{- else -}}
+{{- $ok = false -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $parts = append $parts $g -}}
+{{- end -}}
+{{- if $ok -}}
+{{- if eq (len $parts) 1 -}}
+{{- if eq (len (index $parts 0)) 8 -}}
+{{- join ":" (index $parts 0) -}}
+{{- end -}}
+{{- else -}}
+{{- $n := add (len (index $parts 0)) (len (index $parts 1)) -}}
+{{- if le $n 7 -}}
+{{- $all := index $parts 0 -}}
+{{- range until (int (sub 8 $n)) -}}
+{{- $all = append $all "0" -}}
+{{- end -}}
+{{- join ":" (concat $all (index $parts 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* "mapped" if the IPv6 groups . (ipv6Groups) are an IPv4-mapped address (::ffff:0:0/96). */ -}}
+{{- define "sandboxd-runner.ipv6Mapped" -}}
+{{- $g := splitList ":" . -}}
+{{- if and (eq (len $g) 8) (regexMatch "^0+$" (join "" (slice $g 0 5))) (eq (index $g 5) "ffff") -}}mapped{{- end -}}
+{{- end -}}
+
+{{- /* egress.*: refuses what the runner or the API server would refuse, naming the value. */ -}}
+{{- define "sandboxd-runner.egressCheck" -}}
+{{- $e := .Values.egress -}}
+{{- if not (kindIs "map" $e) -}}
+{{- fail (printf "egress: want a map (enabled, proxyPort, dnsPort, clusterIP, forbid, networkPolicy), got %v" $e) -}}
+{{- end -}}
+{{- if not (kindIs "bool" $e.enabled) -}}
+{{- fail (printf "egress.enabled: want true or false, got %v" $e.enabled) -}}
+{{- end -}}
+{{- if $e.enabled -}}
+{{- range $k := list "proxyPort" "dnsPort" -}}
+{{- $v := index $e $k -}}
+{{- if or (not (regexMatch "^[0-9]{1,5}$" (toString $v))) (lt (int $v) 1) (gt (int $v) 65535) -}}
+{{- fail (printf "egress.%s: want a port 1-65535, got %v" $k $v) -}}
+{{- end -}}
+{{- if lt (int $v) 1024 -}}
+{{- fail (printf "egress.%s: port %v is below 1024: the runner (a non-root user, no capabilities) cannot bind it where the container runtime keeps net.ipv4.ip_unprivileged_port_start at 1024 (containerd 1.7's default); want 1024-65535 (the Service maps %s to it)" $k $v (ternary "443" "53" (eq $k "proxyPort"))) -}}
+{{- end -}}
+{{- end -}}
+{{- $proxy := int $e.proxyPort -}}
+{{- $dns := int $e.dnsPort -}}
+{{- $tcp := dict "7443" "the runner API" (toString (int $.Values.metrics.port)) "metrics.port" -}}
+{{- if .Values.edge.enabled -}}{{- $_ := set $tcp "8443" "the edge" -}}{{- end -}}
+{{- if eq $proxy $dns -}}
+{{- fail (printf "egress.proxyPort and egress.dnsPort: both %d (the DNS serves TCP too): want two ports" $proxy) -}}
+{{- end -}}
+{{- range $k, $p := dict "proxyPort" $proxy "dnsPort" $dns -}}
+{{- with index $tcp (toString $p) -}}
+{{- fail (printf "egress.%s: port %d is already %s's" $k $p .) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $.Values.hello.enabled (eq $dns (int $.Values.hello.port)) -}}
+{{- fail (printf "egress.dnsPort: UDP port %d is already the gate hello's (hello.port)" $dns) -}}
+{{- end -}}
+{{- with $e.clusterIP -}}
+{{- if not (kindIs "string" .) -}}
+{{- fail (printf "egress.clusterIP: want an IP address or \"\", got %v" .) -}}
+{{- end -}}
+{{- $is4 := regexMatch (printf "^%s$" (include "sandboxd-runner.ipv4Pattern" .)) . -}}
+{{- $g6 := include "sandboxd-runner.ipv6Groups" . -}}
+{{- if not (or $is4 $g6) -}}
+{{- fail (printf "egress.clusterIP %q: want an IP address of the cluster's Service range (or \"\": the API server picks one)" .) -}}
+{{- end -}}
+{{- if include "sandboxd-runner.ipv6Mapped" $g6 -}}
+{{- fail (printf "egress.clusterIP %q: an IPv4-mapped address: give the IPv4 address" .) -}}
+{{- end -}}
+{{- /* What the runner refuses (checkEgressAddr): unspecified, loopback, link-local, multicast. */ -}}
+{{- if or (and $is4 (regexMatch "^(0|127|22[4-9]|23[0-9])\\.|^169\\.254\\." .)) (and $g6 (or (regexMatch "^(0+:){7}0*1?$" $g6) (regexMatch "^(fe[89ab][0-9a-f]|ff[0-9a-f]{2}):" $g6))) -}}
+{{- fail (printf "egress.clusterIP %q: not an address sandbox Pods can reach the runner at (unspecified, loopback, link-local or multicast)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "slice" $e.forbid) -}}
+{{- fail (printf "egress.forbid: want a list of CIDRs, got %v" $e.forbid) -}}
+{{- end -}}
+{{- if gt (len $e.forbid) 64 -}}
+{{- fail (printf "egress.forbid: %d CIDRs, want at most 64" (len $e.forbid)) -}}
+{{- end -}}
+{{- /* As the runner reads --egress-forbid (netip.ParsePrefix): an IPv4 address and
+/0-32, or an IPv6 one and /0-128, the bits without leading zeros; an IPv4-mapped prefix
+(::ffff:a.b.c.d) not shorter than /96. */ -}}
+{{- range $e.forbid -}}
+{{- $c := toString . -}}
+{{- $ok := and (kindIs "string" .) (regexMatch "^[^/]+/(0|[1-9][0-9]{0,2})$" $c) -}}
+{{- $g6 := "" -}}
+{{- if $ok -}}
+{{- $addr := first (splitList "/" $c) -}}
+{{- $bits := atoi (last (splitList "/" $c)) -}}
+{{- $g6 = include "sandboxd-runner.ipv6Groups" $addr -}}
+{{- if regexMatch (printf "^%s$" (include "sandboxd-runner.ipv4Pattern" .)) $addr -}}
+{{- $ok = le $bits 32 -}}
+{{- else -}}
+{{- $ok = and $g6 (le $bits 128) -}}
+{{- if and $ok (include "sandboxd-runner.ipv6Mapped" $g6) (lt $bits 96) -}}
+{{- fail (printf "egress.forbid: %q: an IPv4-mapped prefix shorter than /96 mixes families (the runner refuses it): give the IPv4 and IPv6 ranges apart" $c) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $ok -}}
+{{- fail (printf "egress.forbid: %q: want a CIDR (10.96.0.0/12, fd00::/108)" $c) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "map" $e.networkPolicy) -}}
+{{- fail (printf "egress.networkPolicy: want a map (enabled), got %v" $e.networkPolicy) -}}
+{{- end -}}
+{{- if not (kindIs "bool" $e.networkPolicy.enabled) -}}
+{{- fail (printf "egress.networkPolicy.enabled: want true or false, got %v" $e.networkPolicy.enabled) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
