@@ -31,7 +31,9 @@ type NodeCheckpointRequest struct {
 
 // NodeCheckpoint is a checkpoint taken: its ID (what the restore annotation names), the
 // node it is on, its size and how long it took. SandboxRunning: after a failed
-// checkpoint, whether the sandbox still runs.
+// checkpoint, whether the sandbox is known to still run (false: it ended, or the agent
+// could not tell — the backend never ends a sandbox on false alone: its Pod's status
+// decides).
 type NodeCheckpoint struct {
 	ID, Node       string
 	Bytes          int64

@@ -1,0 +1,82 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+)
+
+// The join of the node agent's client and the Kubernetes backend: the backend asks for a
+// kubernetes.NodeAgentDialer (its Config.NodeAgents, checkpoint.go) and knows nothing of
+// this package's wire; BackendDialer turns a dialer of *Client (StaticDialer, NodeDialer)
+// into one.
+
+// ClientDialer gives the client of a node's agent: *StaticDialer, *NodeDialer.
+type ClientDialer interface {
+	Agent(ctx context.Context, node string) (*Client, error)
+}
+
+// BackendDialer adapts d to the Kubernetes backend's kubernetes.NodeAgentDialer.
+func BackendDialer(d ClientDialer) kubernetes.NodeAgentDialer {
+	return backendDialer{d: d}
+}
+
+type backendDialer struct{ d ClientDialer }
+
+func (b backendDialer) Agent(ctx context.Context, node string) (kubernetes.NodeAgent, error) {
+	c, err := b.d.Agent(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, fmt.Errorf("%w %q", ErrNoAgent, node)
+	}
+	return BackendAgent(c), nil
+}
+
+// BackendAgent adapts c to kubernetes.NodeAgent.
+func BackendAgent(c *Client) kubernetes.NodeAgent { return backendAgent{c: c} }
+
+type backendAgent struct{ c *Client }
+
+// Checkpoint implements kubernetes.NodeAgent. The agent's SandboxRunning is a *bool (nil:
+// it could not tell, or it never touched the sandbox); the backend's is a bool, and nil
+// becomes false — "not known to run". That is the answer that loses and leaks nothing:
+// the backend never ends a sandbox on it (a failed pause re-evaluates the sandbox from its
+// Pod's status, which ends it only when the Pod's containers have ended, and otherwise
+// lets it run on), it only warns that the failed checkpoint may have ended it; whereas
+// true would tell it that a sandbox a failed `runsc checkpoint` may have killed still
+// runs. Only a definite "true" from the agent is true.
+func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
+	res, err := a.c.Checkpoint(ctx, CheckpointRequest{
+		Namespace: req.Namespace, Name: req.Name, UID: req.UID, SandboxID: req.SandboxID, LeaveRunning: req.LeaveRunning,
+	})
+	out := kubernetes.NodeCheckpoint{
+		ID: res.ID, Node: res.Node, Bytes: res.Bytes, Took: res.Took,
+		SandboxRunning: res.SandboxRunning != nil && *res.SandboxRunning,
+	}
+	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) && ce.Meta().Get(SandboxRunningMeta) == "unknown" {
+			err = fmt.Errorf("%w (the agent could not tell whether the sandbox still runs)", err)
+		}
+		return out, err
+	}
+	if res.ID == "" {
+		return kubernetes.NodeCheckpoint{}, errors.New("node agent checkpoint: the agent answered no checkpoint ID")
+	}
+	return out, nil
+}
+
+// DeleteCheckpoint implements kubernetes.NodeAgent (an unknown ID is no error).
+func (a backendAgent) DeleteCheckpoint(ctx context.Context, checkpointID string) error {
+	return a.c.DeleteCheckpoint(ctx, checkpointID)
+}
+
+var (
+	_ ClientDialer = (*StaticDialer)(nil)
+)

@@ -1,0 +1,228 @@
+package nodeagent_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/cri"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
+	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+)
+
+const (
+	joinRunner = "runner-j"
+	joinUID    = "0b6f1a8e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+	joinCRIID  = "5f0c3a9d2b1e4f6a8c7d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+)
+
+// joinResolver: Pod sbx/sbx-abc (joinUID) is joinRunner's sandbox abc. running is what
+// Running answers (runErr: it cannot tell).
+type joinResolver struct {
+	mu      sync.Mutex
+	running bool
+	runErr  error
+}
+
+func (r *joinResolver) Sandbox(_ context.Context, q cri.Query) (cri.Sandbox, error) {
+	if q.Pod != (cri.PodRef{Namespace: "sbx", Name: "sbx-abc", UID: joinUID}) {
+		return cri.Sandbox{}, cri.ErrNotFound
+	}
+	if q.RunnerID != joinRunner || q.SandboxID != "abc" {
+		return cri.Sandbox{}, cri.ErrDenied
+	}
+	return cri.Sandbox{ID: joinCRIID, MemoryBytes: 100}, nil
+}
+
+func (r *joinResolver) Running(context.Context, string) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.running, r.runErr
+}
+
+func (r *joinResolver) set(running bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.running, r.runErr = running, err
+}
+
+type joinCheckpointer struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (c *joinCheckpointer) Checkpoint(_ context.Context, _, dir string, _ bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	return os.WriteFile(filepath.Join(dir, "checkpoint.img"), make([]byte, 700), 0o600)
+}
+
+func (c *joinCheckpointer) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.err = err
+}
+
+// joinAgent serves a node agent of joinRunner on node-1 (fakes behind the real server,
+// real mTLS on loopback) and returns the backend's dialer of it through a StaticDialer,
+// and the checkpoint root.
+func joinAgent(t *testing.T) (kubernetes.NodeAgentDialer, *joinResolver, *joinCheckpointer, string) {
+	t.Helper()
+	d := t.TempDir()
+	root := filepath.Join(d, "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(store.Config{Root: root, StateDir: filepath.Join(d, "state"), Owner: joinRunner, QuotaBytes: 1 << 20,
+		Dirs: store.PlainDirs{}, Free: func(string) (int64, error) { return 1 << 40, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	res, ck := &joinResolver{}, &joinCheckpointer{}
+	srv, err := nodeagent.NewServer(nodeagent.Config{Node: "node-1", RunnerID: joinRunner, Resolver: res, Checkpointer: ck, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test node-agent CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsDir := t.TempDir()
+	if err := nodeagent.WriteTLSDir(tlsDir, cert, ca.CertPEM()); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := nodeagent.ServerTLSConfig(tlsDir, joinRunner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := srv.HTTPServer(tc)
+	go func() { _ = hs.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = hs.Close() })
+	ccert, err := ca.IssueClient("runner-"+joinRunner, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &nodeagent.StaticDialer{Addrs: map[string]string{"node-1": ln.Addr().String()}, TLS: nodeagent.ClientTLSConfig(&ccert, nil, ca.Pool())}
+	return nodeagent.BackendDialer(sd), res, ck, root
+}
+
+func joinReq(leave bool) kubernetes.NodeCheckpointRequest {
+	return kubernetes.NodeCheckpointRequest{Namespace: "sbx", Name: "sbx-abc", UID: joinUID, SandboxID: "abc", LeaveRunning: leave}
+}
+
+// TestBackendDialerCheckpoint: through the adapter, the Kubernetes backend's NodeAgent
+// reaches the real agent server: a pause's checkpoint (the sandbox ends), a fork's (it
+// runs on), the image on disk, complete, and deleted (idempotently).
+func TestBackendDialerCheckpoint(t *testing.T) {
+	d, res, _, root := joinAgent(t)
+	ctx := t.Context()
+	a, err := d.Agent(ctx, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := a.Checkpoint(ctx, joinReq(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hibernate.ValidCheckpointID(cp.ID) != nil || cp.Node != "node-1" || cp.Bytes != 700 || cp.Took <= 0 || cp.SandboxRunning {
+		t.Fatalf("pause checkpoint %+v", cp)
+	}
+	if _, err := os.Stat(filepath.Join(root, cp.ID, "sandboxd-complete")); err != nil {
+		t.Fatalf("image not complete: %v", err)
+	}
+	res.set(true, nil)
+	fk, err := a.Checkpoint(ctx, joinReq(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fk.SandboxRunning || fk.ID == cp.ID {
+		t.Fatalf("fork checkpoint %+v (pause's %s): want running, another ID", fk, cp.ID)
+	}
+	for _, id := range []string{cp.ID, cp.ID, fk.ID} { // twice: idempotent
+		if err := a.DeleteCheckpoint(ctx, id); err != nil {
+			t.Fatalf("delete %s: %v", id, err)
+		}
+	}
+	for _, id := range []string{cp.ID, fk.ID} {
+		if _, err := os.Stat(filepath.Join(root, id)); !os.IsNotExist(err) {
+			t.Errorf("image %s after delete: %v", id, err)
+		}
+	}
+}
+
+// TestBackendDialerFailedCheckpoint: a failed checkpoint's SandboxRunning follows the
+// agent's answer, and "unknown" (the agent could not tell) is false — not known to run —
+// with the error saying so; a refusal before the checkpoint is false too.
+func TestBackendDialerFailedCheckpoint(t *testing.T) {
+	d, res, ck, _ := joinAgent(t)
+	ctx := t.Context()
+	a, err := d.Agent(ctx, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck.fail(errors.New("runsc: boom"))
+	for _, tc := range []struct {
+		name        string
+		running     bool
+		runErr      error
+		wantRunning bool
+		wantUnknown bool
+	}{
+		{"it runs", true, nil, true, false},
+		{"it ended", false, nil, false, false},
+		{"unknown", true, errors.New("CRI down"), false, true},
+	} {
+		res.set(tc.running, tc.runErr)
+		cp, err := a.Checkpoint(ctx, joinReq(false))
+		if err == nil {
+			t.Fatalf("%s: no error", tc.name)
+		}
+		if cp.SandboxRunning != tc.wantRunning || cp.ID != "" {
+			t.Errorf("%s: %+v, want running %v and no ID", tc.name, cp, tc.wantRunning)
+		}
+		if got := strings.Contains(err.Error(), "could not tell"); got != tc.wantUnknown || !strings.Contains(err.Error(), "boom") {
+			t.Errorf("%s: error %q", tc.name, err)
+		}
+	}
+	// Refused before anything was touched (another sandbox's ID): no running answer.
+	res.set(true, nil)
+	bad := joinReq(false)
+	bad.SandboxID = "other"
+	if cp, err := a.Checkpoint(ctx, bad); err == nil || cp.SandboxRunning || strings.Contains(err.Error(), "could not tell") {
+		t.Errorf("refused checkpoint: %+v %v", cp, err)
+	}
+}
+
+// TestBackendDialerUnknownNode: a node the static map does not name is an error that is
+// not errdefs.ErrNotFound (the backend takes that for a node that is gone with its
+// checkpoints: a resume would end the sandbox as CheckpointLost for a configuration gap).
+func TestBackendDialerUnknownNode(t *testing.T) {
+	d, _, _, _ := joinAgent(t)
+	_, err := d.Agent(t.Context(), "node-2")
+	if !errors.Is(err, nodeagent.ErrNoAgent) || errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown node: %v", err)
+	}
+}
