@@ -27,6 +27,17 @@ import (
 // root, TLS from a throw-away CA. It returns a client with runnerID's certificate.
 func startNodeAgent(t *testing.T, ctx context.Context, node, namespace, runnerID string) *nodeagent.Client {
 	t.Helper()
+	c, err := startNodeAgentDialer(t, ctx, node, namespace, runnerID).Agent(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// startNodeAgentDialer is startNodeAgent's: the StaticDialer (runnerID's client
+// certificate, the agent's address for node) a runner is given.
+func startNodeAgentDialer(t *testing.T, ctx context.Context, node, namespace, runnerID string) *nodeagent.StaticDialer {
+	t.Helper()
 	dataDir := env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s")
 	res, err := cri.New(cri.Config{
 		Endpoint:       "unix://" + env("SANDBOXD_K8S_CONTAINERD", filepath.Join(dataDir, "run", "containerd.sock")),
@@ -98,7 +109,13 @@ func startNodeAgent(t *testing.T, ctx context.Context, node, namespace, runnerID
 			_ = c.DeleteCheckpoint(cctx, cp.CheckpointId)
 		}
 	})
-	return c
+	return d
+}
+
+// testCheckpointRoot is the checkpoint root of the test cluster's shim (where the agent
+// makes its images).
+func testCheckpointRoot() string {
+	return env("SANDBOXD_K8S_CHECKPOINT_ROOT", filepath.Join(env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s"), "checkpoints"))
 }
 
 // TestNodeAgentCheckpoint: the node agent, in-process against the node's containerd CRI

@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sclient "k8s.io/client-go/kubernetes"
 
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
@@ -28,7 +30,9 @@ const pauseTickScript = `s=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 // TestK8sPauseResume: a `gvisor` sandbox made by the backend (gate + agent) is paused
 // through the runner (runner.Pause: the backend checkpoints its Pod sandbox through the
-// node agent — here the test's localAgent — marks its Secret, deletes the Pod) and
+// node agent — the real one, internal/nodeagent, in the test process through CRI and the
+// shim's hibernate socket, reached over mTLS through nodeagent.BackendDialer — marks its
+// Secret, deletes the Pod) and
 // resumed (a new Pod on the node restores the checkpoint): its agent answers exec, its
 // memory state (a value and a counter held by its main command's shell) and a file in
 // /tmp are intact. While paused: state PAUSED, no Pod, the Secret kept (marked). A
@@ -50,12 +54,19 @@ func TestK8sPauseResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agents := newLocalAgent(client)
-	t.Cleanup(agents.cleanup)
+	nodes, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 1 {
+		t.Fatalf("the test cluster's nodes: %v (%d), want one", err, len(nodes.Items))
+	}
+	node := nodes.Items[0].Name
 	runnerID := randomID("test-")
+	agentCtx, agentCancel := context.WithCancel(context.Background())
+	t.Cleanup(agentCancel)
+	dialer := startNodeAgentDialer(t, agentCtx, node, c.namespace, runnerID)
+	ckptRoot := testCheckpointRoot()
 	s := newStack(t, c, runnerID, t.TempDir(), func(cfg *kubernetes.Config) {
 		cfg.RuntimeClasses = map[string]string{"runc": "", "gvisor": "gvisor"}
-		cfg.NodeAgents = agents
+		cfg.NodeAgents = nodeagent.BackendDialer(dialer)
 		// The backend's resume steps (pod created, IP, agent answered) in the test's log.
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
@@ -125,7 +136,10 @@ func TestK8sPauseResume(t *testing.T) {
 	if sec.Labels["sandboxd.io/paused"] != "true" || cid == "" || len(sec.OwnerReferences) != 0 {
 		t.Errorf("paused Secret: labels %v annotations %v owners %v", sec.Labels, sec.Annotations, sec.OwnerReferences)
 	}
-	image := filepath.Join(agents.ckptRoot, cid)
+	if err := store.ValidID(cid); err != nil {
+		t.Errorf("paused checkpoint ID %q is not the node agent's: %v", cid, err)
+	}
+	image := filepath.Join(ckptRoot, cid)
 	if _, err := os.Stat(image); err != nil {
 		t.Errorf("checkpoint image: %v", err)
 	}
@@ -209,7 +223,7 @@ func TestK8sPauseResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	image = filepath.Join(agents.ckptRoot, sec.Annotations["sandboxd.io/paused-checkpoint"])
+	image = filepath.Join(ckptRoot, sec.Annotations["sandboxd.io/paused-checkpoint"])
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("second checkpoint image: %v", err)
 	}
@@ -232,6 +246,14 @@ func TestK8sPauseResume(t *testing.T) {
 			t.Fatalf("after deleting the paused sandbox: secret %v, pull secret %v, network policy %v, image %v (want all gone)", serr, perr, nerr, ierr)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// The agent's index holds none of this runner's checkpoints any more.
+	ac, err := dialer.Agent(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, err := ac.ListCheckpoints(ctx); err != nil || len(list) != 0 {
+		t.Errorf("the node agent's checkpoints of the runner after the delete: %v (%v), want none", list, err)
 	}
 }
 
