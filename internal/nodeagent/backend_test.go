@@ -82,6 +82,26 @@ func (c *joinCheckpointer) fail(err error) {
 // and the checkpoint root.
 func joinAgent(t *testing.T) (kubernetes.NodeAgentDialer, *joinResolver, *joinCheckpointer, string) {
 	t.Helper()
+	j := serveJoinAgent(t)
+	ccert, err := j.ca.IssueClient("runner-"+joinRunner, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &nodeagent.StaticDialer{Addrs: map[string]string{"node-1": j.addr}, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool())}
+	return nodeagent.BackendDialer(sd), j.res, j.ck, j.root
+}
+
+// joined is a node agent served for a test: its address, CA, fakes and checkpoint root.
+type joined struct {
+	addr string
+	ca   *pki.CA
+	res  *joinResolver
+	ck   *joinCheckpointer
+	root string
+}
+
+func serveJoinAgent(t *testing.T) joined {
+	t.Helper()
 	d := t.TempDir()
 	root := filepath.Join(d, "root")
 	if err := os.Mkdir(root, 0o700); err != nil {
@@ -121,12 +141,7 @@ func joinAgent(t *testing.T) (kubernetes.NodeAgentDialer, *joinResolver, *joinCh
 	hs := srv.HTTPServer(tc)
 	go func() { _ = hs.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = hs.Close() })
-	ccert, err := ca.IssueClient("runner-"+joinRunner, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sd := &nodeagent.StaticDialer{Addrs: map[string]string{"node-1": ln.Addr().String()}, TLS: nodeagent.ClientTLSConfig(&ccert, nil, ca.Pool())}
-	return nodeagent.BackendDialer(sd), res, ck, root
+	return joined{addr: ln.Addr().String(), ca: ca, res: res, ck: ck, root: root}
 }
 
 func joinReq(leave bool) kubernetes.NodeCheckpointRequest {

@@ -27,16 +27,24 @@ import (
 // root, TLS from a throw-away CA. It returns a client with runnerID's certificate.
 func startNodeAgent(t *testing.T, ctx context.Context, node, namespace, runnerID string) *nodeagent.Client {
 	t.Helper()
-	c, err := startNodeAgentDialer(t, ctx, node, namespace, runnerID).Agent(ctx, node)
+	c, err := startNodeAgentAt(t, ctx, node, namespace, runnerID, "127.0.0.1:0").dialer.Agent(ctx, node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-// startNodeAgentDialer is startNodeAgent's: the StaticDialer (runnerID's client
-// certificate, the agent's address for node) a runner is given.
-func startNodeAgentDialer(t *testing.T, ctx context.Context, node, namespace, runnerID string) *nodeagent.StaticDialer {
+// testAgent is a node agent started by startNodeAgentAt: a StaticDialer of it (runnerID's
+// client certificate, the agent's address for its node), the test CA its server
+// certificate chains to, and where it listens.
+type testAgent struct {
+	dialer *nodeagent.StaticDialer
+	ca     *pki.CA
+	addr   string
+}
+
+// startNodeAgentAt is startNodeAgent listening on listen (host:port).
+func startNodeAgentAt(t *testing.T, ctx context.Context, node, namespace, runnerID, listen string) testAgent {
 	t.Helper()
 	dataDir := env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s")
 	res, err := cri.New(cri.Config{
@@ -84,7 +92,7 @@ func startNodeAgentDialer(t *testing.T, ctx context.Context, node, namespace, ru
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +117,7 @@ func startNodeAgentDialer(t *testing.T, ctx context.Context, node, namespace, ru
 			_ = c.DeleteCheckpoint(cctx, cp.CheckpointId)
 		}
 	})
-	return d
+	return testAgent{dialer: d, ca: ca, addr: ln.Addr().String()}
 }
 
 // testCheckpointRoot is the checkpoint root of the test cluster's shim (where the agent

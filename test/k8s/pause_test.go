@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,12 +13,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sclient "k8s.io/client-go/kubernetes"
 
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
@@ -31,8 +35,10 @@ const pauseTickScript = `s=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 // TestK8sPauseResume: a `gvisor` sandbox made by the backend (gate + agent) is paused
 // through the runner (runner.Pause: the backend checkpoints its Pod sandbox through the
 // node agent — the real one, internal/nodeagent, in the test process through CRI and the
-// shim's hibernate socket, reached over mTLS through nodeagent.BackendDialer — marks its
-// Secret, deletes the Pod) and
+// shim's hibernate socket, listening on the node's InternalIP, which the runner reaches
+// over mTLS as its --node-agent-port and --node-agent-tls-dir configure it
+// (stack.KubernetesConfig.NodeAgents: NodeDialer, BackendDialer) — marks its Secret,
+// deletes the Pod) and
 // resumed (a new Pod on the node restores the checkpoint): its agent answers exec, its
 // memory state (a value and a counter held by its main command's shell) and a file in
 // /tmp are intact. While paused: state PAUSED, no Pod, the Secret kept (marked). A
@@ -59,14 +65,35 @@ func TestK8sPauseResume(t *testing.T) {
 		t.Fatalf("the test cluster's nodes: %v (%d), want one", err, len(nodes.Items))
 	}
 	node := nodes.Items[0].Name
+	nodeIP := ""
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && nodeIP == "" {
+			nodeIP = a.Address
+		}
+	}
+	if nodeIP == "" {
+		t.Fatalf("node %s has no InternalIP: %v", node, nodes.Items[0].Status.Addresses)
+	}
 	runnerID := randomID("test-")
 	agentCtx, agentCancel := context.WithCancel(context.Background())
 	t.Cleanup(agentCancel)
-	dialer := startNodeAgentDialer(t, agentCtx, node, c.namespace, runnerID)
+	// The agent listens on the node's InternalIP; the runner reaches it as its
+	// --node-agent-port and --node-agent-tls-dir say (nodeagent.NodeDialer reads the node).
+	ta := startNodeAgentAt(t, agentCtx, node, c.namespace, runnerID, net.JoinHostPort(nodeIP, "0"))
+	dialer := ta.dialer
+	_, portS, _ := net.SplitHostPort(ta.addr)
+	port, _ := strconv.Atoi(portS)
+	ccert, err := ta.ca.IssueClient("runner-"+runnerID, []*url.URL{pki.NodeAgentClientURI(runnerID)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runnerTLS := t.TempDir()
+	if err := nodeagent.WriteTLSDir(runnerTLS, ccert, ta.ca.CertPEM()); err != nil {
+		t.Fatal(err)
+	}
 	ckptRoot := testCheckpointRoot()
-	s := newStack(t, c, runnerID, t.TempDir(), func(cfg *kubernetes.Config) {
+	s := newStackAgents(t, c, runnerID, t.TempDir(), nodeagent.DialConfig{Port: port, TLSDir: runnerTLS}, func(cfg *kubernetes.Config) {
 		cfg.RuntimeClasses = map[string]string{"runc": "", "gvisor": "gvisor"}
-		cfg.NodeAgents = nodeagent.BackendDialer(dialer)
 		// The backend's resume steps (pod created, IP, agent answered) in the test's log.
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})

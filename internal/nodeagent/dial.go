@@ -1,0 +1,263 @@
+package nodeagent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	k8s "k8s.io/client-go/kubernetes"
+
+	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+)
+
+// How a runner reaches the node agent of a sandbox Pod's node (the runner's
+// --node-agent-* flags, docs/nodeagent.md "The runner's side").
+
+// MaxStaticAgents bounds DialConfig.Addrs.
+const MaxStaticAgents = 4096
+
+// DialConfig is how a runner reaches its node agents: by node — the node's InternalIP
+// and Port (NodeDialer) — or by a static map node → host:port (StaticDialer), with mTLS
+// from TLSDir (ClientTLSFromDir). Validate is pure (RunnerID is not its: the runner
+// may learn it later, at enrolment); Dialer reads the TLS files.
+type DialConfig struct {
+	// Port: the agents listen on their node's InternalIP at this port (1..65535).
+	Port int
+	// Addrs: node name → host:port of its agent (tests, fixed deployments). Exactly one
+	// of Port and Addrs.
+	Addrs map[string]string
+	// TLSDir holds the runner's client certificate for its agents (tls.crt, tls.key: it
+	// must name RunnerID, pki.NodeAgentClientURI) and ca.crt, the CA the agents' server
+	// certificates (ServerName) chain to — a kubernetes.io/tls Secret with ca.crt, as
+	// cert-manager writes one.
+	TLSDir   string
+	RunnerID string
+}
+
+// Enabled: some agent is configured (Port or Addrs).
+func (c DialConfig) Enabled() bool { return c.Port != 0 || len(c.Addrs) > 0 }
+
+// Validate checks c without touching a file or the network.
+func (c DialConfig) Validate() error {
+	switch {
+	case c.Port != 0 && len(c.Addrs) > 0:
+		return errors.New("--node-agent-port and --node-agent-addrs: give one (the agents by node address, or a static map)")
+	case !c.Enabled():
+		if c.TLSDir != "" {
+			return errors.New("--node-agent-tls-dir needs --node-agent-port or --node-agent-addrs")
+		}
+		return nil
+	case c.Port < 0 || c.Port > 65535:
+		return fmt.Errorf("--node-agent-port %d: want 1..65535", c.Port)
+	case c.TLSDir == "":
+		return errors.New("--node-agent-port/--node-agent-addrs need --node-agent-tls-dir: the runner's client certificate for its node agents and their CA")
+	case len(c.Addrs) > MaxStaticAgents:
+		return fmt.Errorf("--node-agent-addrs: %d agents, at most %d", len(c.Addrs), MaxStaticAgents)
+	}
+	nodes := make([]string, 0, len(c.Addrs))
+	for n := range c.Addrs {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	for _, n := range nodes {
+		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+			return fmt.Errorf("--node-agent-addrs: node %q: %s", n, strings.Join(errs, "; "))
+		}
+		if err := checkHostPort(c.Addrs[n]); err != nil {
+			return fmt.Errorf("--node-agent-addrs: node %s: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// checkHostPort: a host (name or IP) and a port 1..65535.
+func checkHostPort(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q: want host:port ([IPv6]:port): %w", a, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: want a port 1..65535", a)
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
+			return fmt.Errorf("%q: the host is neither an IP address nor a DNS name", a)
+		}
+	}
+	return nil
+}
+
+// ParseAddrs reads --node-agent-addrs: comma-separated node=host:port pairs, each node
+// once ("": nil).
+func ParseAddrs(s string) (map[string]string, error) {
+	var m map[string]string
+	for kv := range strings.SplitSeq(s, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		node, addr, ok := strings.Cut(kv, "=")
+		node, addr = strings.TrimSpace(node), strings.TrimSpace(addr)
+		if !ok || node == "" || addr == "" {
+			return nil, fmt.Errorf("--node-agent-addrs: %q: want node=host:port", kv)
+		}
+		if m == nil {
+			m = map[string]string{}
+		}
+		if _, dup := m[node]; dup {
+			return nil, fmt.Errorf("--node-agent-addrs: node %q twice", node)
+		}
+		m[node] = addr
+	}
+	return m, nil
+}
+
+// Dialer is the backend's dialer of c's agents (nil, nil when none is configured):
+// client is what NodeDialer reads Nodes with.
+func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if !c.Enabled() {
+		return nil, nil
+	}
+	if c.RunnerID == "" {
+		return nil, errors.New("nodeagent: node agents need the runner's ID (its client certificate must name it)")
+	}
+	tc, err := ClientTLSFromDir(c.TLSDir, c.RunnerID)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.Addrs) > 0 {
+		return BackendDialer(&StaticDialer{Addrs: c.Addrs, TLS: tc}), nil
+	}
+	if client == nil {
+		return nil, errors.New("nodeagent: a Kubernetes client to read the nodes' addresses")
+	}
+	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc}), nil
+}
+
+// ClientTLSFromDir is a runner's TLS configuration for its agents from dir (CertFile,
+// KeyFile, CAFile): the client certificate must carry runnerID's NodeAgentClientURI and
+// be valid now (checked here, so a wrong Secret fails the runner's start, not its first
+// pause); it is re-read when its files change (a renewed certificate), the CA is read
+// once (a new CA needs a restart).
+func ClientTLSFromDir(dir, runnerID string) (*tls.Config, error) {
+	r := &reloader{dir: dir}
+	m, err := r.get()
+	if err != nil {
+		return nil, fmt.Errorf("--node-agent-tls-dir: %w", err)
+	}
+	if err := checkClientCert(&m.cert, runnerID, time.Now()); err != nil {
+		return nil, fmt.Errorf("--node-agent-tls-dir %s: %w", dir, err)
+	}
+	return ClientTLSConfig(nil, func() (*tls.Certificate, error) {
+		m, err := r.get()
+		if err != nil {
+			return nil, err
+		}
+		return &m.cert, nil
+	}, m.pool), nil
+}
+
+// checkClientCert: cert's leaf names runnerID as a node-agent client and is valid at now.
+func checkClientCert(cert *tls.Certificate, runnerID string, now time.Time) error {
+	if len(cert.Certificate) == 0 {
+		return errors.New("no client certificate")
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("client certificate: %w", err)
+	}
+	id, ok := pki.NodeAgentRunner(leaf)
+	switch {
+	case !ok:
+		return fmt.Errorf("the client certificate (%s) carries no node-agent client URI: want exactly one %s", CertFile, pki.NodeAgentClientURI(runnerID))
+	case id != runnerID:
+		return fmt.Errorf("the client certificate (%s) names runner %q, this runner is %q", CertFile, id, runnerID)
+	case now.Before(leaf.NotBefore) || now.After(leaf.NotAfter):
+		return fmt.Errorf("the client certificate (%s) is valid %s to %s, not now", CertFile, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// NodeDialer reaches the agent of a node at the node's InternalIP and Port (the agents
+// listen on their node's address: a hostNetwork DaemonSet or a hostPort). The node is
+// read from the API server on each Agent call (one GET; nodes change addresses rarely,
+// but a node that is gone must be known as gone: its NotFound is passed on, and the
+// backend takes it for the loss of the checkpoints on it). Clients are cached per
+// address. Use it by pointer.
+type NodeDialer struct {
+	Client k8s.Interface
+	Port   int
+	TLS    *tls.Config
+
+	mu      sync.Mutex
+	clients map[string]*Client
+}
+
+// Agent returns the client of node's agent.
+func (d *NodeDialer) Agent(ctx context.Context, node string) (*Client, error) {
+	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
+		return nil, fmt.Errorf("nodeagent: node %q: %s", node, strings.Join(errs, "; "))
+	}
+	n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("nodeagent: node %s: %w", node, err)
+	}
+	ip := nodeInternalIP(n)
+	if !ip.IsValid() {
+		return nil, fmt.Errorf("%w %q: the node has no InternalIP address", ErrNoAgent, node)
+	}
+	addr := net.JoinHostPort(ip.String(), strconv.Itoa(d.Port))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c := d.clients[addr]; c != nil {
+		return c, nil
+	}
+	c, err := NewClient(addr, d.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if d.clients == nil {
+		d.clients = map[string]*Client{}
+	}
+	d.clients[addr] = c
+	return c, nil
+}
+
+// nodeInternalIP is the node's first InternalIP address (IPv4 before IPv6).
+func nodeInternalIP(n *corev1.Node) netip.Addr {
+	var v6 netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.Is4() {
+			return ip
+		}
+		if !v6.IsValid() {
+			v6 = ip
+		}
+	}
+	return v6
+}
+
+var _ ClientDialer = (*NodeDialer)(nil)

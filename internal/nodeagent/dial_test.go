@@ -1,0 +1,193 @@
+package nodeagent_test
+
+import (
+	"errors"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/pki"
+)
+
+func TestDialConfigValidate(t *testing.T) {
+	ok := []nodeagent.DialConfig{
+		{},
+		{Port: 7445, TLSDir: "/t", RunnerID: "r"},
+		{Addrs: map[string]string{"node-1": "10.0.0.1:7445", "n2.example": "agent.example:1", "n3": "[fd00::1]:7445"}, TLSDir: "/t", RunnerID: "r"},
+	}
+	for _, c := range ok {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	for name, tc := range map[string]struct {
+		c    nodeagent.DialConfig
+		want string
+	}{
+		"both":          {nodeagent.DialConfig{Port: 1, Addrs: map[string]string{"n": "h:1"}, TLSDir: "/t", RunnerID: "r"}, "give one"},
+		"tls alone":     {nodeagent.DialConfig{TLSDir: "/t", RunnerID: "r"}, "needs --node-agent-port or --node-agent-addrs"},
+		"no tls":        {nodeagent.DialConfig{Port: 7445, RunnerID: "r"}, "need --node-agent-tls-dir"},
+		"port high":     {nodeagent.DialConfig{Port: 70000, TLSDir: "/t", RunnerID: "r"}, "--node-agent-port 70000: want 1..65535"},
+		"port negative": {nodeagent.DialConfig{Port: -1, TLSDir: "/t", RunnerID: "r"}, "want 1..65535"},
+		"bad node":      {nodeagent.DialConfig{Addrs: map[string]string{"Node_1": "h:1"}, TLSDir: "/t", RunnerID: "r"}, `node "Node_1"`},
+		"no port":       {nodeagent.DialConfig{Addrs: map[string]string{"n": "10.0.0.1"}, TLSDir: "/t", RunnerID: "r"}, "want host:port"},
+		"port zero":     {nodeagent.DialConfig{Addrs: map[string]string{"n": "10.0.0.1:0"}, TLSDir: "/t", RunnerID: "r"}, "port 1..65535"},
+		"bad host":      {nodeagent.DialConfig{Addrs: map[string]string{"n": "a/b:1"}, TLSDir: "/t", RunnerID: "r"}, "neither an IP"},
+	} {
+		err := tc.c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestParseAddrs(t *testing.T) {
+	m, err := nodeagent.ParseAddrs(" node-1=10.0.0.1:7445, node-2 = [fd00::2]:7445 ,")
+	if err != nil || len(m) != 2 || m["node-1"] != "10.0.0.1:7445" || m["node-2"] != "[fd00::2]:7445" {
+		t.Fatalf("%v %v", m, err)
+	}
+	if m, err := nodeagent.ParseAddrs(""); err != nil || m != nil {
+		t.Fatalf("empty: %v %v", m, err)
+	}
+	for in, want := range map[string]string{
+		"node-1":                 "want node=host:port",
+		"=10.0.0.1:1":            "want node=host:port",
+		"n=":                     "want node=host:port",
+		"n=10.0.0.1:1,n=h:2":     `node "n" twice`,
+		"a=10.0.0.1:1,,b":        "want node=host:port",
+		"n=10.0.0.1:1,m=h:1,n=x": "twice",
+	} {
+		if _, err := nodeagent.ParseAddrs(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", in, err, want)
+		}
+	}
+}
+
+// clientTLSDir writes a runner's TLS dir: a client certificate with uris, ttl, and ca.crt.
+func clientTLSDir(t *testing.T, ca *pki.CA, uris []*url.URL, ttl time.Duration) string {
+	t.Helper()
+	cert, err := ca.IssueClient("runner", uris, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := nodeagent.WriteTLSDir(dir, cert, ca.CertPEM()); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestClientTLSFromDir: the runner's TLS dir must hold a certificate naming this runner
+// (else a clear error at start), and one that does reaches the agent.
+func TestClientTLSFromDir(t *testing.T) {
+	j := serveJoinAgent(t)
+	for name, tc := range map[string]struct {
+		uris []*url.URL
+		ttl  time.Duration
+		want string
+	}{
+		"other runner": {[]*url.URL{pki.NodeAgentClientURI("runner-x")}, time.Hour, `names runner "runner-x", this runner is "runner-j"`},
+		"runner URI":   {[]*url.URL{pki.RunnerURI("org", joinRunner)}, time.Hour, "carries no node-agent client URI"},
+		"expired":      {[]*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Millisecond, "not now"},
+	} {
+		dir := clientTLSDir(t, j.ca, tc.uris, tc.ttl)
+		time.Sleep(5 * time.Millisecond) // the expired one's lifetime is over
+		if _, err := nodeagent.ClientTLSFromDir(dir, joinRunner); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	if _, err := nodeagent.ClientTLSFromDir(t.TempDir(), joinRunner); err == nil || !strings.Contains(err.Error(), "--node-agent-tls-dir") {
+		t.Errorf("empty dir: %v", err)
+	}
+	dir := clientTLSDir(t, j.ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	c := nodeagent.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: dir, RunnerID: joinRunner}
+	d, err := c.Dialer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.Agent(t.Context(), "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := a.Checkpoint(t.Context(), joinReq(false))
+	if err != nil || cp.Node != "node-1" {
+		t.Fatalf("checkpoint through --node-agent-addrs: %+v %v", cp, err)
+	}
+	// Another CA's agent: the runner refuses it at the handshake.
+	other, err := pki.LoadOrCreateCA(t.TempDir(), "other CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	odir := clientTLSDir(t, other, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	od, err := nodeagent.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: odir, RunnerID: joinRunner}.Dialer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oa, err := od.Agent(t.Context(), "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := oa.Checkpoint(t.Context(), joinReq(false)); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("agent of another CA: %v, want a certificate error", err)
+	}
+	if _, err := (nodeagent.DialConfig{Addrs: c.Addrs, TLSDir: dir}).Dialer(nil); err == nil || !strings.Contains(err.Error(), "runner's ID") {
+		t.Errorf("no runner ID: %v", err)
+	}
+	if d, err := (nodeagent.DialConfig{}).Dialer(nil); d != nil || err != nil {
+		t.Errorf("no agents: %v %v, want nil, nil", d, err)
+	}
+}
+
+// TestNodeDialer: --node-agent-port dials the node's InternalIP at the port; a node that
+// is gone is the API's NotFound (the backend takes it for the loss of its checkpoints), a
+// node without an InternalIP is ErrNoAgent.
+func TestNodeDialer(t *testing.T) {
+	j := serveJoinAgent(t)
+	host, port, _ := net.SplitHostPort(j.addr)
+	node := func(name string, addrs ...corev1.NodeAddress) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: addrs}}
+	}
+	client := fake.NewClientset(
+		node("node-1", corev1.NodeAddress{Type: corev1.NodeHostName, Address: "node-1"},
+			corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "fd00::9"},
+			corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: host}),
+		node("node-bare", corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "192.0.2.1"}),
+	)
+	dir := clientTLSDir(t, j.ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := nodeagent.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}.Dialer(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.Agent(t.Context(), "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp, err := a.Checkpoint(t.Context(), joinReq(false)); err != nil || cp.Node != "node-1" {
+		t.Fatalf("checkpoint through --node-agent-port: %+v %v", cp, err)
+	}
+	if _, err := d.Agent(t.Context(), "node-gone"); !apierrors.IsNotFound(err) {
+		t.Errorf("node gone: %v, want NotFound", err)
+	}
+	if _, err := d.Agent(t.Context(), "node-bare"); !errors.Is(err, nodeagent.ErrNoAgent) {
+		t.Errorf("node without InternalIP: %v, want ErrNoAgent", err)
+	}
+	if _, err := d.Agent(t.Context(), "../x"); err == nil || apierrors.IsNotFound(err) {
+		t.Errorf("bad node name: %v", err)
+	}
+	if _, err := (nodeagent.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}).Dialer(nil); err == nil {
+		t.Error("--node-agent-port without a Kubernetes client: no error")
+	}
+}
