@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/install"
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -194,14 +195,14 @@ func (k kubernetesFlags) validate() error {
 }
 
 // nodeAgents reads the --node-agent-* flags (validated; the runner ID is the stack's).
-func (k *kubernetesFlags) nodeAgents() (nodeagent.DialConfig, error) {
-	addrs, err := nodeagent.ParseAddrs(k.nodeAgentAddrs)
+func (k *kubernetesFlags) nodeAgents() (nodeagentdial.DialConfig, error) {
+	addrs, err := nodeagentdial.ParseAddrs(k.nodeAgentAddrs)
 	if err != nil {
-		return nodeagent.DialConfig{}, err
+		return nodeagentdial.DialConfig{}, err
 	}
-	c := nodeagent.DialConfig{Port: k.nodeAgentPort, Addrs: addrs, TLSDir: k.nodeAgentTLSDir}
+	c := nodeagentdial.DialConfig{Port: k.nodeAgentPort, Addrs: addrs, TLSDir: k.nodeAgentTLSDir}
 	if err := c.Validate(); err != nil {
-		return nodeagent.DialConfig{}, err
+		return nodeagentdial.DialConfig{}, err
 	}
 	return c, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 )
 
 // TestKubernetesNodeAgents: the runner's node-agent configuration reaches the backend at
@@ -46,7 +47,7 @@ current-context: c
 		"no certificate":               {t.TempDir(), "node agents: --node-agent-tls-dir: nodeagent: tls:"},
 	} {
 		_, err := NewKubernetes(t.Context(), KubernetesConfig{Kubeconfig: kc, RunnerID: "runner-a", Namespace: "sbx",
-			NodeAgents: nodeagent.DialConfig{Port: 7445, TLSDir: tc.dir}})
+			NodeAgents: nodeagentdial.DialConfig{Port: 7445, TLSDir: tc.dir}})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", name, err, tc.want)
 		}

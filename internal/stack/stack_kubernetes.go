@@ -23,9 +23,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/blob/blobconfig"
 	"github.com/sandboxd/sandboxd/internal/egress"
-	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
@@ -69,7 +69,7 @@ type KubernetesConfig struct {
 	// NodeAgents is how the runner reaches the node agents that checkpoint its gvisor
 	// sandboxes (pause/resume; none configured: pause is refused with the reason). Its
 	// RunnerID is the backend's when empty. A Backend with NodeAgents set keeps its own.
-	NodeAgents nodeagent.DialConfig
+	NodeAgents nodeagentdial.DialConfig
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config

@@ -32,10 +32,10 @@ import (
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/logstore"
-	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
@@ -102,12 +102,12 @@ func randomID(prefix string) string {
 // newStack starts a runner on the cluster as runnerID, with dataDir for its files.
 func newStack(t testing.TB, c cluster, runnerID, dataDir string, tweak ...func(*kubernetes.Config)) *stack.KubernetesStack {
 	t.Helper()
-	return newStackAgents(t, c, runnerID, dataDir, nodeagent.DialConfig{}, tweak...)
+	return newStackAgents(t, c, runnerID, dataDir, nodeagentdial.DialConfig{}, tweak...)
 }
 
 // newStackAgents is newStack with node agents configured as the runner's --node-agent-*
 // flags configure them (stack.KubernetesConfig.NodeAgents).
-func newStackAgents(t testing.TB, c cluster, runnerID, dataDir string, agents nodeagent.DialConfig, tweak ...func(*kubernetes.Config)) *stack.KubernetesStack {
+func newStackAgents(t testing.TB, c cluster, runnerID, dataDir string, agents nodeagentdial.DialConfig, tweak ...func(*kubernetes.Config)) *stack.KubernetesStack {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -78,7 +79,7 @@ func TestK8sPauseResume(t *testing.T) {
 	agentCtx, agentCancel := context.WithCancel(context.Background())
 	t.Cleanup(agentCancel)
 	// The agent listens on the node's InternalIP; the runner reaches it as its
-	// --node-agent-port and --node-agent-tls-dir say (nodeagent.NodeDialer reads the node).
+	// --node-agent-port and --node-agent-tls-dir say (nodeagentdial.NodeDialer reads the node).
 	ta := startNodeAgentAt(t, agentCtx, node, c.namespace, runnerID, net.JoinHostPort(nodeIP, "0"))
 	dialer := ta.dialer
 	_, portS, _ := net.SplitHostPort(ta.addr)
@@ -92,7 +93,7 @@ func TestK8sPauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	ckptRoot := testCheckpointRoot()
-	s := newStackAgents(t, c, runnerID, t.TempDir(), nodeagent.DialConfig{Port: port, TLSDir: runnerTLS}, func(cfg *kubernetes.Config) {
+	s := newStackAgents(t, c, runnerID, t.TempDir(), nodeagentdial.DialConfig{Port: port, TLSDir: runnerTLS}, func(cfg *kubernetes.Config) {
 		cfg.RuntimeClasses = map[string]string{"runc": "", "gvisor": "gvisor"}
 		// The backend's resume steps (pod created, IP, agent answered) in the test's log.
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))

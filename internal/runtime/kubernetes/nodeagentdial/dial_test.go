@@ -1,4 +1,4 @@
-package nodeagent_test
+package nodeagentdial_test
 
 import (
 	"errors"
@@ -16,10 +16,11 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 )
 
 func TestDialConfigValidate(t *testing.T) {
-	ok := []nodeagent.DialConfig{
+	ok := []nodeagentdial.DialConfig{
 		{},
 		{Port: 7445, TLSDir: "/t", RunnerID: "r"},
 		{Addrs: map[string]string{"node-1": "10.0.0.1:7445", "n2.example": "agent.example:1", "n3": "[fd00::1]:7445"}, TLSDir: "/t", RunnerID: "r"},
@@ -30,18 +31,18 @@ func TestDialConfigValidate(t *testing.T) {
 		}
 	}
 	for name, tc := range map[string]struct {
-		c    nodeagent.DialConfig
+		c    nodeagentdial.DialConfig
 		want string
 	}{
-		"both":          {nodeagent.DialConfig{Port: 1, Addrs: map[string]string{"n": "h:1"}, TLSDir: "/t", RunnerID: "r"}, "give one"},
-		"tls alone":     {nodeagent.DialConfig{TLSDir: "/t", RunnerID: "r"}, "needs --node-agent-port or --node-agent-addrs"},
-		"no tls":        {nodeagent.DialConfig{Port: 7445, RunnerID: "r"}, "need --node-agent-tls-dir"},
-		"port high":     {nodeagent.DialConfig{Port: 70000, TLSDir: "/t", RunnerID: "r"}, "--node-agent-port 70000: want 1..65535"},
-		"port negative": {nodeagent.DialConfig{Port: -1, TLSDir: "/t", RunnerID: "r"}, "want 1..65535"},
-		"bad node":      {nodeagent.DialConfig{Addrs: map[string]string{"Node_1": "h:1"}, TLSDir: "/t", RunnerID: "r"}, `node "Node_1"`},
-		"no port":       {nodeagent.DialConfig{Addrs: map[string]string{"n": "10.0.0.1"}, TLSDir: "/t", RunnerID: "r"}, "want host:port"},
-		"port zero":     {nodeagent.DialConfig{Addrs: map[string]string{"n": "10.0.0.1:0"}, TLSDir: "/t", RunnerID: "r"}, "port 1..65535"},
-		"bad host":      {nodeagent.DialConfig{Addrs: map[string]string{"n": "a/b:1"}, TLSDir: "/t", RunnerID: "r"}, "neither an IP"},
+		"both":          {nodeagentdial.DialConfig{Port: 1, Addrs: map[string]string{"n": "h:1"}, TLSDir: "/t", RunnerID: "r"}, "give one"},
+		"tls alone":     {nodeagentdial.DialConfig{TLSDir: "/t", RunnerID: "r"}, "needs --node-agent-port or --node-agent-addrs"},
+		"no tls":        {nodeagentdial.DialConfig{Port: 7445, RunnerID: "r"}, "need --node-agent-tls-dir"},
+		"port high":     {nodeagentdial.DialConfig{Port: 70000, TLSDir: "/t", RunnerID: "r"}, "--node-agent-port 70000: want 1..65535"},
+		"port negative": {nodeagentdial.DialConfig{Port: -1, TLSDir: "/t", RunnerID: "r"}, "want 1..65535"},
+		"bad node":      {nodeagentdial.DialConfig{Addrs: map[string]string{"Node_1": "h:1"}, TLSDir: "/t", RunnerID: "r"}, `node "Node_1"`},
+		"no port":       {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1"}, TLSDir: "/t", RunnerID: "r"}, "want host:port"},
+		"port zero":     {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1:0"}, TLSDir: "/t", RunnerID: "r"}, "port 1..65535"},
+		"bad host":      {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "a/b:1"}, TLSDir: "/t", RunnerID: "r"}, "neither an IP"},
 	} {
 		err := tc.c.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -51,11 +52,11 @@ func TestDialConfigValidate(t *testing.T) {
 }
 
 func TestParseAddrs(t *testing.T) {
-	m, err := nodeagent.ParseAddrs(" node-1=10.0.0.1:7445, node-2 = [fd00::2]:7445 ,")
+	m, err := nodeagentdial.ParseAddrs(" node-1=10.0.0.1:7445, node-2 = [fd00::2]:7445 ,")
 	if err != nil || len(m) != 2 || m["node-1"] != "10.0.0.1:7445" || m["node-2"] != "[fd00::2]:7445" {
 		t.Fatalf("%v %v", m, err)
 	}
-	if m, err := nodeagent.ParseAddrs(""); err != nil || m != nil {
+	if m, err := nodeagentdial.ParseAddrs(""); err != nil || m != nil {
 		t.Fatalf("empty: %v %v", m, err)
 	}
 	for in, want := range map[string]string{
@@ -66,7 +67,7 @@ func TestParseAddrs(t *testing.T) {
 		"a=10.0.0.1:1,,b":        "want node=host:port",
 		"n=10.0.0.1:1,m=h:1,n=x": "twice",
 	} {
-		if _, err := nodeagent.ParseAddrs(in); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := nodeagentdial.ParseAddrs(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", in, err, want)
 		}
 	}
@@ -101,15 +102,15 @@ func TestClientTLSFromDir(t *testing.T) {
 	} {
 		dir := clientTLSDir(t, j.ca, tc.uris, tc.ttl)
 		time.Sleep(5 * time.Millisecond) // the expired one's lifetime is over
-		if _, err := nodeagent.ClientTLSFromDir(dir, joinRunner); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := nodeagentdial.ClientTLSFromDir(dir, joinRunner); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", name, err, tc.want)
 		}
 	}
-	if _, err := nodeagent.ClientTLSFromDir(t.TempDir(), joinRunner); err == nil || !strings.Contains(err.Error(), "--node-agent-tls-dir") {
+	if _, err := nodeagentdial.ClientTLSFromDir(t.TempDir(), joinRunner); err == nil || !strings.Contains(err.Error(), "--node-agent-tls-dir") {
 		t.Errorf("empty dir: %v", err)
 	}
 	dir := clientTLSDir(t, j.ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	c := nodeagent.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: dir, RunnerID: joinRunner}
+	c := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: dir, RunnerID: joinRunner}
 	d, err := c.Dialer(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +129,7 @@ func TestClientTLSFromDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	odir := clientTLSDir(t, other, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	od, err := nodeagent.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: odir, RunnerID: joinRunner}.Dialer(nil)
+	od, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: odir, RunnerID: joinRunner}.Dialer(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,10 +140,10 @@ func TestClientTLSFromDir(t *testing.T) {
 	if _, err := oa.Checkpoint(t.Context(), joinReq(false)); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("agent of another CA: %v, want a certificate error", err)
 	}
-	if _, err := (nodeagent.DialConfig{Addrs: c.Addrs, TLSDir: dir}).Dialer(nil); err == nil || !strings.Contains(err.Error(), "runner's ID") {
+	if _, err := (nodeagentdial.DialConfig{Addrs: c.Addrs, TLSDir: dir}).Dialer(nil); err == nil || !strings.Contains(err.Error(), "runner's ID") {
 		t.Errorf("no runner ID: %v", err)
 	}
-	if d, err := (nodeagent.DialConfig{}).Dialer(nil); d != nil || err != nil {
+	if d, err := (nodeagentdial.DialConfig{}).Dialer(nil); d != nil || err != nil {
 		t.Errorf("no agents: %v %v, want nil, nil", d, err)
 	}
 }
@@ -167,7 +168,7 @@ func TestNodeDialer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := nodeagent.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}.Dialer(client)
+	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}.Dialer(client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func TestNodeDialer(t *testing.T) {
 	if _, err := d.Agent(t.Context(), "../x"); err == nil || apierrors.IsNotFound(err) {
 		t.Errorf("bad node name: %v", err)
 	}
-	if _, err := (nodeagent.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}).Dialer(nil); err == nil {
+	if _, err := (nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}).Dialer(nil); err == nil {
 		t.Error("--node-agent-port without a Kubernetes client: no error")
 	}
 }

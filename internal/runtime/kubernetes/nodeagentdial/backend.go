@@ -1,4 +1,9 @@
-package nodeagent
+// Package nodeagentdial is the runner's side of the node agent (internal/nodeagent):
+// how the Kubernetes backend reaches the agent of a sandbox Pod's node (the runner's
+// --node-agent-* flags, DialConfig) and the adapter of the agent's client to the
+// backend's kubernetes.NodeAgentDialer. It lives with the runner, not the agent: the
+// agent's packages never import the runtime, the runner or the stack (internal/archtest).
+package nodeagentdial
 
 import (
 	"context"
@@ -7,17 +12,18 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
 
 // The join of the node agent's client and the Kubernetes backend: the backend asks for a
 // kubernetes.NodeAgentDialer (its Config.NodeAgents, checkpoint.go) and knows nothing of
-// this package's wire; BackendDialer turns a dialer of *Client (StaticDialer, NodeDialer)
-// into one.
+// the agent's wire; BackendDialer turns a dialer of *nodeagent.Client
+// (nodeagent.StaticDialer, NodeDialer) into one.
 
-// ClientDialer gives the client of a node's agent: *StaticDialer, *NodeDialer.
+// ClientDialer gives the client of a node's agent: *nodeagent.StaticDialer, *NodeDialer.
 type ClientDialer interface {
-	Agent(ctx context.Context, node string) (*Client, error)
+	Agent(ctx context.Context, node string) (*nodeagent.Client, error)
 }
 
 // BackendDialer adapts d to the Kubernetes backend's kubernetes.NodeAgentDialer.
@@ -33,15 +39,15 @@ func (b backendDialer) Agent(ctx context.Context, node string) (kubernetes.NodeA
 		return nil, err
 	}
 	if c == nil {
-		return nil, fmt.Errorf("%w %q", ErrNoAgent, node)
+		return nil, fmt.Errorf("%w %q", nodeagent.ErrNoAgent, node)
 	}
 	return BackendAgent(c), nil
 }
 
 // BackendAgent adapts c to kubernetes.NodeAgent.
-func BackendAgent(c *Client) kubernetes.NodeAgent { return backendAgent{c: c} }
+func BackendAgent(c *nodeagent.Client) kubernetes.NodeAgent { return backendAgent{c: c} }
 
-type backendAgent struct{ c *Client }
+type backendAgent struct{ c *nodeagent.Client }
 
 // Checkpoint implements kubernetes.NodeAgent. The agent's SandboxRunning is a *bool (nil:
 // it could not tell, or it never touched the sandbox); the backend's is a bool, and nil
@@ -52,7 +58,7 @@ type backendAgent struct{ c *Client }
 // true would tell it that a sandbox a failed `runsc checkpoint` may have killed still
 // runs. Only a definite "true" from the agent is true.
 func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
-	res, err := a.c.Checkpoint(ctx, CheckpointRequest{
+	res, err := a.c.Checkpoint(ctx, nodeagent.CheckpointRequest{
 		Namespace: req.Namespace, Name: req.Name, UID: req.UID, SandboxID: req.SandboxID, LeaveRunning: req.LeaveRunning,
 	})
 	out := kubernetes.NodeCheckpoint{
@@ -61,7 +67,7 @@ func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpo
 	}
 	if err != nil {
 		var ce *connect.Error
-		if errors.As(err, &ce) && ce.Meta().Get(SandboxRunningMeta) == "unknown" {
+		if errors.As(err, &ce) && ce.Meta().Get(nodeagent.SandboxRunningMeta) == "unknown" {
 			err = fmt.Errorf("%w (the agent could not tell whether the sandbox still runs)", err)
 		}
 		return out, err
@@ -78,5 +84,5 @@ func (a backendAgent) DeleteCheckpoint(ctx context.Context, checkpointID string)
 }
 
 var (
-	_ ClientDialer = (*StaticDialer)(nil)
+	_ ClientDialer = (*nodeagent.StaticDialer)(nil)
 )

@@ -1,4 +1,4 @@
-package nodeagent_test
+package nodeagentdial_test
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 )
 
 const (
@@ -88,7 +89,7 @@ func joinAgent(t *testing.T) (kubernetes.NodeAgentDialer, *joinResolver, *joinCh
 		t.Fatal(err)
 	}
 	sd := &nodeagent.StaticDialer{Addrs: map[string]string{"node-1": j.addr}, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool())}
-	return nodeagent.BackendDialer(sd), j.res, j.ck, j.root
+	return nodeagentdial.BackendDialer(sd), j.res, j.ck, j.root
 }
 
 // joined is a node agent served for a test: its address, CA, fakes and checkpoint root.

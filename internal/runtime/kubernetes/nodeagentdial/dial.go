@@ -1,4 +1,4 @@
-package nodeagent
+package nodeagentdial
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	k8s "k8s.io/client-go/kubernetes"
 
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
@@ -134,17 +135,17 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 		return nil, nil
 	}
 	if c.RunnerID == "" {
-		return nil, errors.New("nodeagent: node agents need the runner's ID (its client certificate must name it)")
+		return nil, errors.New("nodeagentdial: node agents need the runner's ID (its client certificate must name it)")
 	}
 	tc, err := ClientTLSFromDir(c.TLSDir, c.RunnerID)
 	if err != nil {
 		return nil, err
 	}
 	if len(c.Addrs) > 0 {
-		return BackendDialer(&StaticDialer{Addrs: c.Addrs, TLS: tc}), nil
+		return BackendDialer(&nodeagent.StaticDialer{Addrs: c.Addrs, TLS: tc}), nil
 	}
 	if client == nil {
-		return nil, errors.New("nodeagent: a Kubernetes client to read the nodes' addresses")
+		return nil, errors.New("nodeagentdial: a Kubernetes client to read the nodes' addresses")
 	}
 	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc}), nil
 }
@@ -155,21 +156,21 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 // pause); it is re-read when its files change (a renewed certificate), the CA is read
 // once (a new CA needs a restart).
 func ClientTLSFromDir(dir, runnerID string) (*tls.Config, error) {
-	r := &reloader{dir: dir}
-	m, err := r.get()
+	d, err := nodeagent.OpenTLSDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--node-agent-tls-dir: %w", err)
 	}
-	if err := checkClientCert(&m.cert, runnerID, time.Now()); err != nil {
+	cert, pool, err := d.Load()
+	if err != nil {
+		return nil, fmt.Errorf("--node-agent-tls-dir: %w", err)
+	}
+	if err := checkClientCert(cert, runnerID, time.Now()); err != nil {
 		return nil, fmt.Errorf("--node-agent-tls-dir %s: %w", dir, err)
 	}
-	return ClientTLSConfig(nil, func() (*tls.Certificate, error) {
-		m, err := r.get()
-		if err != nil {
-			return nil, err
-		}
-		return &m.cert, nil
-	}, m.pool), nil
+	return nodeagent.ClientTLSConfig(nil, func() (*tls.Certificate, error) {
+		cert, _, err := d.Load()
+		return cert, err
+	}, pool), nil
 }
 
 // checkClientCert: cert's leaf names runnerID as a node-agent client and is valid at now.
@@ -184,11 +185,11 @@ func checkClientCert(cert *tls.Certificate, runnerID string, now time.Time) erro
 	id, ok := pki.NodeAgentRunner(leaf)
 	switch {
 	case !ok:
-		return fmt.Errorf("the client certificate (%s) carries no node-agent client URI: want exactly one %s", CertFile, pki.NodeAgentClientURI(runnerID))
+		return fmt.Errorf("the client certificate (%s) carries no node-agent client URI: want exactly one %s", nodeagent.CertFile, pki.NodeAgentClientURI(runnerID))
 	case id != runnerID:
-		return fmt.Errorf("the client certificate (%s) names runner %q, this runner is %q", CertFile, id, runnerID)
+		return fmt.Errorf("the client certificate (%s) names runner %q, this runner is %q", nodeagent.CertFile, id, runnerID)
 	case now.Before(leaf.NotBefore) || now.After(leaf.NotAfter):
-		return fmt.Errorf("the client certificate (%s) is valid %s to %s, not now", CertFile, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
+		return fmt.Errorf("the client certificate (%s) is valid %s to %s, not now", nodeagent.CertFile, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -205,21 +206,21 @@ type NodeDialer struct {
 	TLS    *tls.Config
 
 	mu      sync.Mutex
-	clients map[string]*Client
+	clients map[string]*nodeagent.Client
 }
 
 // Agent returns the client of node's agent.
-func (d *NodeDialer) Agent(ctx context.Context, node string) (*Client, error) {
+func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client, error) {
 	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
-		return nil, fmt.Errorf("nodeagent: node %q: %s", node, strings.Join(errs, "; "))
+		return nil, fmt.Errorf("nodeagentdial: node %q: %s", node, strings.Join(errs, "; "))
 	}
 	n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("nodeagent: node %s: %w", node, err)
+		return nil, fmt.Errorf("nodeagentdial: node %s: %w", node, err)
 	}
 	ip := nodeInternalIP(n)
 	if !ip.IsValid() {
-		return nil, fmt.Errorf("%w %q: the node has no InternalIP address", ErrNoAgent, node)
+		return nil, fmt.Errorf("%w %q: the node has no InternalIP address", nodeagent.ErrNoAgent, node)
 	}
 	addr := net.JoinHostPort(ip.String(), strconv.Itoa(d.Port))
 	d.mu.Lock()
@@ -227,12 +228,12 @@ func (d *NodeDialer) Agent(ctx context.Context, node string) (*Client, error) {
 	if c := d.clients[addr]; c != nil {
 		return c, nil
 	}
-	c, err := NewClient(addr, d.TLS)
+	c, err := nodeagent.NewClient(addr, d.TLS)
 	if err != nil {
 		return nil, err
 	}
 	if d.clients == nil {
-		d.clients = map[string]*Client{}
+		d.clients = map[string]*nodeagent.Client{}
 	}
 	d.clients[addr] = c
 	return c, nil
