@@ -9,10 +9,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 )
 
@@ -26,12 +28,24 @@ type ClientDialer interface {
 	Agent(ctx context.Context, node string) (*nodeagent.Client, error)
 }
 
-// BackendDialer adapts d to the Kubernetes backend's kubernetes.NodeAgentDialer.
-func BackendDialer(d ClientDialer) kubernetes.NodeAgentDialer {
-	return backendDialer{d: d}
+// Options are the adapter's: RunnerID is the runner whose checkpoints the agents keep —
+// a checkpoint ID an agent answers must be one of its (store.ValidID, prefix
+// "c-"+store.OwnerHash(RunnerID)+"-"): an agent (or whoever answers in its place) naming
+// another runner's or a malformed ID is an error, never an ID the backend records and
+// later restores or deletes.
+type Options struct {
+	RunnerID string
 }
 
-type backendDialer struct{ d ClientDialer }
+// BackendDialer adapts d to the Kubernetes backend's kubernetes.NodeAgentDialer.
+func BackendDialer(d ClientDialer, o Options) kubernetes.NodeAgentDialer {
+	return backendDialer{d: d, o: o}
+}
+
+type backendDialer struct {
+	d ClientDialer
+	o Options
+}
 
 func (b backendDialer) Agent(ctx context.Context, node string) (kubernetes.NodeAgent, error) {
 	c, err := b.d.Agent(ctx, node)
@@ -41,13 +55,18 @@ func (b backendDialer) Agent(ctx context.Context, node string) (kubernetes.NodeA
 	if c == nil {
 		return nil, fmt.Errorf("%w %q", nodeagent.ErrNoAgent, node)
 	}
-	return BackendAgent(c), nil
+	return BackendAgent(c, b.o), nil
 }
 
 // BackendAgent adapts c to kubernetes.NodeAgent.
-func BackendAgent(c *nodeagent.Client) kubernetes.NodeAgent { return backendAgent{c: c} }
+func BackendAgent(c *nodeagent.Client, o Options) kubernetes.NodeAgent {
+	return backendAgent{c: c, o: o}
+}
 
-type backendAgent struct{ c *nodeagent.Client }
+type backendAgent struct {
+	c *nodeagent.Client
+	o Options
+}
 
 // Checkpoint implements kubernetes.NodeAgent. The agent's SandboxRunning is a *bool (nil:
 // it could not tell, or it never touched the sandbox); the backend's is a bool, and nil
@@ -75,7 +94,22 @@ func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpo
 	if res.ID == "" {
 		return kubernetes.NodeCheckpoint{}, errors.New("node agent checkpoint: the agent answered no checkpoint ID")
 	}
+	if err := ownCheckpointID(res.ID, a.o.RunnerID); err != nil {
+		return kubernetes.NodeCheckpoint{}, fmt.Errorf("node agent checkpoint: %w", err)
+	}
 	return out, nil
+}
+
+// ownCheckpointID: id is a valid checkpoint ID of runnerID's (the agent's store names
+// every image "c-"+OwnerHash(owner)+"-"+random).
+func ownCheckpointID(id, runnerID string) error {
+	if err := store.ValidID(id); err != nil {
+		return fmt.Errorf("the agent answered an invalid checkpoint ID: %w", err)
+	}
+	if runnerID == "" || !strings.HasPrefix(id, "c-"+store.OwnerHash(runnerID)+"-") {
+		return fmt.Errorf("the agent answered checkpoint ID %q, which is not runner %q's", id, runnerID)
+	}
+	return nil
 }
 
 // DeleteCheckpoint implements kubernetes.NodeAgent (an unknown ID is no error).

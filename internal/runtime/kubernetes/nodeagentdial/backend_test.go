@@ -2,8 +2,10 @@ package nodeagentdial_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -12,6 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nodeagentv1 "github.com/sandboxd/sandboxd/gen/sandboxd/nodeagent/v1"
+	"github.com/sandboxd/sandboxd/gen/sandboxd/nodeagent/v1/nodeagentv1connect"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/cri"
@@ -89,7 +96,7 @@ func joinAgent(t *testing.T) (kubernetes.NodeAgentDialer, *joinResolver, *joinCh
 		t.Fatal(err)
 	}
 	sd := &nodeagent.StaticDialer{Addrs: map[string]string{"node-1": j.addr}, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool())}
-	return nodeagentdial.BackendDialer(sd), j.res, j.ck, j.root
+	return nodeagentdial.BackendDialer(sd, nodeagentdial.Options{RunnerID: joinRunner}), j.res, j.ck, j.root
 }
 
 // joined is a node agent served for a test: its address, CA, fakes and checkpoint root.
@@ -240,5 +247,85 @@ func TestBackendDialerUnknownNode(t *testing.T) {
 	_, err := d.Agent(t.Context(), "node-2")
 	if !errors.Is(err, nodeagent.ErrNoAgent) || errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("unknown node: %v", err)
+	}
+}
+
+// fakeAgent is an agent that answers Checkpoint with id (what a compromised agent, or a
+// server holding an agent's certificate, might say).
+type fakeAgent struct {
+	nodeagentv1connect.UnimplementedNodeAgentServiceHandler
+	id string
+}
+
+func (f fakeAgent) Checkpoint(context.Context, *connect.Request[nodeagentv1.CheckpointRequest]) (*connect.Response[nodeagentv1.CheckpointResponse], error) {
+	return connect.NewResponse(&nodeagentv1.CheckpointResponse{CheckpointId: f.id, Node: "node-1", Bytes: 1, Took: durationpb.New(time.Millisecond)}), nil
+}
+
+// serveHandler serves h over HTTP/2 with the agent's mTLS (a server certificate for
+// nodeagent.ServerName, a client naming joinRunner required) and returns its address and
+// a client TLS configuration of joinRunner's that trusts it.
+func serveHandler(t *testing.T, h http.Handler) (string, *tls.Config) {
+	t.Helper()
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test node-agent CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := nodeagent.WriteTLSDir(dir, cert, ca.CertPEM()); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := nodeagent.ServerTLSConfig(dir, joinRunner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: h, TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	hs.Protocols.SetHTTP2(true)
+	go func() { _ = hs.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = hs.Close() })
+	ccert, err := ca.IssueClient("runner-"+joinRunner, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln.Addr().String(), nodeagent.ClientTLSConfig(&ccert, nil, ca.Pool())
+}
+
+// TestBackendAgentForeignCheckpointID: the checkpoint ID an agent answers must be a valid
+// ID of this runner's; another runner's, a malformed one or a path is an error with no ID
+// (the backend records nothing, the sandbox stays as its Pod says).
+func TestBackendAgentForeignCheckpointID(t *testing.T) {
+	own := store.NewID(joinRunner)
+	for name, tc := range map[string]struct {
+		id   string
+		want string
+	}{
+		"other runner's": {store.NewID("runner-x"), "not runner"},
+		"malformed":      {"c-" + store.OwnerHash(joinRunner) + "-xyz", "invalid checkpoint ID"},
+		"path":           {"../../etc", "invalid checkpoint ID"},
+		"own":            {own, ""},
+	} {
+		_, h := nodeagentv1connect.NewNodeAgentServiceHandler(fakeAgent{id: tc.id})
+		addr, tlsCfg := serveHandler(t, h)
+		c, err := nodeagent.NewClient(addr, tlsCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp, err := nodeagentdial.BackendAgent(c, nodeagentdial.Options{RunnerID: joinRunner}).Checkpoint(t.Context(), joinReq(false))
+		if tc.want == "" {
+			if err != nil || cp.ID != own {
+				t.Errorf("%s: %+v %v", name, cp, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) || cp.ID != "" || cp.SandboxRunning {
+			t.Errorf("%s: %+v %v, want an error %q and no ID", name, cp, err, tc.want)
+		}
 	}
 }

@@ -142,12 +142,12 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 		return nil, err
 	}
 	if len(c.Addrs) > 0 {
-		return BackendDialer(&nodeagent.StaticDialer{Addrs: c.Addrs, TLS: tc}), nil
+		return BackendDialer(&nodeagent.StaticDialer{Addrs: c.Addrs, TLS: tc}, Options{RunnerID: c.RunnerID}), nil
 	}
 	if client == nil {
 		return nil, errors.New("nodeagentdial: a Kubernetes client to read the nodes' addresses")
 	}
-	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc}), nil
+	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc}, Options{RunnerID: c.RunnerID}), nil
 }
 
 // ClientTLSFromDir is a runner's TLS configuration for its agents from dir (CertFile,
