@@ -1,6 +1,11 @@
 package nodeagentdial_test
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"net"
 	"net/url"
@@ -123,22 +128,60 @@ func TestClientTLSFromDir(t *testing.T) {
 	if err != nil || cp.Node != "node-1" {
 		t.Fatalf("checkpoint through --node-agent-addrs: %+v %v", cp, err)
 	}
-	// Another CA's agent: the runner refuses it at the handshake.
+	// The runner verifies the agent: its certificate must chain to ca.crt and name
+	// nodeagent.ServerName with serverAuth. The runner's client certificate is the one
+	// the agent trusts in every case, so only the runner's verification can refuse.
+	ccert, err := j.ca.IssueClient("runner", []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
 	other, err := pki.LoadOrCreateCA(t.TempDir(), "other CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	odir := clientTLSDir(t, other, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	od, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: odir, RunnerID: joinRunner}.Dialer(nil)
+	checkpointVia := func(addr string, caPEM []byte) error {
+		t.Helper()
+		dir := t.TempDir()
+		if err := nodeagent.WriteTLSDir(dir, ccert, caPEM); err != nil {
+			t.Fatal(err)
+		}
+		d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": addr}, TLSDir: dir, RunnerID: joinRunner}.Dialer(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := d.Agent(t.Context(), "node-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = a.Checkpoint(t.Context(), joinReq(false))
+		return err
+	}
+	// The real agent, but the runner's ca.crt is another CA: unknown authority.
+	var unknown x509.UnknownAuthorityError
+	if err := checkpointVia(j.addr, other.CertPEM()); !errors.As(err, &unknown) {
+		t.Errorf("agent not of the runner's CA: %v, want x509.UnknownAuthorityError", err)
+	}
+	// A server certificate of the same CA for another name.
+	otherName, err := j.ca.IssueServer("impostor", []string{"other.sandboxd.internal"}, nil, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	oa, err := od.Agent(t.Context(), "node-1")
+	var hostname x509.HostnameError
+	if err := checkpointVia(impostor(t, otherName), j.ca.CertPEM()); !errors.As(err, &hostname) {
+		t.Errorf("server certificate for another name: %v, want x509.HostnameError", err)
+	}
+	// A client-only certificate of the same CA (a runner's) presented as the server's.
+	clientOnly, err := j.ca.IssueClient("runner-x", []*url.URL{pki.NodeAgentClientURI("runner-x")}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := oa.Checkpoint(t.Context(), joinReq(false)); err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Errorf("agent of another CA: %v, want a certificate error", err)
+	if err := checkpointVia(impostor(t, clientOnly), j.ca.CertPEM()); !errors.As(err, &hostname) {
+		t.Errorf("client certificate as the server's: %v, want x509.HostnameError", err)
+	}
+	// The same with the agents' name in it (clientAuth only): the usage refuses it.
+	var invalid x509.CertificateInvalidError
+	if err := checkpointVia(impostor(t, clientCertNamed(t, j.ca, nodeagent.ServerName)), j.ca.CertPEM()); !errors.As(err, &invalid) || invalid.Reason != x509.IncompatibleUsage {
+		t.Errorf("clientAuth certificate naming the agents as the server's: %v, want x509 IncompatibleUsage", err)
 	}
 	if _, err := (nodeagentdial.DialConfig{Addrs: c.Addrs, TLSDir: dir}).Dialer(nil); err == nil || !strings.Contains(err.Error(), "runner's ID") {
 		t.Errorf("no runner ID: %v", err)
@@ -191,4 +234,52 @@ func TestNodeDialer(t *testing.T) {
 	if _, err := (nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}).Dialer(nil); err == nil {
 		t.Error("--node-agent-port without a Kubernetes client: no error")
 	}
+}
+
+// impostor serves TLS (h2) with cert and answers nothing; its address.
+func impostor(t *testing.T, cert tls.Certificate) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.(*tls.Conn).Handshake()
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// clientCertNamed is a clientAuth-only certificate of ca that carries the DNS name name.
+func clientCertNamed(t *testing.T, ca *pki.CA, name string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.SignCSR(csr, func(c *x509.Certificate) {
+		c.DNSNames = []string{name}
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
 }
