@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -33,13 +34,36 @@ type ClientDialer interface {
 // "c-"+store.OwnerHash(RunnerID)+"-"): an agent (or whoever answers in its place) naming
 // another runner's or a malformed ID is an error, never an ID the backend records and
 // later restores or deletes.
+//
+// CheckpointTimeout bounds a Checkpoint call (default DefaultCheckpointTimeout: the
+// agent's own bound, nodeagent.DefaultCheckpointTimeout, plus a margin for the agent's
+// wait for a free checkpoint slot and the answer); DeleteTimeout a DeleteCheckpoint call
+// (default 30 s). A caller's earlier deadline wins. An agent that never answers fails the
+// call then, instead of holding the sandbox's pause or resume forever.
 type Options struct {
-	RunnerID string
+	RunnerID                         string
+	CheckpointTimeout, DeleteTimeout time.Duration
+}
+
+// The default call bounds (Options).
+const (
+	DefaultCheckpointTimeout = nodeagent.DefaultCheckpointTimeout + 2*time.Minute
+	DefaultDeleteTimeout     = 30 * time.Second
+)
+
+func (o Options) withDefaults() Options {
+	if o.CheckpointTimeout <= 0 {
+		o.CheckpointTimeout = DefaultCheckpointTimeout
+	}
+	if o.DeleteTimeout <= 0 {
+		o.DeleteTimeout = DefaultDeleteTimeout
+	}
+	return o
 }
 
 // BackendDialer adapts d to the Kubernetes backend's kubernetes.NodeAgentDialer.
 func BackendDialer(d ClientDialer, o Options) kubernetes.NodeAgentDialer {
-	return backendDialer{d: d, o: o}
+	return backendDialer{d: d, o: o.withDefaults()}
 }
 
 type backendDialer struct {
@@ -60,7 +84,7 @@ func (b backendDialer) Agent(ctx context.Context, node string) (kubernetes.NodeA
 
 // BackendAgent adapts c to kubernetes.NodeAgent.
 func BackendAgent(c *nodeagent.Client, o Options) kubernetes.NodeAgent {
-	return backendAgent{c: c, o: o}
+	return backendAgent{c: c, o: o.withDefaults()}
 }
 
 type backendAgent struct {
@@ -77,6 +101,8 @@ type backendAgent struct {
 // true would tell it that a sandbox a failed `runsc checkpoint` may have killed still
 // runs. Only a definite "true" from the agent is true.
 func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.o.CheckpointTimeout)
+	defer cancel()
 	res, err := a.c.Checkpoint(ctx, nodeagent.CheckpointRequest{
 		Namespace: req.Namespace, Name: req.Name, UID: req.UID, SandboxID: req.SandboxID, LeaveRunning: req.LeaveRunning,
 	})
@@ -114,6 +140,8 @@ func ownCheckpointID(id, runnerID string) error {
 
 // DeleteCheckpoint implements kubernetes.NodeAgent (an unknown ID is no error).
 func (a backendAgent) DeleteCheckpoint(ctx context.Context, checkpointID string) error {
+	ctx, cancel := context.WithTimeout(ctx, a.o.DeleteTimeout)
+	defer cancel()
 	return a.c.DeleteCheckpoint(ctx, checkpointID)
 }
 

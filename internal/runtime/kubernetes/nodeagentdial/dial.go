@@ -204,6 +204,8 @@ type NodeDialer struct {
 	Client k8s.Interface
 	Port   int
 	TLS    *tls.Config
+	// Options bound the clients' connections (zero: the defaults).
+	Options nodeagent.ClientOptions
 
 	mu      sync.Mutex
 	clients map[string]*nodeagent.Client
@@ -228,7 +230,7 @@ func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client,
 	if c := d.clients[addr]; c != nil {
 		return c, nil
 	}
-	c, err := nodeagent.NewClient(addr, d.TLS)
+	c, err := nodeagent.NewClientWith(addr, d.TLS, d.Options)
 	if err != nil {
 		return nil, err
 	}
