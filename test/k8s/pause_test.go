@@ -228,7 +228,7 @@ func TestK8sPauseResume(t *testing.T) {
 	if np, err := nps.Get(ctx, "sbx-"+id, metav1.GetOptions{}); err != nil || !ownedByNew(np.OwnerReferences) {
 		t.Errorf("resumed sandbox's NetworkPolicy %v (%v), want owned by its new Pod", np, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := os.Stat(image)
 		if os.IsNotExist(err) {
@@ -289,7 +289,7 @@ func TestK8sPauseResume(t *testing.T) {
 func readTick(t *testing.T, r *runner.Runner, id string) (string, int) {
 	t.Helper()
 	// Right after RUNNING the main command may not have written it yet.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	var f []string
 	for {
 		res := exec(t, r, id, "cat", "/tmp/tick")
