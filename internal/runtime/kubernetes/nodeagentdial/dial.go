@@ -46,6 +46,8 @@ type DialConfig struct {
 	// cert-manager writes one.
 	TLSDir   string
 	RunnerID string
+	// ClientOptions bound the clients' connections (zero: nodeagent's defaults; no flag).
+	ClientOptions nodeagent.ClientOptions
 }
 
 // Enabled: some agent is configured (Port or Addrs).
@@ -142,12 +144,12 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 		return nil, err
 	}
 	if len(c.Addrs) > 0 {
-		return BackendDialer(&nodeagent.StaticDialer{Addrs: c.Addrs, TLS: tc}, Options{RunnerID: c.RunnerID}), nil
+		return BackendDialer(&nodeagent.StaticDialer{Addrs: c.Addrs, TLS: tc, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID}), nil
 	}
 	if client == nil {
 		return nil, errors.New("nodeagentdial: a Kubernetes client to read the nodes' addresses")
 	}
-	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc}, Options{RunnerID: c.RunnerID}), nil
+	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID}), nil
 }
 
 // ClientTLSFromDir is a runner's TLS configuration for its agents from dir (CertFile,
@@ -220,8 +222,11 @@ func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client,
 	if err != nil {
 		return nil, fmt.Errorf("nodeagentdial: node %s: %w", node, err)
 	}
-	ip := nodeInternalIP(n)
+	ip, refused := nodeInternalIP(n)
 	if !ip.IsValid() {
+		if len(refused) > 0 {
+			return nil, fmt.Errorf("%w %q: the node has no usable InternalIP address (refused: %s)", nodeagent.ErrNoAgent, node, strings.Join(refused, ", "))
+		}
 		return nil, fmt.Errorf("%w %q: the node has no InternalIP address", nodeagent.ErrNoAgent, node)
 	}
 	addr := net.JoinHostPort(ip.String(), strconv.Itoa(d.Port))
@@ -241,8 +246,11 @@ func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client,
 	return c, nil
 }
 
-// nodeInternalIP is the node's first InternalIP address (IPv4 before IPv6).
-func nodeInternalIP(n *corev1.Node) netip.Addr {
+// nodeInternalIP is the node's first usable InternalIP address (IPv4 before IPv6). A
+// Node object's addresses are written by its kubelet (or whoever may update Node status):
+// loopback, unspecified, link-local and multicast addresses are refused — dialed, they
+// would reach the runner's own host or its link, not the node. refused names those seen.
+func nodeInternalIP(n *corev1.Node) (ip netip.Addr, refused []string) {
 	var v6 netip.Addr
 	for _, a := range n.Status.Addresses {
 		if a.Type != corev1.NodeInternalIP {
@@ -253,14 +261,35 @@ func nodeInternalIP(n *corev1.Node) netip.Addr {
 			continue
 		}
 		ip = ip.Unmap()
+		if why := unusableAddr(ip); why != "" {
+			refused = append(refused, ip.String()+" ("+why+")")
+			continue
+		}
 		if ip.Is4() {
-			return ip
+			return ip, refused
 		}
 		if !v6.IsValid() {
 			v6 = ip
 		}
 	}
-	return v6
+	return v6, refused
+}
+
+// unusableAddr: why ip is no node's address to dial ("": it is one).
+func unusableAddr(ip netip.Addr) string {
+	switch {
+	case ip.Zone() != "":
+		return "zoned"
+	case ip.IsLoopback():
+		return "loopback"
+	case ip.IsUnspecified():
+		return "unspecified"
+	case ip.IsLinkLocalUnicast():
+		return "link-local"
+	case ip.IsMulticast():
+		return "multicast"
+	}
+	return ""
 }
 
 var _ ClientDialer = (*NodeDialer)(nil)

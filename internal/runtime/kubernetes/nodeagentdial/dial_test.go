@@ -1,22 +1,28 @@
 package nodeagentdial_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
@@ -196,22 +202,20 @@ func TestClientTLSFromDir(t *testing.T) {
 // node without an InternalIP is ErrNoAgent.
 func TestNodeDialer(t *testing.T) {
 	j := serveJoinAgent(t)
-	host, port, _ := net.SplitHostPort(j.addr)
-	node := func(name string, addrs ...corev1.NodeAddress) *corev1.Node {
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: addrs}}
-	}
+	_, port, _ := net.SplitHostPort(j.addr)
 	client := fake.NewClientset(
-		node("node-1", corev1.NodeAddress{Type: corev1.NodeHostName, Address: "node-1"},
+		testNode("node-1", corev1.NodeAddress{Type: corev1.NodeHostName, Address: "node-1"},
 			corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "fd00::9"},
-			corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: host}),
-		node("node-bare", corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "192.0.2.1"}),
+			corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}),
+		testNode("node-bare", corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "192.0.2.1"}),
 	)
 	dir := clientTLSDir(t, j.ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
 	p, err := strconv.Atoi(port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}.Dialer(client)
+	r := newRedirect(map[string]string{net.JoinHostPort("192.0.2.10", port): j.addr})
+	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner, ClientOptions: nodeagent.ClientOptions{DialContext: r.dial}}.Dialer(client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,6 +225,9 @@ func TestNodeDialer(t *testing.T) {
 	}
 	if cp, err := a.Checkpoint(t.Context(), joinReq(false)); err != nil || cp.Node != "node-1" {
 		t.Fatalf("checkpoint through --node-agent-port: %+v %v", cp, err)
+	}
+	if got := r.dialed(); len(got) != 1 || got[0] != net.JoinHostPort("192.0.2.10", port) {
+		t.Errorf("dialed %v, want the node's IPv4 InternalIP at the port", got)
 	}
 	if _, err := d.Agent(t.Context(), "node-gone"); !apierrors.IsNotFound(err) {
 		t.Errorf("node gone: %v, want NotFound", err)
@@ -234,6 +241,119 @@ func TestNodeDialer(t *testing.T) {
 	if _, err := (nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}).Dialer(nil); err == nil {
 		t.Error("--node-agent-port without a Kubernetes client: no error")
 	}
+}
+
+// TestNodeDialerRefusedAddresses: a Node whose InternalIPs are loopback, unspecified,
+// link-local or multicast (the runner's own host or link, not the node) has no agent
+// (ErrNoAgent naming them) and nothing is dialed; a usable address beside them is taken.
+func TestNodeDialerRefusedAddresses(t *testing.T) {
+	j := serveJoinAgent(t)
+	_, port, _ := net.SplitHostPort(j.addr)
+	p, _ := strconv.Atoi(port)
+	var nodes []runtime.Object
+	bad := []string{"127.0.0.1", "::1", "::ffff:127.0.0.2", "0.0.0.0", "::", "169.254.169.254", "fe80::1", "224.0.0.1", "ff02::1", "239.1.2.3"}
+	for i, ip := range bad {
+		nodes = append(nodes, testNode(fmt.Sprintf("node-%d", i), corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip}))
+	}
+	nodes = append(nodes, testNode("node-mixed",
+		corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "127.0.0.1"},
+		corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "169.254.0.1"},
+		corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}))
+	r := newRedirect(map[string]string{net.JoinHostPort("192.0.2.10", port): j.addr,
+		net.JoinHostPort("127.0.0.1", port): j.addr, net.JoinHostPort("::1", port): j.addr})
+	dir := clientTLSDir(t, j.ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner, ClientOptions: nodeagent.ClientOptions{DialContext: r.dial}}.Dialer(fake.NewClientset(nodes...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ip := range bad {
+		a, err := d.Agent(t.Context(), fmt.Sprintf("node-%d", i))
+		if err == nil {
+			_, err = a.Checkpoint(t.Context(), joinReq(true))
+		}
+		if !errors.Is(err, nodeagent.ErrNoAgent) || !strings.Contains(err.Error(), "no usable InternalIP") {
+			t.Errorf("InternalIP %s: %v, want ErrNoAgent (no usable InternalIP)", ip, err)
+		}
+	}
+	if got := r.dialed(); len(got) != 0 {
+		t.Errorf("dialed %v for refused addresses", got)
+	}
+	a, err := d.Agent(t.Context(), "node-mixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Checkpoint(t.Context(), joinReq(true)); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.dialed(); len(got) != 1 || got[0] != net.JoinHostPort("192.0.2.10", port) {
+		t.Errorf("dialed %v, want only the usable address", got)
+	}
+}
+
+func testNode(name string, addrs ...corev1.NodeAddress) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: addrs}}
+}
+
+// redirect is a client's DialContext that routes the addresses it knows to test
+// listeners (the Nodes name documentation addresses) and records each dial; the conns it
+// made, by address, to see which were closed.
+type redirect struct {
+	mu    sync.Mutex
+	to    map[string]string
+	dials []string
+	conns map[string][]*trackedConn
+}
+
+func newRedirect(to map[string]string) *redirect {
+	return &redirect{to: to, conns: map[string][]*trackedConn{}}
+}
+
+func (r *redirect) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	r.mu.Lock()
+	r.dials = append(r.dials, addr)
+	target, ok := r.to[addr]
+	r.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("test: no route to %s", addr)
+	}
+	c, err := (&net.Dialer{}).DialContext(ctx, network, target)
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: c}
+	r.mu.Lock()
+	r.conns[addr] = append(r.conns[addr], tc)
+	r.mu.Unlock()
+	return tc, nil
+}
+
+func (r *redirect) dialed() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.dials)
+}
+
+// open counts the conns to addr not closed.
+func (r *redirect) open(addr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.conns[addr] {
+		if !c.closed.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+type trackedConn struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *trackedConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }
 
 // impostor serves TLS (h2) with cert and answers nothing; its address.
