@@ -201,7 +201,8 @@ func checkClientCert(cert *tls.Certificate, runnerID string, now time.Time) erro
 // read from the API server on each Agent call (one GET; nodes change addresses rarely,
 // but a node that is gone must be known as gone: its NotFound is passed on, and the
 // backend takes it for the loss of the checkpoints on it). Clients are cached per
-// address. Use it by pointer.
+// node (one per node: when its address changes, the old client is closed and replaced).
+// Use it by pointer.
 type NodeDialer struct {
 	Client k8s.Interface
 	Port   int
@@ -210,7 +211,7 @@ type NodeDialer struct {
 	Options nodeagent.ClientOptions
 
 	mu      sync.Mutex
-	clients map[string]*nodeagent.Client
+	clients map[string]nodeClient // by node name
 }
 
 // Agent returns the client of node's agent.
@@ -232,18 +233,29 @@ func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client,
 	addr := net.JoinHostPort(ip.String(), strconv.Itoa(d.Port))
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if c := d.clients[addr]; c != nil {
-		return c, nil
+	if e, ok := d.clients[node]; ok {
+		if e.addr == addr {
+			return e.c, nil
+		}
+		// The node's address changed: its old client goes (its idle connections closed).
+		e.c.Close()
+		delete(d.clients, node)
 	}
 	c, err := nodeagent.NewClientWith(addr, d.TLS, d.Options)
 	if err != nil {
 		return nil, err
 	}
 	if d.clients == nil {
-		d.clients = map[string]*nodeagent.Client{}
+		d.clients = map[string]nodeClient{}
 	}
-	d.clients[addr] = c
+	d.clients[node] = nodeClient{addr: addr, c: c}
 	return c, nil
+}
+
+// nodeClient is the cached client of a node's agent and the address it dials.
+type nodeClient struct {
+	addr string
+	c    *nodeagent.Client
 }
 
 // nodeInternalIP is the node's first usable InternalIP address (IPv4 before IPv6). A

@@ -290,6 +290,60 @@ func TestNodeDialerRefusedAddresses(t *testing.T) {
 	}
 }
 
+// TestNodeDialerAddressChange: one client per node: the same while the node's address
+// stays, and when it changes the old client is closed (its connection with it) and a new
+// one dials the new address.
+func TestNodeDialerAddressChange(t *testing.T) {
+	j := serveJoinAgent(t)
+	_, port, _ := net.SplitHostPort(j.addr)
+	p, _ := strconv.Atoi(port)
+	oldAddr, newAddr := net.JoinHostPort("192.0.2.10", port), net.JoinHostPort("192.0.2.11", port)
+	r := newRedirect(map[string]string{oldAddr: j.addr, newAddr: j.addr})
+	client := fake.NewClientset(testNode("node-1", corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}))
+	ccert, err := j.ca.IssueClient("runner", []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &nodeagentdial.NodeDialer{Client: client, Port: p, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool()), Options: nodeagent.ClientOptions{DialContext: r.dial}}
+	ctx := t.Context()
+	c1, err := d.Agent(ctx, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c1.ListCheckpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := d.Agent(ctx, "node-1"); err != nil || again != c1 {
+		t.Fatalf("same address: %p %v, want the cached client %p", again, err, c1)
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.11"}}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := d.Agent(ctx, "node-1")
+	if err != nil || c2 == c1 {
+		t.Fatalf("new address: %p %v, want a new client (old %p)", c2, err, c1)
+	}
+	if _, err := c2.ListCheckpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.dialed(); !slices.Equal(got, []string{oldAddr, newAddr}) {
+		t.Errorf("dialed %v, want %s then %s", got, oldAddr, newAddr)
+	}
+	for deadline := time.Now().Add(5 * time.Second); r.open(oldAddr) != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old address's client is not closed: %d connections open", r.open(oldAddr))
+		}
+	}
+	if r.open(newAddr) != 1 {
+		t.Errorf("%d connections to the new address, want 1", r.open(newAddr))
+	}
+}
+
 func testNode(name string, addrs ...corev1.NodeAddress) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: addrs}}
 }
