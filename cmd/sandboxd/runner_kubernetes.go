@@ -52,6 +52,7 @@ type kubernetesFlags struct {
 	// The node agents (--node-agent-*): see nodeAgents().
 	nodeAgentPort                   int
 	nodeAgentAddrs, nodeAgentTLSDir string
+	nodeAgentNodeGoneAfter          time.Duration
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -82,6 +83,7 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.egressForbid, "egress-forbid", "", "kubernetes backend: comma-separated CIDRs the egress proxy never dials for a sandbox besides the platform's reserved ranges (the cluster's Service and Pod ranges when they are not private)")
 	fs.IntVar(&k.nodeAgentPort, "node-agent-port", 0, "kubernetes backend: the node agents (sandboxd node-agent, docs/nodeagent.md) listen on their node's InternalIP at this port: pause and resume of gvisor sandboxes checkpoint through the agent of the sandbox's node (needs get on nodes; with --node-agent-tls-dir; 0 and no --node-agent-addrs: pause is refused)")
 	fs.StringVar(&k.nodeAgentAddrs, "node-agent-addrs", "", "kubernetes backend: instead of --node-agent-port, a static map of the node agents: comma-separated node=host:port pairs (fixed deployments, tests)")
+	fs.DurationVar(&k.nodeAgentNodeGoneAfter, "node-agent-node-gone-after", 0, "kubernetes backend, with --node-agent-port: a paused sandbox's node that the API server does not know is taken as gone with its checkpoint (the resume ends the sandbox CheckpointLost) only when it is still missing this long after a look first missed it; before, the resume fails and may be retried (0: 5m)")
 	fs.StringVar(&k.nodeAgentTLSDir, "node-agent-tls-dir", "", "kubernetes backend: the runner's mTLS to its node agents: tls.crt and tls.key (its client certificate, naming spiffe://sandboxd/node-agent-client/<runner-id>; re-read when renewed) and ca.crt (the CA of the agents' certificates for "+nodeagent.ServerName+")")
 	fs.DurationVar(&k.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "kubernetes backend: how long a Lease lasts without renewal (a new replica takes over after at most this)")
 }
@@ -200,7 +202,7 @@ func (k *kubernetesFlags) nodeAgents() (nodeagentdial.DialConfig, error) {
 	if err != nil {
 		return nodeagentdial.DialConfig{}, err
 	}
-	c := nodeagentdial.DialConfig{Port: k.nodeAgentPort, Addrs: addrs, TLSDir: k.nodeAgentTLSDir}
+	c := nodeagentdial.DialConfig{Port: k.nodeAgentPort, Addrs: addrs, TLSDir: k.nodeAgentTLSDir, NodeGoneAfter: k.nodeAgentNodeGoneAfter}
 	if err := c.Validate(); err != nil {
 		return nodeagentdial.DialConfig{}, err
 	}

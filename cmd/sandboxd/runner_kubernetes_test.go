@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -317,6 +318,10 @@ func TestRunnerNodeAgentFlags(t *testing.T) {
 	if c, err := k.nodeAgents(); err != nil || c.Port != 7445 || c.TLSDir != "/etc/na" || c.Addrs != nil {
 		t.Errorf("port: %+v %v", c, err)
 	}
+	k = parse("--node-agent-port", "7445", "--node-agent-tls-dir", "/etc/na", "--node-agent-node-gone-after", "90s")
+	if c, err := k.nodeAgents(); err != nil || c.NodeGoneAfter != 90*time.Second {
+		t.Errorf("gone after: %+v %v", c, err)
+	}
 	k = parse("--node-agent-addrs", "node-1=10.0.0.1:7445,node-2=10.0.0.2:7445", "--node-agent-tls-dir", "/etc/na")
 	if c, err := k.nodeAgents(); err != nil || len(c.Addrs) != 2 || c.Addrs["node-2"] != "10.0.0.2:7445" {
 		t.Errorf("addrs: %+v %v", c, err)
@@ -326,6 +331,7 @@ func TestRunnerNodeAgentFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--node-agent-port", "7445"}, "need --node-agent-tls-dir"},
+		{[]string{"--node-agent-addrs", "n=10.0.0.1:1", "--node-agent-tls-dir", "/x", "--node-agent-node-gone-after", "1m"}, "--node-agent-node-gone-after needs --node-agent-port"},
 		{[]string{"--node-agent-tls-dir", "/etc/na"}, "--node-agent-tls-dir needs --node-agent-port or --node-agent-addrs"},
 		{[]string{"--node-agent-port", "99999", "--node-agent-tls-dir", "/x"}, "--node-agent-port 99999: want 1..65535"},
 		{[]string{"--node-agent-port", "7445", "--node-agent-addrs", "n=10.0.0.1:1", "--node-agent-tls-dir", "/x"}, "give one"},

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	k8s "k8s.io/client-go/kubernetes"
@@ -46,6 +47,10 @@ type DialConfig struct {
 	// cert-manager writes one.
 	TLSDir   string
 	RunnerID string
+	// NodeGoneAfter (with Port): how long a node must stay missing from the API server
+	// before it is taken as gone with its checkpoints (NodeDialer.GoneAfter; 0: the
+	// default, 5 min).
+	NodeGoneAfter time.Duration
 	// ClientOptions bound the clients' connections (zero: nodeagent's defaults; no flag).
 	ClientOptions nodeagent.ClientOptions
 }
@@ -67,6 +72,10 @@ func (c DialConfig) Validate() error {
 		return fmt.Errorf("--node-agent-port %d: want 1..65535", c.Port)
 	case c.TLSDir == "":
 		return errors.New("--node-agent-port/--node-agent-addrs need --node-agent-tls-dir: the runner's client certificate for its node agents and their CA")
+	case c.NodeGoneAfter < 0:
+		return fmt.Errorf("--node-agent-node-gone-after %v: want a duration ≥ 0", c.NodeGoneAfter)
+	case c.NodeGoneAfter != 0 && c.Port == 0:
+		return errors.New("--node-agent-node-gone-after needs --node-agent-port (a static map never takes a node for gone)")
 	case len(c.Addrs) > MaxStaticAgents:
 		return fmt.Errorf("--node-agent-addrs: %d agents, at most %d", len(c.Addrs), MaxStaticAgents)
 	}
@@ -149,7 +158,7 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 	if client == nil {
 		return nil, errors.New("nodeagentdial: a Kubernetes client to read the nodes' addresses")
 	}
-	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID}), nil
+	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc, GoneAfter: c.NodeGoneAfter, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID}), nil
 }
 
 // ClientTLSFromDir is a runner's TLS configuration for its agents from dir (CertFile,
@@ -199,20 +208,36 @@ func checkClientCert(cert *tls.Certificate, runnerID string, now time.Time) erro
 // NodeDialer reaches the agent of a node at the node's InternalIP and Port (the agents
 // listen on their node's address: a hostNetwork DaemonSet or a hostPort). The node is
 // read from the API server on each Agent call (one GET; nodes change addresses rarely,
-// but a node that is gone must be known as gone: its NotFound is passed on, and the
-// backend takes it for the loss of the checkpoints on it). Clients are cached per
+// but a node that is gone must be known as gone). A node the API server does not know is
+// taken as gone — its NotFound is passed on, and the backend takes it for the loss of
+// the checkpoints on it (a resume ends the sandbox CheckpointLost) — only once it has
+// been missing on two looks at least GoneAfter apart (tracked per node since the first
+// look that missed it); before, the error is ErrNodeMissing, which is not NotFound: the
+// sandbox stays paused and a later resume tries again (a node deleted and re-registered
+// in maintenance, an API server answering from a stale cache). Clients are cached per
 // node (one per node: when its address changes, the old client is closed and replaced).
 // Use it by pointer.
 type NodeDialer struct {
 	Client k8s.Interface
 	Port   int
 	TLS    *tls.Config
+	// GoneAfter: how long a node must stay missing before it is taken as gone (default
+	// DefaultNodeGoneAfter).
+	GoneAfter time.Duration
 	// Options bound the clients' connections (zero: the defaults).
 	Options nodeagent.ClientOptions
 
 	mu      sync.Mutex
 	clients map[string]nodeClient // by node name
+	missing map[string]time.Time  // node name → when a look first missed it
 }
+
+// DefaultNodeGoneAfter is NodeDialer.GoneAfter's default.
+const DefaultNodeGoneAfter = 5 * time.Minute
+
+// ErrNodeMissing: the API server does not know the node, but it has not been missing
+// long enough to be taken as gone (NodeDialer): retry later.
+var ErrNodeMissing = errors.New("nodeagentdial: the node is missing (not yet taken as gone: retry later)")
 
 // Agent returns the client of node's agent.
 func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client, error) {
@@ -221,8 +246,14 @@ func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client,
 	}
 	n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, d.nodeMissing(node, err)
+		}
 		return nil, fmt.Errorf("nodeagentdial: node %s: %w", node, err)
 	}
+	d.mu.Lock()
+	delete(d.missing, node)
+	d.mu.Unlock()
 	ip, refused := nodeInternalIP(n)
 	if !ip.IsValid() {
 		if len(refused) > 0 {
@@ -250,6 +281,42 @@ func (d *NodeDialer) Agent(ctx context.Context, node string) (*nodeagent.Client,
 	}
 	d.clients[node] = nodeClient{addr: addr, c: c}
 	return c, nil
+}
+
+// nodeMissing: node was not found (notFound, the API's error). The first look that
+// misses it is remembered; it is gone (notFound wrapped) once a look GoneAfter after that
+// one misses it too, and its client is dropped; before, ErrNodeMissing.
+func (d *NodeDialer) nodeMissing(node string, notFound error) error {
+	goneAfter := d.GoneAfter
+	if goneAfter <= 0 {
+		goneAfter = DefaultNodeGoneAfter
+	}
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	first, seen := d.missing[node]
+	if !seen {
+		if d.missing == nil {
+			d.missing = map[string]time.Time{}
+		}
+		// Nodes missing long ago and not asked for since are forgotten (a look then
+		// starts over): the map holds no more than the nodes asked for in a day.
+		for n, t := range d.missing {
+			if now.Sub(t) > 24*time.Hour+goneAfter {
+				delete(d.missing, n)
+			}
+		}
+		d.missing[node] = now
+		first = now
+	}
+	if missed := now.Sub(first); seen && missed >= goneAfter {
+		if e, ok := d.clients[node]; ok {
+			e.c.Close()
+			delete(d.clients, node)
+		}
+		return fmt.Errorf("nodeagentdial: node %s: missing for %s (taken as gone after %s): %w", node, missed.Round(time.Second), goneAfter, notFound)
+	}
+	return fmt.Errorf("%w: node %s: not found for %s, taken as gone only after %s: %v", ErrNodeMissing, node, now.Sub(first).Round(time.Second), goneAfter, notFound)
 }
 
 // nodeClient is the cached client of a node's agent and the address it dials.

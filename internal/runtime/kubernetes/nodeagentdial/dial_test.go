@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
@@ -45,15 +46,17 @@ func TestDialConfigValidate(t *testing.T) {
 		c    nodeagentdial.DialConfig
 		want string
 	}{
-		"both":          {nodeagentdial.DialConfig{Port: 1, Addrs: map[string]string{"n": "h:1"}, TLSDir: "/t", RunnerID: "r"}, "give one"},
-		"tls alone":     {nodeagentdial.DialConfig{TLSDir: "/t", RunnerID: "r"}, "needs --node-agent-port or --node-agent-addrs"},
-		"no tls":        {nodeagentdial.DialConfig{Port: 7445, RunnerID: "r"}, "need --node-agent-tls-dir"},
-		"port high":     {nodeagentdial.DialConfig{Port: 70000, TLSDir: "/t", RunnerID: "r"}, "--node-agent-port 70000: want 1..65535"},
-		"port negative": {nodeagentdial.DialConfig{Port: -1, TLSDir: "/t", RunnerID: "r"}, "want 1..65535"},
-		"bad node":      {nodeagentdial.DialConfig{Addrs: map[string]string{"Node_1": "h:1"}, TLSDir: "/t", RunnerID: "r"}, `node "Node_1"`},
-		"no port":       {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1"}, TLSDir: "/t", RunnerID: "r"}, "want host:port"},
-		"port zero":     {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1:0"}, TLSDir: "/t", RunnerID: "r"}, "port 1..65535"},
-		"bad host":      {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "a/b:1"}, TLSDir: "/t", RunnerID: "r"}, "neither an IP"},
+		"both":                {nodeagentdial.DialConfig{Port: 1, Addrs: map[string]string{"n": "h:1"}, TLSDir: "/t", RunnerID: "r"}, "give one"},
+		"tls alone":           {nodeagentdial.DialConfig{TLSDir: "/t", RunnerID: "r"}, "needs --node-agent-port or --node-agent-addrs"},
+		"no tls":              {nodeagentdial.DialConfig{Port: 7445, RunnerID: "r"}, "need --node-agent-tls-dir"},
+		"port high":           {nodeagentdial.DialConfig{Port: 70000, TLSDir: "/t", RunnerID: "r"}, "--node-agent-port 70000: want 1..65535"},
+		"port negative":       {nodeagentdial.DialConfig{Port: -1, TLSDir: "/t", RunnerID: "r"}, "want 1..65535"},
+		"gone after negative": {nodeagentdial.DialConfig{Port: 1, TLSDir: "/t", NodeGoneAfter: -time.Second}, "--node-agent-node-gone-after -1s: want a duration ≥ 0"},
+		"gone after, static":  {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "h:1"}, TLSDir: "/t", NodeGoneAfter: time.Second}, "needs --node-agent-port"},
+		"bad node":            {nodeagentdial.DialConfig{Addrs: map[string]string{"Node_1": "h:1"}, TLSDir: "/t", RunnerID: "r"}, `node "Node_1"`},
+		"no port":             {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1"}, TLSDir: "/t", RunnerID: "r"}, "want host:port"},
+		"port zero":           {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1:0"}, TLSDir: "/t", RunnerID: "r"}, "port 1..65535"},
+		"bad host":            {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "a/b:1"}, TLSDir: "/t", RunnerID: "r"}, "neither an IP"},
 	} {
 		err := tc.c.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -229,8 +232,9 @@ func TestNodeDialer(t *testing.T) {
 	if got := r.dialed(); len(got) != 1 || got[0] != net.JoinHostPort("192.0.2.10", port) {
 		t.Errorf("dialed %v, want the node's IPv4 InternalIP at the port", got)
 	}
-	if _, err := d.Agent(t.Context(), "node-gone"); !apierrors.IsNotFound(err) {
-		t.Errorf("node gone: %v, want NotFound", err)
+	// A node missing on its first look is not yet gone (TestNodeDialerGoneAfter).
+	if _, err := d.Agent(t.Context(), "node-gone"); !errors.Is(err, nodeagentdial.ErrNodeMissing) || apierrors.IsNotFound(err) {
+		t.Errorf("node missing: %v, want ErrNodeMissing, not NotFound", err)
 	}
 	if _, err := d.Agent(t.Context(), "node-bare"); !errors.Is(err, nodeagent.ErrNoAgent) {
 		t.Errorf("node without InternalIP: %v, want ErrNoAgent", err)
@@ -341,6 +345,60 @@ func TestNodeDialerAddressChange(t *testing.T) {
 	}
 	if r.open(newAddr) != 1 {
 		t.Errorf("%d connections to the new address, want 1", r.open(newAddr))
+	}
+}
+
+// TestNodeDialerGoneAfter: a node the API server does not know is taken as gone (the
+// API's NotFound: the backend ends its sandboxes' resumes as CheckpointLost) only when a
+// look GoneAfter after the first that missed it misses it too; before, ErrNodeMissing,
+// which is neither NotFound nor errdefs.ErrNotFound (the sandbox stays paused). A node
+// that comes back is forgotten as missing: its next absence starts over.
+func TestNodeDialerGoneAfter(t *testing.T) {
+	j := serveJoinAgent(t)
+	_, port, _ := net.SplitHostPort(j.addr)
+	p, _ := strconv.Atoi(port)
+	r := newRedirect(map[string]string{net.JoinHostPort("192.0.2.10", port): j.addr})
+	client := fake.NewClientset()
+	ccert, err := j.ca.IssueClient("runner", []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const grace = 400 * time.Millisecond
+	nd := &nodeagentdial.NodeDialer{Client: client, Port: p, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool()), GoneAfter: grace, Options: nodeagent.ClientOptions{DialContext: r.dial}}
+	d := nodeagentdial.BackendDialer(nd, nodeagentdial.Options{RunnerID: joinRunner})
+	ctx := t.Context()
+	notYet := func(what string) {
+		t.Helper()
+		_, err := d.Agent(ctx, "node-1")
+		if !errors.Is(err, nodeagentdial.ErrNodeMissing) || apierrors.IsNotFound(err) || errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("%s: %v, want ErrNodeMissing (not NotFound)", what, err)
+		}
+	}
+	start := time.Now()
+	notYet("first look")
+	notYet("second look at once")
+	time.Sleep(grace - time.Since(start) + 50*time.Millisecond)
+	if _, err := d.Agent(ctx, "node-1"); !apierrors.IsNotFound(err) {
+		t.Errorf("missing for longer than %v: %v, want NotFound", grace, err)
+	}
+	// It comes back: reachable, and forgotten as missing.
+	n, err := client.CoreV1().Nodes().Create(ctx, testNode("node-1", corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.Agent(ctx, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Checkpoint(ctx, joinReq(true)); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	notYet("missing again")
+	if nodeagentdial.DefaultNodeGoneAfter < time.Minute {
+		t.Errorf("DefaultNodeGoneAfter %v", nodeagentdial.DefaultNodeGoneAfter)
 	}
 }
 
