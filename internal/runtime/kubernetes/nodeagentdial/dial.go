@@ -43,8 +43,9 @@ type DialConfig struct {
 	Addrs map[string]string
 	// TLSDir holds the runner's client certificate for its agents (tls.crt, tls.key: it
 	// must name RunnerID, pki.NodeAgentClientURI) and ca.crt, the CA the agents' server
-	// certificates (ServerName) chain to — a kubernetes.io/tls Secret with ca.crt, as
-	// cert-manager writes one.
+	// certificates (ServerName) chain to — the layout of a kubernetes.io/tls Secret with
+	// ca.crt. That CA must issue only this runner's agents' certificates: a shared issuer
+	// lets whoever else it serves mint the agents' name (docs/nodeagent.md).
 	TLSDir   string
 	RunnerID string
 	// NodeGoneAfter (with Port): how long a node must stay missing from the API server
