@@ -92,14 +92,10 @@ type backendAgent struct {
 	o Options
 }
 
-// Checkpoint implements kubernetes.NodeAgent. The agent's SandboxRunning is a *bool (nil:
-// it could not tell, or it never touched the sandbox); the backend's is a bool, and nil
-// becomes false — "not known to run". That is the answer that loses and leaks nothing:
-// the backend never ends a sandbox on it (a failed pause re-evaluates the sandbox from its
-// Pod's status, which ends it only when the Pod's containers have ended, and otherwise
-// lets it run on), it only warns that the failed checkpoint may have ended it; whereas
-// true would tell it that a sandbox a failed `runsc checkpoint` may have killed still
-// runs. Only a definite "true" from the agent is true.
+// Checkpoint implements kubernetes.NodeAgent. The agent's SandboxRunning (*bool: nil when
+// it could not tell, or never touched the sandbox) becomes kubernetes.Running: nil is
+// RunningUnknown, distinct from RunningNo (it ended). The backend never ends a sandbox on
+// either (a failed pause re-evaluates the sandbox from its Pod's status); it logs which.
 func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.o.CheckpointTimeout)
 	defer cancel()
@@ -108,7 +104,7 @@ func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpo
 	})
 	out := kubernetes.NodeCheckpoint{
 		ID: res.ID, Node: res.Node, Bytes: res.Bytes, Took: res.Took,
-		SandboxRunning: res.SandboxRunning != nil && *res.SandboxRunning,
+		SandboxRunning: running(res.SandboxRunning),
 	}
 	if err != nil {
 		var ce *connect.Error
@@ -124,6 +120,17 @@ func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpo
 		return kubernetes.NodeCheckpoint{}, fmt.Errorf("node agent checkpoint: %w", err)
 	}
 	return out, nil
+}
+
+// running is the agent's *bool as kubernetes.Running.
+func running(r *bool) kubernetes.Running {
+	switch {
+	case r == nil:
+		return kubernetes.RunningUnknown
+	case *r:
+		return kubernetes.RunningYes
+	}
+	return kubernetes.RunningNo
 }
 
 // ownCheckpointID: id is a valid checkpoint ID of runnerID's (the agent's store names

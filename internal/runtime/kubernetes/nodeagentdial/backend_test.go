@@ -170,7 +170,7 @@ func TestBackendDialerCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hibernate.ValidCheckpointID(cp.ID) != nil || cp.Node != "node-1" || cp.Bytes != 700 || cp.Took <= 0 || cp.SandboxRunning {
+	if hibernate.ValidCheckpointID(cp.ID) != nil || cp.Node != "node-1" || cp.Bytes != 700 || cp.Took <= 0 || cp.SandboxRunning == kubernetes.RunningYes {
 		t.Fatalf("pause checkpoint %+v", cp)
 	}
 	if _, err := os.Stat(filepath.Join(root, cp.ID, "sandboxd-complete")); err != nil {
@@ -181,7 +181,7 @@ func TestBackendDialerCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !fk.SandboxRunning || fk.ID == cp.ID {
+	if fk.SandboxRunning != kubernetes.RunningYes || fk.ID == cp.ID {
 		t.Fatalf("fork checkpoint %+v (pause's %s): want running, another ID", fk, cp.ID)
 	}
 	for _, id := range []string{cp.ID, cp.ID, fk.ID} { // twice: idempotent
@@ -197,8 +197,9 @@ func TestBackendDialerCheckpoint(t *testing.T) {
 }
 
 // TestBackendDialerFailedCheckpoint: a failed checkpoint's SandboxRunning follows the
-// agent's answer, and "unknown" (the agent could not tell) is false — not known to run —
-// with the error saying so; a refusal before the checkpoint is false too.
+// agent's answer: running, ended, and "unknown" (the agent could not tell) as
+// RunningUnknown — distinct from ended — with the error saying so; a refusal before the
+// checkpoint is unknown too (the agent never touched the sandbox).
 func TestBackendDialerFailedCheckpoint(t *testing.T) {
 	d, res, ck, _ := joinAgent(t)
 	ctx := t.Context()
@@ -211,12 +212,12 @@ func TestBackendDialerFailedCheckpoint(t *testing.T) {
 		name        string
 		running     bool
 		runErr      error
-		wantRunning bool
+		wantRunning kubernetes.Running
 		wantUnknown bool
 	}{
-		{"it runs", true, nil, true, false},
-		{"it ended", false, nil, false, false},
-		{"unknown", true, errors.New("CRI down"), false, true},
+		{"it runs", true, nil, kubernetes.RunningYes, false},
+		{"it ended", false, nil, kubernetes.RunningNo, false},
+		{"unknown", true, errors.New("CRI down"), kubernetes.RunningUnknown, true},
 	} {
 		res.set(tc.running, tc.runErr)
 		cp, err := a.Checkpoint(ctx, joinReq(false))
@@ -234,7 +235,7 @@ func TestBackendDialerFailedCheckpoint(t *testing.T) {
 	res.set(true, nil)
 	bad := joinReq(false)
 	bad.SandboxID = "other"
-	if cp, err := a.Checkpoint(ctx, bad); err == nil || cp.SandboxRunning || strings.Contains(err.Error(), "could not tell") {
+	if cp, err := a.Checkpoint(ctx, bad); err == nil || cp.SandboxRunning != kubernetes.RunningUnknown || strings.Contains(err.Error(), "could not tell") {
 		t.Errorf("refused checkpoint: %+v %v", cp, err)
 	}
 }
@@ -324,7 +325,7 @@ func TestBackendAgentForeignCheckpointID(t *testing.T) {
 			}
 			continue
 		}
-		if err == nil || !strings.Contains(err.Error(), tc.want) || cp.ID != "" || cp.SandboxRunning {
+		if err == nil || !strings.Contains(err.Error(), tc.want) || cp.ID != "" || cp.SandboxRunning != kubernetes.RunningUnknown {
 			t.Errorf("%s: %+v %v, want an error %q and no ID", name, cp, err, tc.want)
 		}
 	}
