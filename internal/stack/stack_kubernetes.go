@@ -236,6 +236,9 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		if na.RunnerID == "" {
 			na.RunnerID = bc.RunnerID
 		}
+		if na.Log == nil {
+			na.Log = cfg.Logger
+		}
 		if bc.NodeAgents, err = na.Dialer(bc.Client); err != nil {
 			return nil, fmt.Errorf("stack: node agents: %w", err)
 		}

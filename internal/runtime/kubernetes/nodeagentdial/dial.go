@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sort"
@@ -54,6 +55,8 @@ type DialConfig struct {
 	NodeGoneAfter time.Duration
 	// ClientOptions bound the clients' connections (zero: nodeagent's defaults; no flag).
 	ClientOptions nodeagent.ClientOptions
+	// Log takes the warnings of a renewed client certificate refused (nil: slog.Default).
+	Log *slog.Logger
 }
 
 // Enabled: some agent is configured (Port or Addrs).
@@ -149,7 +152,7 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 	if c.RunnerID == "" {
 		return nil, errors.New("nodeagentdial: node agents need the runner's ID (its client certificate must name it)")
 	}
-	tc, err := ClientTLSFromDir(c.TLSDir, c.RunnerID)
+	tc, err := ClientTLSFromDirLog(c.TLSDir, c.RunnerID, c.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -165,9 +168,19 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 // ClientTLSFromDir is a runner's TLS configuration for its agents from dir (CertFile,
 // KeyFile, CAFile): the client certificate must carry runnerID's NodeAgentClientURI and
 // be valid now (checked here, so a wrong Secret fails the runner's start, not its first
-// pause); it is re-read when its files change (a renewed certificate), the CA is read
-// once (a new CA needs a restart).
+// pause); it is re-read when its files change (a renewed certificate) and checked again:
+// a renewed one that fails the check (another runner's, not valid now) or files that
+// cannot be read leave the last good certificate in use, with a warning (once per
+// change). The CA is read once (a new CA needs a restart).
 func ClientTLSFromDir(dir, runnerID string) (*tls.Config, error) {
+	return ClientTLSFromDirLog(dir, runnerID, nil)
+}
+
+// ClientTLSFromDirLog is ClientTLSFromDir with its warnings to log (nil: slog.Default).
+func ClientTLSFromDirLog(dir, runnerID string, log *slog.Logger) (*tls.Config, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	d, err := nodeagent.OpenTLSDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--node-agent-tls-dir: %w", err)
@@ -179,9 +192,36 @@ func ClientTLSFromDir(dir, runnerID string) (*tls.Config, error) {
 	if err := checkClientCert(cert, runnerID, time.Now()); err != nil {
 		return nil, fmt.Errorf("--node-agent-tls-dir %s: %w", dir, err)
 	}
+	var (
+		mu      sync.Mutex
+		good    = cert // the last certificate that passed checkClientCert
+		refused *tls.Certificate
+		loadErr string
+	)
 	return nodeagent.ClientTLSConfig(nil, func() (*tls.Certificate, error) {
-		cert, _, err := d.Load()
-		return cert, err
+		cur, _, err := d.Load()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if err.Error() != loadErr {
+				loadErr = err.Error()
+				log.Warn("node agent client certificate: cannot re-read it; the last good one stays in use", "dir", dir, "err", err)
+			}
+			return good, nil
+		}
+		loadErr = ""
+		if cur == good {
+			return good, nil
+		}
+		if err := checkClientCert(cur, runnerID, time.Now()); err != nil {
+			if cur != refused {
+				refused = cur
+				log.Warn("node agent client certificate: the renewed one is refused; the last good one stays in use", "dir", dir, "err", err)
+			}
+			return good, nil
+		}
+		good = cur
+		return good, nil
 	}, pool), nil
 }
 

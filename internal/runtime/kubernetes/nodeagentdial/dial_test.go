@@ -1,6 +1,7 @@
 package nodeagentdial_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -9,6 +10,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"slices"
@@ -514,4 +516,79 @@ func clientCertNamed(t *testing.T, ca *pki.CA, name string) tls.Certificate {
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
+}
+
+// TestClientTLSRenewalChecked: a renewed client certificate is checked like the first:
+// one naming another runner is refused with a warning (once) and the last good one stays
+// in use; a good renewal is taken.
+func TestClientTLSRenewalChecked(t *testing.T) {
+	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test node-agent CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := clientTLSDir(t, ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	var logs syncBuffer
+	tc, err := nodeagentdial.ClientTLSFromDirLog(dir, joinRunner, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runnerOf := func() (string, []byte) {
+		t.Helper()
+		c, err := tc.GetClientCertificate(&tls.CertificateRequestInfo{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := pki.NodeAgentRunner(leaf)
+		return id, leaf.Raw
+	}
+	first, firstRaw := runnerOf()
+	if first != joinRunner {
+		t.Fatalf("first certificate names %q", first)
+	}
+	renew := func(runner string) {
+		t.Helper()
+		time.Sleep(1100 * time.Millisecond) // the directory is looked at at most once a second
+		c, err := ca.IssueClient("runner", []*url.URL{pki.NodeAgentClientURI(runner)}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nodeagent.WriteTLSDir(dir, c, ca.CertPEM()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond)
+	}
+	renew("runner-x")
+	for range 3 {
+		if id, raw := runnerOf(); id != joinRunner || !bytes.Equal(raw, firstRaw) {
+			t.Fatalf("after a renewal naming runner-x: presents %q, want the last good certificate", id)
+		}
+	}
+	if n := strings.Count(logs.String(), "the renewed one is refused"); n != 1 || !strings.Contains(logs.String(), `names runner \"runner-x\"`) {
+		t.Errorf("warnings %d, want 1 naming runner-x:\n%s", n, logs.String())
+	}
+	renew(joinRunner)
+	if id, raw := runnerOf(); id != joinRunner || bytes.Equal(raw, firstRaw) {
+		t.Errorf("after a good renewal: %q, same certificate %v, want the renewed one", id, bytes.Equal(raw, firstRaw))
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
