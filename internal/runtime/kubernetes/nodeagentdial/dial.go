@@ -357,7 +357,8 @@ func (d *NodeDialer) nodeMissing(node string, notFound error) error {
 		}
 		return fmt.Errorf("nodeagentdial: node %s: missing for %s (taken as gone after %s): %w", node, missed.Round(time.Second), goneAfter, notFound)
 	}
-	return fmt.Errorf("%w: node %s: not found for %s, taken as gone only after %s: %v", ErrNodeMissing, node, now.Sub(first).Round(time.Second), goneAfter, notFound)
+	// notFound's text only: wrapped, the backend would take it for the node gone.
+	return fmt.Errorf("%w: node %s: not found for %s, taken as gone only after %s: %s", ErrNodeMissing, node, now.Sub(first).Round(time.Second), goneAfter, notFound.Error())
 }
 
 // nodeClient is the cached client of a node's agent and the address it dials.
