@@ -19,7 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -47,6 +49,10 @@ type kubernetesFlags struct {
 	// egressUpstreamCA and egressRoots: --egress-upstream-ca and --egress-roots (egress
 	// secrets' trust; set from the hardening flags).
 	egressUpstreamCA, egressRoots string
+	// The node agents (--node-agent-*): see nodeAgents().
+	nodeAgentPort                   int
+	nodeAgentAddrs, nodeAgentTLSDir string
+	nodeAgentNodeGoneAfter          time.Duration
 }
 
 func (k *kubernetesFlags) register(fs *flag.FlagSet) {
@@ -75,6 +81,10 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.egressProxyAddrs, "egress-proxy-addr", "", "kubernetes backend: the IP(s), comma-separated (one per family), where sandbox Pods reach the egress proxy on port 443 (the egress Service's ClusterIPs); the runner's DNS answers granted names with them")
 	fs.StringVar(&k.egressDNSAddr, "egress-dns-addr", "", "kubernetes backend: the IP where sandbox Pods reach the runner's DNS on port 53 (the egress Service's ClusterIP): their only nameserver")
 	fs.StringVar(&k.egressForbid, "egress-forbid", "", "kubernetes backend: comma-separated CIDRs the egress proxy never dials for a sandbox besides the platform's reserved ranges (the cluster's Service and Pod ranges when they are not private)")
+	fs.IntVar(&k.nodeAgentPort, "node-agent-port", 0, "kubernetes backend: the node agents (sandboxd node-agent, docs/nodeagent.md) listen on their node's InternalIP at this port: pause and resume of gvisor sandboxes checkpoint through the agent of the sandbox's node (needs get on nodes; with --node-agent-tls-dir; 0 and no --node-agent-addrs: pause is refused)")
+	fs.StringVar(&k.nodeAgentAddrs, "node-agent-addrs", "", "kubernetes backend: instead of --node-agent-port, a static map of the node agents: comma-separated node=host:port pairs (fixed deployments, tests)")
+	fs.DurationVar(&k.nodeAgentNodeGoneAfter, "node-agent-node-gone-after", 0, "kubernetes backend, with --node-agent-port: a paused sandbox's node that the API server does not know is taken as gone with its checkpoint (the resume ends the sandbox CheckpointLost) only when it is still missing this long after a look first missed it; before, the resume fails and may be retried (0: 5m)")
+	fs.StringVar(&k.nodeAgentTLSDir, "node-agent-tls-dir", "", "kubernetes backend: the runner's mTLS to its node agents: tls.crt and tls.key (its client certificate, naming spiffe://sandboxd/node-agent-client/<runner-id>; re-read when renewed) and ca.crt (the CA of the agents' certificates for "+nodeagent.ServerName+")")
 	fs.DurationVar(&k.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "kubernetes backend: how long a Lease lasts without renewal (a new replica takes over after at most this)")
 }
 
@@ -179,8 +189,24 @@ func (k kubernetesFlags) validate() error {
 	if _, err := k.egress(); err != nil {
 		return err
 	}
+	if _, err := k.nodeAgents(); err != nil {
+		return err
+	}
 	_, err := cidrPeers("--dns-cidrs", k.dnsCIDRs)
 	return err
+}
+
+// nodeAgents reads the --node-agent-* flags (validated; the runner ID is the stack's).
+func (k *kubernetesFlags) nodeAgents() (nodeagentdial.DialConfig, error) {
+	addrs, err := nodeagentdial.ParseAddrs(k.nodeAgentAddrs)
+	if err != nil {
+		return nodeagentdial.DialConfig{}, err
+	}
+	c := nodeagentdial.DialConfig{Port: k.nodeAgentPort, Addrs: addrs, TLSDir: k.nodeAgentTLSDir, NodeGoneAfter: k.nodeAgentNodeGoneAfter}
+	if err := c.Validate(); err != nil {
+		return nodeagentdial.DialConfig{}, err
+	}
+	return c, nil
 }
 
 // start starts the kubernetes backend (validated).
@@ -207,6 +233,10 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 	if err != nil {
 		return nil, err
 	}
+	agents, err := k.nodeAgents()
+	if err != nil {
+		return nil, err
+	}
 	return stack.NewKubernetes(ctx, stack.KubernetesConfig{
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RunnerID: runnerID, AgentImage: k.agentImage,
 		ImagePullPolicy: corev1.PullPolicy(k.pullPolicy), DataDir: dataDir, Logger: log,
@@ -215,7 +245,7 @@ func (k *kubernetesFlags) start(ctx context.Context, runnerID, dataDir string, l
 		PlatformRegistry: k.platformRegistry, PlatformRegistryHTTP: k.platformRegistry != "" && slices.Contains(k.insecure, k.platformRegistry),
 		MaxPrepull: prepullBound(k.prepullImages), PrepullInFlight: k.prepullInFlight, MaxWarm: prepullBound(k.warmPods),
 		HelloListen: k.helloListen, HelloAddr: helloAddr, RuntimeClasses: classes,
-		Egress: eg,
+		Egress: eg, NodeAgents: agents,
 	})
 }
 

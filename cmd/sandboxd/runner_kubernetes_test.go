@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -284,6 +285,63 @@ func TestEgressFlags(t *testing.T) {
 		k := full(mod)
 		if err := k.validate(); err == nil || !strings.Contains(err.Error(), "--egress") {
 			t.Errorf("%s: %v, want an --egress-* error", name, err)
+		}
+	}
+}
+
+// TestRunnerNodeAgentFlags: --node-agent-port or --node-agent-addrs (not both) with
+// --node-agent-tls-dir; bad ones are refused at validate with the flag's name; none
+// leaves pause off.
+func TestRunnerNodeAgentFlags(t *testing.T) {
+	parse := func(args ...string) kubernetesFlags {
+		t.Helper()
+		var k kubernetesFlags
+		fs := flag.NewFlagSet("runner", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		k.register(fs)
+		if err := fs.Parse(append([]string{"--agent-image", "agent:1"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	k := parse()
+	if err := k.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := k.nodeAgents(); err != nil || c.Enabled() {
+		t.Errorf("no flags: %+v %v, want none", c, err)
+	}
+	k = parse("--node-agent-port", "7445", "--node-agent-tls-dir", "/etc/na")
+	if err := k.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := k.nodeAgents(); err != nil || c.Port != 7445 || c.TLSDir != "/etc/na" || c.Addrs != nil {
+		t.Errorf("port: %+v %v", c, err)
+	}
+	k = parse("--node-agent-port", "7445", "--node-agent-tls-dir", "/etc/na", "--node-agent-node-gone-after", "90s")
+	if c, err := k.nodeAgents(); err != nil || c.NodeGoneAfter != 90*time.Second {
+		t.Errorf("gone after: %+v %v", c, err)
+	}
+	k = parse("--node-agent-addrs", "node-1=10.0.0.1:7445,node-2=10.0.0.2:7445", "--node-agent-tls-dir", "/etc/na")
+	if c, err := k.nodeAgents(); err != nil || len(c.Addrs) != 2 || c.Addrs["node-2"] != "10.0.0.2:7445" {
+		t.Errorf("addrs: %+v %v", c, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--node-agent-port", "7445"}, "need --node-agent-tls-dir"},
+		{[]string{"--node-agent-addrs", "n=10.0.0.1:1", "--node-agent-tls-dir", "/x", "--node-agent-node-gone-after", "1m"}, "--node-agent-node-gone-after needs --node-agent-port"},
+		{[]string{"--node-agent-tls-dir", "/etc/na"}, "--node-agent-tls-dir needs --node-agent-port or --node-agent-addrs"},
+		{[]string{"--node-agent-port", "99999", "--node-agent-tls-dir", "/x"}, "--node-agent-port 99999: want 1..65535"},
+		{[]string{"--node-agent-port", "7445", "--node-agent-addrs", "n=10.0.0.1:1", "--node-agent-tls-dir", "/x"}, "give one"},
+		{[]string{"--node-agent-addrs", "n=10.0.0.1:1,n=10.0.0.2:1", "--node-agent-tls-dir", "/x"}, `--node-agent-addrs: node "n" twice`},
+		{[]string{"--node-agent-addrs", "n:10.0.0.1", "--node-agent-tls-dir", "/x"}, "--node-agent-addrs: \"n:10.0.0.1\": want node=host:port"},
+		{[]string{"--node-agent-addrs", "n=10.0.0.1", "--node-agent-tls-dir", "/x"}, "--node-agent-addrs: node n: \"10.0.0.1\": want host:port"},
+	} {
+		k := parse(tc.args...)
+		if err := k.validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
 		}
 	}
 }

@@ -27,7 +27,7 @@ var runnerSide = []string{
 	"internal/runnerapi",
 	"internal/dataplane",
 	"internal/relay",
-	"internal/runtime/...",
+	"internal/runtime/...", // with internal/runtime/kubernetes/nodeagentdial, the runner's side of the node agent
 	"internal/agent",
 	"internal/edge",
 	"internal/egress",
@@ -93,6 +93,18 @@ var rules = []rule{
 		forbid: []string{
 			"internal/gateway/...", "internal/store/...", "internal/runner/...", "internal/controlplane/...", "internal/agent/...",
 			"k8s.io/...", "sigs.k8s.io/...", "github.com/jackc/...", "modernc.org/...",
+		},
+	},
+	{
+		name: "the node agent never imports the runner",
+		why: "the node agent (sandboxd node-agent) is a separate process on every node, trusted by no runner beyond its mTLS: " +
+			"the runner's side of it (the dialer, the Kubernetes backend's adapter) lives in internal/runtime/kubernetes/nodeagentdial, " +
+			"and the agent links none of the backends, the runner or the stack. internal/runtime itself (ValidID, the restore " +
+			"annotation: the contract both sides share, which imports none of its backends) is allowed",
+		from: []string{"internal/nodeagent/..."},
+		forbid: []string{
+			"internal/runtime/kubernetes/...", "internal/runtime/local/...", "internal/runtime/startseq/...",
+			"internal/runner/...", "internal/runnerapi/...", "internal/stack/...",
 		},
 	},
 	{

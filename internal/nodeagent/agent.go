@@ -87,6 +87,10 @@ type Config struct {
 	Log         *slog.Logger
 }
 
+// DefaultCheckpointTimeout is Config.CheckpointTimeout's default: the agent's own bound
+// on one checkpoint (a runner's client waits this long plus a margin).
+const DefaultCheckpointTimeout = 10 * time.Minute
+
 // Server implements NodeAgentService.
 type Server struct {
 	cfg  Config
@@ -110,7 +114,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg.DefaultEstimate = 1 << 30
 	}
 	if cfg.CheckpointTimeout <= 0 {
-		cfg.CheckpointTimeout = 10 * time.Minute
+		cfg.CheckpointTimeout = DefaultCheckpointTimeout
 	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 2

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -46,16 +47,80 @@ type Client struct {
 // MaxResponseBytes bounds an answer (a list of many checkpoints).
 const MaxResponseBytes = 4 << 20
 
+// ClientOptions bound a client's connections; zero fields take the defaults. A call's
+// own deadline is its caller's (the runner's adapter bounds each).
+type ClientOptions struct {
+	// DialTimeout bounds the TCP connect (default 10 s).
+	DialTimeout time.Duration
+	// TLSHandshakeTimeout bounds the TLS handshake (default 10 s).
+	TLSHandshakeTimeout time.Duration
+	// PingInterval: an HTTP/2 PING is sent on a connection that received no frame for
+	// this long (default 30 s); PingTimeout: the connection is closed, failing its calls,
+	// when the PING is not answered in this (default 15 s). A peer that vanished (a node
+	// powered off, a dropped route) fails a call in PingInterval+PingTimeout, not at the
+	// call's deadline.
+	PingInterval, PingTimeout time.Duration
+	// DialContext dials the TCP connection (default a net.Dialer with DialTimeout).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Default ClientOptions.
+const (
+	DefaultDialTimeout         = 10 * time.Second
+	DefaultTLSHandshakeTimeout = 10 * time.Second
+	DefaultPingInterval        = 30 * time.Second
+	DefaultPingTimeout         = 15 * time.Second
+)
+
 // NewClient returns a client of the agent at addr (host:port) with tlsCfg
-// (ClientTLSConfig). It connects on first use.
+// (ClientTLSConfig) and the default ClientOptions. It connects on first use.
 func NewClient(addr string, tlsCfg *tls.Config) (*Client, error) {
+	return NewClientWith(addr, tlsCfg, ClientOptions{})
+}
+
+// NewClientWith is NewClient with o.
+func NewClientWith(addr string, tlsCfg *tls.Config, o ClientOptions) (*Client, error) {
 	if addr == "" {
 		return nil, errors.New("nodeagent: an address")
 	}
 	if tlsCfg == nil {
 		return nil, errors.New("nodeagent: a TLS configuration")
 	}
-	return newClient(addr, agent.NewTLSHTTPClient(tlsCfg)), nil
+	return newClient(addr, newHTTPClient(tlsCfg, o)), nil
+}
+
+// newHTTPClient: HTTP/2 over TLS (agent.HTTP2Config's windows) with o's bounds.
+func newHTTPClient(tlsCfg *tls.Config, o ClientOptions) *http.Client {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.DialTimeout, DefaultDialTimeout)
+	def(&o.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
+	def(&o.PingInterval, DefaultPingInterval)
+	def(&o.PingTimeout, DefaultPingTimeout)
+	if o.DialContext == nil {
+		o.DialContext = (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	}
+	dial := o.DialContext
+	dialTimeout := o.DialTimeout
+	var protos http.Protocols
+	protos.SetHTTP2(true)
+	h2 := agent.HTTP2Config()
+	h2.SendPingTimeout = o.PingInterval
+	h2.PingTimeout = o.PingTimeout
+	return &http.Client{Transport: &http.Transport{
+		Protocols:       &protos,
+		TLSClientConfig: tlsCfg,
+		HTTP2:           h2,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+			defer cancel()
+			return dial(ctx, network, addr)
+		},
+		TLSHandshakeTimeout: o.TLSHandshakeTimeout,
+	}}
 }
 
 func newClient(addr string, hc *http.Client) *Client {
@@ -120,6 +185,8 @@ func (c *Client) Info(ctx context.Context) (*nodeagentv1.InfoResponse, error) {
 type StaticDialer struct {
 	Addrs map[string]string
 	TLS   *tls.Config
+	// Options bound the clients' connections (zero: the defaults).
+	Options ClientOptions
 
 	mu      sync.Mutex
 	clients map[string]*Client
@@ -139,7 +206,7 @@ func (d *StaticDialer) Agent(_ context.Context, node string) (*Client, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrNoAgent, node)
 	}
-	c, err := NewClient(addr, d.TLS)
+	c, err := NewClientWith(addr, d.TLS, d.Options)
 	if err != nil {
 		return nil, err
 	}

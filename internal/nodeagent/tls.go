@@ -86,6 +86,29 @@ func ClientTLSConfig(cert *tls.Certificate, getCert func() (*tls.Certificate, er
 	return c
 }
 
+// TLSDir is a TLS directory (CertFile, KeyFile, CAFile) re-read when its files change
+// (checked at most once a second; while a file is missing or unreadable the last good
+// material is kept): what a runner's client of its agents reads its certificate from.
+type TLSDir struct{ r *reloader }
+
+// OpenTLSDir reads dir once (an error if it is incomplete or unreadable).
+func OpenTLSDir(dir string) (*TLSDir, error) {
+	r := &reloader{dir: dir}
+	if _, err := r.get(); err != nil {
+		return nil, err
+	}
+	return &TLSDir{r: r}, nil
+}
+
+// Load is the directory's current certificate and CA pool.
+func (d *TLSDir) Load() (*tls.Certificate, *x509.CertPool, error) {
+	m, err := d.r.get()
+	if err != nil {
+		return nil, nil, err
+	}
+	return &m.cert, m.pool, nil
+}
+
 type material struct {
 	cert tls.Certificate
 	pool *x509.CertPool

@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 )
 
@@ -65,6 +66,10 @@ type KubernetesConfig struct {
 	// Egress serves host-name egress rules from this runner (nil: off, and the runner
 	// refuses such rules: Support.NoDNSEgress).
 	Egress *KubernetesEgress
+	// NodeAgents is how the runner reaches the node agents that checkpoint its gvisor
+	// sandboxes (pause/resume; none configured: pause is refused with the reason). Its
+	// RunnerID is the backend's when empty. A Backend with NodeAgents set keeps its own.
+	NodeAgents nodeagentdial.DialConfig
 	// Backend, when set, overrides the fields above that configure the backend; Client
 	// and Namespace are filled in when empty.
 	Backend *kubernetes.Config
@@ -225,6 +230,18 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 	}
 	if bc.Client == nil {
 		bc.Client = client
+	}
+	if bc.NodeAgents == nil && cfg.NodeAgents.Enabled() {
+		na := cfg.NodeAgents
+		if na.RunnerID == "" {
+			na.RunnerID = bc.RunnerID
+		}
+		if na.Log == nil {
+			na.Log = cfg.Logger
+		}
+		if bc.NodeAgents, err = na.Dialer(bc.Client); err != nil {
+			return nil, fmt.Errorf("stack: node agents: %w", err)
+		}
 	}
 	var (
 		eg             *EgressServers

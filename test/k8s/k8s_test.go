@@ -35,6 +35,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
@@ -101,6 +102,13 @@ func randomID(prefix string) string {
 // newStack starts a runner on the cluster as runnerID, with dataDir for its files.
 func newStack(t testing.TB, c cluster, runnerID, dataDir string, tweak ...func(*kubernetes.Config)) *stack.KubernetesStack {
 	t.Helper()
+	return newStackAgents(t, c, runnerID, dataDir, nodeagentdial.DialConfig{}, tweak...)
+}
+
+// newStackAgents is newStack with node agents configured as the runner's --node-agent-*
+// flags configure them (stack.KubernetesConfig.NodeAgents).
+func newStackAgents(t testing.TB, c cluster, runnerID, dataDir string, agents nodeagentdial.DialConfig, tweak ...func(*kubernetes.Config)) *stack.KubernetesStack {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	helloListen, helloAddr := helloAddrs(t)
@@ -117,6 +125,7 @@ func newStack(t testing.TB, c cluster, runnerID, dataDir string, tweak ...func(*
 		Kubeconfig: c.kubeconfig,
 		DataDir:    dataDir,
 		Backend:    bc,
+		NodeAgents: agents,
 	})
 	if err != nil {
 		t.Fatal(err)

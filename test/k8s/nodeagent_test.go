@@ -27,6 +27,25 @@ import (
 // root, TLS from a throw-away CA. It returns a client with runnerID's certificate.
 func startNodeAgent(t *testing.T, ctx context.Context, node, namespace, runnerID string) *nodeagent.Client {
 	t.Helper()
+	c, err := startNodeAgentAt(t, ctx, node, namespace, runnerID, "127.0.0.1:0").dialer.Agent(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// testAgent is a node agent started by startNodeAgentAt: a StaticDialer of it (runnerID's
+// client certificate, the agent's address for its node), the test CA its server
+// certificate chains to, and where it listens.
+type testAgent struct {
+	dialer *nodeagent.StaticDialer
+	ca     *pki.CA
+	addr   string
+}
+
+// startNodeAgentAt is startNodeAgent listening on listen (host:port).
+func startNodeAgentAt(t *testing.T, ctx context.Context, node, namespace, runnerID, listen string) testAgent {
+	t.Helper()
 	dataDir := env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s")
 	res, err := cri.New(cri.Config{
 		Endpoint:       "unix://" + env("SANDBOXD_K8S_CONTAINERD", filepath.Join(dataDir, "run", "containerd.sock")),
@@ -73,7 +92,7 @@ func startNodeAgent(t *testing.T, ctx context.Context, node, namespace, runnerID
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +117,13 @@ func startNodeAgent(t *testing.T, ctx context.Context, node, namespace, runnerID
 			_ = c.DeleteCheckpoint(cctx, cp.CheckpointId)
 		}
 	})
-	return c
+	return testAgent{dialer: d, ca: ca, addr: ln.Addr().String()}
+}
+
+// testCheckpointRoot is the checkpoint root of the test cluster's shim (where the agent
+// makes its images).
+func testCheckpointRoot() string {
+	return env("SANDBOXD_K8S_CHECKPOINT_ROOT", filepath.Join(env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s"), "checkpoints"))
 }
 
 // TestNodeAgentCheckpoint: the node agent, in-process against the node's containerd CRI

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,13 +13,18 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sclient "k8s.io/client-go/kubernetes"
 
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
+	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
@@ -28,7 +35,11 @@ const pauseTickScript = `s=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 // TestK8sPauseResume: a `gvisor` sandbox made by the backend (gate + agent) is paused
 // through the runner (runner.Pause: the backend checkpoints its Pod sandbox through the
-// node agent — here the test's localAgent — marks its Secret, deletes the Pod) and
+// node agent — the real one, internal/nodeagent, in the test process through CRI and the
+// shim's hibernate socket, listening on the node's InternalIP, which the runner reaches
+// over mTLS as its --node-agent-port and --node-agent-tls-dir configure it
+// (stack.KubernetesConfig.NodeAgents: NodeDialer, BackendDialer) — marks its Secret,
+// deletes the Pod) and
 // resumed (a new Pod on the node restores the checkpoint): its agent answers exec, its
 // memory state (a value and a counter held by its main command's shell) and a file in
 // /tmp are intact. While paused: state PAUSED, no Pod, the Secret kept (marked). A
@@ -50,12 +61,40 @@ func TestK8sPauseResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agents := newLocalAgent(client)
-	t.Cleanup(agents.cleanup)
+	nodes, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 1 {
+		t.Fatalf("the test cluster's nodes: %v (%d), want one", err, len(nodes.Items))
+	}
+	node := nodes.Items[0].Name
+	nodeIP := ""
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && nodeIP == "" {
+			nodeIP = a.Address
+		}
+	}
+	if nodeIP == "" {
+		t.Fatalf("node %s has no InternalIP: %v", node, nodes.Items[0].Status.Addresses)
+	}
 	runnerID := randomID("test-")
-	s := newStack(t, c, runnerID, t.TempDir(), func(cfg *kubernetes.Config) {
+	agentCtx, agentCancel := context.WithCancel(context.Background())
+	t.Cleanup(agentCancel)
+	// The agent listens on the node's InternalIP; the runner reaches it as its
+	// --node-agent-port and --node-agent-tls-dir say (nodeagentdial.NodeDialer reads the node).
+	ta := startNodeAgentAt(t, agentCtx, node, c.namespace, runnerID, net.JoinHostPort(nodeIP, "0"))
+	dialer := ta.dialer
+	_, portS, _ := net.SplitHostPort(ta.addr)
+	port, _ := strconv.Atoi(portS)
+	ccert, err := ta.ca.IssueClient("runner-"+runnerID, []*url.URL{pki.NodeAgentClientURI(runnerID)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runnerTLS := t.TempDir()
+	if err := nodeagent.WriteTLSDir(runnerTLS, ccert, ta.ca.CertPEM()); err != nil {
+		t.Fatal(err)
+	}
+	ckptRoot := testCheckpointRoot()
+	s := newStackAgents(t, c, runnerID, t.TempDir(), nodeagentdial.DialConfig{Port: port, TLSDir: runnerTLS}, func(cfg *kubernetes.Config) {
 		cfg.RuntimeClasses = map[string]string{"runc": "", "gvisor": "gvisor"}
-		cfg.NodeAgents = agents
 		// The backend's resume steps (pod created, IP, agent answered) in the test's log.
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
@@ -125,7 +164,10 @@ func TestK8sPauseResume(t *testing.T) {
 	if sec.Labels["sandboxd.io/paused"] != "true" || cid == "" || len(sec.OwnerReferences) != 0 {
 		t.Errorf("paused Secret: labels %v annotations %v owners %v", sec.Labels, sec.Annotations, sec.OwnerReferences)
 	}
-	image := filepath.Join(agents.ckptRoot, cid)
+	if err := store.ValidID(cid); err != nil {
+		t.Errorf("paused checkpoint ID %q is not the node agent's: %v", cid, err)
+	}
+	image := filepath.Join(ckptRoot, cid)
 	if _, err := os.Stat(image); err != nil {
 		t.Errorf("checkpoint image: %v", err)
 	}
@@ -186,7 +228,7 @@ func TestK8sPauseResume(t *testing.T) {
 	if np, err := nps.Get(ctx, "sbx-"+id, metav1.GetOptions{}); err != nil || !ownedByNew(np.OwnerReferences) {
 		t.Errorf("resumed sandbox's NetworkPolicy %v (%v), want owned by its new Pod", np, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := os.Stat(image)
 		if os.IsNotExist(err) {
@@ -209,7 +251,7 @@ func TestK8sPauseResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	image = filepath.Join(agents.ckptRoot, sec.Annotations["sandboxd.io/paused-checkpoint"])
+	image = filepath.Join(ckptRoot, sec.Annotations["sandboxd.io/paused-checkpoint"])
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("second checkpoint image: %v", err)
 	}
@@ -233,13 +275,21 @@ func TestK8sPauseResume(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// The agent's index holds none of this runner's checkpoints any more.
+	ac, err := dialer.Agent(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, err := ac.ListCheckpoints(ctx); err != nil || len(list) != 0 {
+		t.Errorf("the node agent's checkpoints of the runner after the delete: %v (%v), want none", list, err)
+	}
 }
 
 // readTick reads /tmp/tick of the sandbox: the value and count its main command holds.
 func readTick(t *testing.T, r *runner.Runner, id string) (string, int) {
 	t.Helper()
 	// Right after RUNNING the main command may not have written it yet.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	var f []string
 	for {
 		res := exec(t, r, id, "cat", "/tmp/tick")

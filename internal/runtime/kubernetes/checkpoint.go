@@ -239,8 +239,11 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 		Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), SandboxID: id, LeaveRunning: false,
 	})
 	if err != nil {
-		if !cp.SandboxRunning {
-			b.log.Warn("pause: the checkpoint failed and may have ended the sandbox", "sandbox", id, "err", err)
+		switch cp.SandboxRunning {
+		case RunningNo:
+			b.log.Warn("pause: the checkpoint failed and ended the sandbox", "sandbox", id, "err", err)
+		case RunningUnknown:
+			b.log.Warn("pause: the checkpoint failed and may have ended the sandbox (the node agent could not tell)", "sandbox", id, "err", err)
 		}
 		return fail(fmt.Errorf("checkpoint: %w", err))
 	}

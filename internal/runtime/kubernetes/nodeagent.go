@@ -30,13 +30,37 @@ type NodeCheckpointRequest struct {
 }
 
 // NodeCheckpoint is a checkpoint taken: its ID (what the restore annotation names), the
-// node it is on, its size and how long it took. SandboxRunning: after a failed
-// checkpoint, whether the sandbox still runs.
+// node it is on, its size and how long it took. SandboxRunning: whether the sandbox is
+// known to still run after the checkpoint (after a failed one, whether it survived it):
+// RunningUnknown when the agent could not tell or never touched it — the backend never
+// ends a sandbox on anything but its Pod's status.
 type NodeCheckpoint struct {
 	ID, Node       string
 	Bytes          int64
 	Took           time.Duration
-	SandboxRunning bool
+	SandboxRunning Running
+}
+
+// Running is what a node agent knows of whether a sandbox still runs.
+type Running int8
+
+const (
+	// RunningUnknown: the agent could not tell (or it never touched the sandbox).
+	RunningUnknown Running = iota
+	// RunningYes: a container of the sandbox still runs.
+	RunningYes
+	// RunningNo: the sandbox's containers have ended.
+	RunningNo
+)
+
+func (r Running) String() string {
+	switch r {
+	case RunningYes:
+		return "running"
+	case RunningNo:
+		return "ended"
+	}
+	return "unknown"
 }
 
 // NodeAgentDialer reaches the node agent of a node.

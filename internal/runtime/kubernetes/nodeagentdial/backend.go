@@ -1,0 +1,157 @@
+// Package nodeagentdial is the runner's side of the node agent (internal/nodeagent):
+// how the Kubernetes backend reaches the agent of a sandbox Pod's node (the runner's
+// --node-agent-* flags, DialConfig) and the adapter of the agent's client to the
+// backend's kubernetes.NodeAgentDialer. It lives with the runner, not the agent: the
+// agent's packages never import the runtime, the runner or the stack (internal/archtest).
+package nodeagentdial
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
+)
+
+// The join of the node agent's client and the Kubernetes backend: the backend asks for a
+// kubernetes.NodeAgentDialer (its Config.NodeAgents, checkpoint.go) and knows nothing of
+// the agent's wire; BackendDialer turns a dialer of *nodeagent.Client
+// (nodeagent.StaticDialer, NodeDialer) into one.
+
+// ClientDialer gives the client of a node's agent: *nodeagent.StaticDialer, *NodeDialer.
+type ClientDialer interface {
+	Agent(ctx context.Context, node string) (*nodeagent.Client, error)
+}
+
+// Options are the adapter's: RunnerID is the runner whose checkpoints the agents keep —
+// a checkpoint ID an agent answers must be one of its (store.ValidID, prefix
+// "c-"+store.OwnerHash(RunnerID)+"-"): an agent (or whoever answers in its place) naming
+// another runner's or a malformed ID is an error, never an ID the backend records and
+// later restores or deletes.
+//
+// CheckpointTimeout bounds a Checkpoint call (default DefaultCheckpointTimeout: the
+// agent's own bound, nodeagent.DefaultCheckpointTimeout, plus a margin for the agent's
+// wait for a free checkpoint slot and the answer); DeleteTimeout a DeleteCheckpoint call
+// (default 30 s). A caller's earlier deadline wins. An agent that never answers fails the
+// call then, instead of holding the sandbox's pause or resume forever.
+type Options struct {
+	RunnerID                         string
+	CheckpointTimeout, DeleteTimeout time.Duration
+}
+
+// The default call bounds (Options).
+const (
+	DefaultCheckpointTimeout = nodeagent.DefaultCheckpointTimeout + 2*time.Minute
+	DefaultDeleteTimeout     = 30 * time.Second
+)
+
+func (o Options) withDefaults() Options {
+	if o.CheckpointTimeout <= 0 {
+		o.CheckpointTimeout = DefaultCheckpointTimeout
+	}
+	if o.DeleteTimeout <= 0 {
+		o.DeleteTimeout = DefaultDeleteTimeout
+	}
+	return o
+}
+
+// BackendDialer adapts d to the Kubernetes backend's kubernetes.NodeAgentDialer.
+func BackendDialer(d ClientDialer, o Options) kubernetes.NodeAgentDialer {
+	return backendDialer{d: d, o: o.withDefaults()}
+}
+
+type backendDialer struct {
+	d ClientDialer
+	o Options
+}
+
+func (b backendDialer) Agent(ctx context.Context, node string) (kubernetes.NodeAgent, error) {
+	c, err := b.d.Agent(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, fmt.Errorf("%w %q", nodeagent.ErrNoAgent, node)
+	}
+	return BackendAgent(c, b.o), nil
+}
+
+// BackendAgent adapts c to kubernetes.NodeAgent.
+func BackendAgent(c *nodeagent.Client, o Options) kubernetes.NodeAgent {
+	return backendAgent{c: c, o: o.withDefaults()}
+}
+
+type backendAgent struct {
+	c *nodeagent.Client
+	o Options
+}
+
+// Checkpoint implements kubernetes.NodeAgent. The agent's SandboxRunning (*bool: nil when
+// it could not tell, or never touched the sandbox) becomes kubernetes.Running: nil is
+// RunningUnknown, distinct from RunningNo (it ended). The backend never ends a sandbox on
+// either (a failed pause re-evaluates the sandbox from its Pod's status); it logs which.
+func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.o.CheckpointTimeout)
+	defer cancel()
+	res, err := a.c.Checkpoint(ctx, nodeagent.CheckpointRequest{
+		Namespace: req.Namespace, Name: req.Name, UID: req.UID, SandboxID: req.SandboxID, LeaveRunning: req.LeaveRunning,
+	})
+	out := kubernetes.NodeCheckpoint{
+		ID: res.ID, Node: res.Node, Bytes: res.Bytes, Took: res.Took,
+		SandboxRunning: running(res.SandboxRunning),
+	}
+	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) && ce.Meta().Get(nodeagent.SandboxRunningMeta) == "unknown" {
+			err = fmt.Errorf("%w (the agent could not tell whether the sandbox still runs)", err)
+		}
+		return out, err
+	}
+	if res.ID == "" {
+		return kubernetes.NodeCheckpoint{}, errors.New("node agent checkpoint: the agent answered no checkpoint ID")
+	}
+	if err := ownCheckpointID(res.ID, a.o.RunnerID); err != nil {
+		return kubernetes.NodeCheckpoint{}, fmt.Errorf("node agent checkpoint: %w", err)
+	}
+	return out, nil
+}
+
+// running is the agent's *bool as kubernetes.Running.
+func running(r *bool) kubernetes.Running {
+	switch {
+	case r == nil:
+		return kubernetes.RunningUnknown
+	case *r:
+		return kubernetes.RunningYes
+	}
+	return kubernetes.RunningNo
+}
+
+// ownCheckpointID: id is a valid checkpoint ID of runnerID's (the agent's store names
+// every image "c-"+OwnerHash(owner)+"-"+random).
+func ownCheckpointID(id, runnerID string) error {
+	if err := store.ValidID(id); err != nil {
+		return fmt.Errorf("the agent answered an invalid checkpoint ID: %w", err)
+	}
+	if runnerID == "" || !strings.HasPrefix(id, "c-"+store.OwnerHash(runnerID)+"-") {
+		return fmt.Errorf("the agent answered checkpoint ID %q, which is not runner %q's", id, runnerID)
+	}
+	return nil
+}
+
+// DeleteCheckpoint implements kubernetes.NodeAgent (an unknown ID is no error).
+func (a backendAgent) DeleteCheckpoint(ctx context.Context, checkpointID string) error {
+	ctx, cancel := context.WithTimeout(ctx, a.o.DeleteTimeout)
+	defer cancel()
+	return a.c.DeleteCheckpoint(ctx, checkpointID)
+}
+
+var (
+	_ ClientDialer = (*nodeagent.StaticDialer)(nil)
+)
