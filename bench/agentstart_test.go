@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -38,6 +39,9 @@ import (
 // rounds that alternate with this checkout's, for a before/after on the same host state.
 // Medians of b.N rounds; no root needed, but it runs in bench/ with the others.
 func BenchmarkAgentStart(b *testing.B) {
+	if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d/schedstat", syscall.Gettid())); err != nil {
+		b.Skipf("no per-thread CPU time (schedstat, CONFIG_SCHED_INFO): %v", err)
+	}
 	dir := b.TempDir()
 	floor := filepath.Join(dir, "startfloor")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", floor, "./testdata/startfloor")
@@ -97,6 +101,9 @@ func taskCPU(b *testing.B, pid int) (time.Duration, int) {
 	var sum time.Duration
 	for _, t := range tasks {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue // the thread has ended since ReadDir (schedstat itself: checked at the start)
+		}
 		if err != nil {
 			b.Fatalf("per-thread CPU time (schedstat, CONFIG_SCHED_INFO): %v", err)
 		}
@@ -137,6 +144,13 @@ func startFloor(b *testing.B, bin, dir string) time.Duration {
 		b.Fatal(err)
 	}
 	lf.Close()
+	waited := false
+	defer func() {
+		if !waited { // a failure below: no floor left running
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		b.Fatal(err)
@@ -147,7 +161,9 @@ func startFloor(b *testing.B, bin, dir string) time.Duration {
 	}
 	cpu, _ := taskCPU(b, cmd.Process.Pid)
 	c.Close()
-	if err := cmd.Wait(); err != nil {
+	err = cmd.Wait()
+	waited = true
+	if err != nil {
 		b.Fatal("floor:", err)
 	}
 	return cpu
@@ -175,16 +191,25 @@ func startAgent(b *testing.B, bin, dir string) (ready, exec1 time.Duration, thre
 	cmd := exec.Command(bin, "--config", cfgPath, "--state-dir", state)
 	cmd.ExtraFiles = []*os.File{lf}
 	cmd.Env = []string{}
+	// A group of its own, killed whole on a failure (killAgent).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
 	lf.Close()
-	stopped := false
+	done := make(chan error, 1)
+	waiting, stopped := false, false
 	defer func() {
-		if !stopped {
-			_ = cmd.Process.Kill()
+		if stopped {
+			return
+		}
+		// A failure below: nothing of this round left running.
+		killAgent(cmd.Process.Pid)
+		if waiting {
+			<-done
+		} else {
 			_ = cmd.Wait()
 		}
 	}()
@@ -214,7 +239,7 @@ func startAgent(b *testing.B, bin, dir string) (ready, exec1 time.Duration, thre
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		b.Fatal(err)
 	}
-	done := make(chan error, 1)
+	waiting = true
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
@@ -229,4 +254,22 @@ func startAgent(b *testing.B, bin, dir string) (ready, exec1 time.Duration, thre
 		b.Fatalf("agent did not stop within 30 s after SIGTERM\n%s", stderr.String())
 	}
 	return ready, exec1, threads
+}
+
+// killAgent kills the agent pid with its process group and what it started: the main
+// command and its execs run in process groups (or sessions) of their own, which the
+// agent's group does not hold and which would outlive it (/bin/sleep 600), so each of
+// its children's groups is killed first, found while it is still theirs.
+func killAgent(pid int) {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		for _, f := range strings.Fields(string(raw)) {
+			if c, err := strconv.Atoi(f); err == nil && c > 0 {
+				_ = syscall.Kill(-c, syscall.SIGKILL)
+				_ = syscall.Kill(c, syscall.SIGKILL)
+			}
+		}
+	}
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
 }

@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -321,14 +320,15 @@ func newAgent(opts Options) (*Agent, error) {
 		a.configure(opts.Config)
 	}
 	getReaper()
+	// A status.json of an earlier agent in this state dir (a restarted container of a
+	// Pod) must not stand for this one's, whether or not this one writes its first
+	// state now (a new agent's STARTING is not written, see statusUnwritten). A failure
+	// is logged, as a failed write of status.json is, and the agent starts.
+	if err := os.RemoveAll(filepath.Join(opts.StateDir, agentconfig.StatusFile)); err != nil {
+		a.log.Error("remove stale status file", "err", err)
+	}
 	if !statusUnwritten(a.status) {
 		a.update(func(*agentv1.StatusResponse) {})
-	} else if err := os.Remove(filepath.Join(opts.StateDir, agentconfig.StatusFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		// A status.json of an earlier agent in this state dir (a restarted container
-		// of a Pod) must not stand for this one's.
-		_ = logw.Close()
-		_ = devNull.Close()
-		return nil, fmt.Errorf("agent: stale status file: %w", err)
 	}
 	return a, nil
 }
@@ -448,10 +448,13 @@ func (a *Agent) update(f func(*agentv1.StatusResponse)) {
 // has written none yet: a new agent's STARTING, which its main command's RUNNING (or a
 // failure) follows at once. The file's readers take a final state, a restart count and
 // a member container's RUNNING from it (runtime/local computeExit and
-// ContainerStatuses, the Kubernetes gate): without the file a starting member shows as
-// ContainerCreating instead of Waiting for those few milliseconds, and nothing else
-// differs. Each write creates and renames a file in the state dir before the agent can
-// answer (bench/ BenchmarkAgentStart). From the first state written on, every change is.
+// ContainerStatuses, the Kubernetes gate); none of them tells STARTING from no file.
+// Only an agent started with its config (not held) starts in STARTING: a held agent
+// (a pool's or a warm Pod's claim, a group's or multi-container Pod's members, secret
+// environment, restored volumes, egress) starts in STANDBY, which is written at once,
+// so the saving is only theirs. Each write creates and renames a file in the state dir
+// before the agent can answer (bench/ BenchmarkAgentStart). From the first state
+// written on, every change is.
 func statusUnwritten(st *agentv1.StatusResponse) bool {
 	return st.State == agentv1.MainState_MAIN_STATE_STARTING && st.RestartCount == 0
 }

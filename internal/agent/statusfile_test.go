@@ -44,7 +44,18 @@ func TestStatusFileFromRunning(t *testing.T) {
 // reader takes the earlier run's final state for this one's.
 func TestStaleStatusFileRemoved(t *testing.T) {
 	stale := []byte(`{"state":"MAIN_STATE_COMPLETED","exitCode":0,"reason":"Completed"}`)
+	var stateDir atomic.Pointer[string]
+	seen := make(chan error, 1)
+	// Checked before the main command starts: RUNNING's write would replace the file
+	// whether or not the stale one was removed.
+	before := func() {
+		_, err := os.Stat(filepath.Join(*stateDir.Load(), agentconfig.StatusFile))
+		seen <- err
+	}
+	testBeforeFiles.Store(&before)
+	defer testBeforeFiles.Store(nil)
 	h := startAgent(t, longMain(), func(o *Options) {
+		stateDir.Store(&o.StateDir)
 		if err := os.MkdirAll(o.StateDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -52,8 +63,11 @@ func TestStaleStatusFileRemoved(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	if err := <-seen; !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an earlier agent's status.json while STARTING: %v, want none", err)
+	}
 	waitRunning(t, h)
-	if st, err := ReadStatusFile(h.stateDir); err == nil && FinalState(st) {
-		t.Errorf("an earlier agent's final status.json stayed: %v", st)
+	if st, err := ReadStatusFile(h.stateDir); err != nil || st.State != agentv1.MainState_MAIN_STATE_RUNNING {
+		t.Errorf("status.json while running = %v, %v; want RUNNING", st, err)
 	}
 }

@@ -105,6 +105,13 @@ func validPrefix(b []byte, end uint64, nanos int64, logSize uint64) (int, uint64
 	return n, end, nanos
 }
 
+// IndexPath is the path of log name's index in dir, which Open creates (with the log)
+// if it is not there.
+func IndexPath(dir, name string) string {
+	_, ip := paths(dir, name)
+	return ip
+}
+
 func paths(dir, name string) (string, string) {
 	return filepath.Join(dir, name+".log"), filepath.Join(dir, name+".idx")
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/logstore"
 )
 
 // The gVisor runtime class. runsc takes the same bundle as runc (one sandbox = one
@@ -290,8 +291,12 @@ func (b *Backend) waitAgent(ctx context.Context, s *sandbox) error {
 		if s.proc != nil && s.proc.exited() {
 			// A main command that ends at once may take the agent (and the sandbox) with
 			// it before a dial got through: that is an exit for the watcher to record,
-			// as under runc. Without a status the agent never ran: a start error.
-			if _, err := os.Lstat(filepath.Join(runDir, agentconfig.StatusFile)); err == nil {
+			// as under runc. The agent ran once it has opened its main log (the log
+			// store's index, created in newAgent before the agent answers or starts its
+			// main command); status.json is no marker: a new agent writes none before
+			// its main command's RUNNING, and an agent killed while STARTING ran all
+			// the same. Without the index the agent never ran: a start error.
+			if _, err := os.Lstat(logstore.IndexPath(filepath.Join(runDir, agentconfig.LogsDir), agentconfig.MainLog)); err == nil {
 				return nil
 			}
 			return fmt.Errorf("the sandbox exited before its agent listened: %s", tailOf(filepath.Join(s.dir, fileAgentOut), 1024))
