@@ -399,7 +399,7 @@ func (s *Server) RunGC(ctx context.Context, interval time.Duration) {
 func checkpointFailure(err error) string {
 	var call *hibernate.CallError
 	switch {
-	case errors.As(err, &call) && call.Code == int32(connect.CodeUnimplemented):
+	case errors.As(err, &call) && call.Code == hibernate.CodeUnimplemented: // a ttrpc (gRPC) code
 		return "the node's gVisor shim cannot checkpoint (it is not sandboxd's patched shim)"
 	case errors.As(err, &call):
 		return "the gVisor runtime could not checkpoint the sandbox (its output is in the node agent's log)"

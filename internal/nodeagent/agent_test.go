@@ -662,7 +662,7 @@ func TestCheckpointFailureText(t *testing.T) {
 		want string
 	}{
 		"runsc failed":     {&hibernate.CallError{Method: "Checkpoint", Code: 2, Message: secret}, "the gVisor runtime could not checkpoint"},
-		"no hibernate rpc": {&hibernate.CallError{Method: "Checkpoint", Code: 12, Message: secret}, "not sandboxd's patched shim"},
+		"no hibernate rpc": {&hibernate.CallError{Method: "Checkpoint", Code: 12 /* gRPC UNIMPLEMENTED */, Message: secret}, "not sandboxd's patched shim"},
 		"no shim":          {fmt.Errorf("%w: %s", hibernate.ErrDial, secret), "does not answer"},
 		"socket path":      {fmt.Errorf("%w socket path %s", hibernate.ErrInvalid, secret), "node configuration problem"},
 		"other":            {errors.New(secret), "the checkpoint failed on the node"},

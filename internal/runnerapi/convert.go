@@ -346,10 +346,10 @@ func targetsFromProto(ps []*runnerv1.SnapshotTarget) []runner.SnapshotTarget {
 
 func jobToProto(j runner.SnapshotJob) *runnerv1.SnapshotJob {
 	p := &runnerv1.SnapshotJob{
-		SnapshotId: j.SnapshotID, SandboxId: j.SandboxID, Volume: j.Volume,
+		SnapshotId: j.SnapshotID, SandboxId: clipShort(j.SandboxID), Volume: clipShort(j.Volume),
 		State:  runnerv1.SnapshotJobState(j.State),
-		Reason: j.Reason, Message: j.Message,
-		SizeBytes: j.SizeBytes, Digest: j.Digest, ContentBytes: j.ContentBytes,
+		Reason: clipText(j.Reason), Message: clipText(j.Message),
+		SizeBytes: j.SizeBytes, Digest: clipShort(j.Digest), ContentBytes: j.ContentBytes,
 		CompleteTime: timeToProto(j.CompleteTime),
 		Unknown:      j.Unknown,
 	}
@@ -407,8 +407,8 @@ func sandboxToProto(sb runner.Sandbox) *runnerv1.Sandbox {
 		Id:           sb.ID,
 		Spec:         specToProto(spec),
 		State:        runnerv1.State(sb.State),
-		Reason:       sb.Reason,
-		Message:      sb.Message,
+		Reason:       clipText(sb.Reason),
+		Message:      clipText(sb.Message),
 		ExitCode:     sb.ExitCode,
 		Restarts:     int32(sb.Restarts),
 		OomKills:     int32(sb.OOMKills),
@@ -417,9 +417,9 @@ func sandboxToProto(sb runner.Sandbox) *runnerv1.Sandbox {
 		EndedAt:      timeToProto(sb.EndedAt),
 		Lifetime:     durationpb.New(sb.Lifetime),
 		Deadline:     timeToProto(sb.Deadline),
-		Ip:           sb.IP,
-		RuntimeClass: sb.RuntimeClass,
-		ImageDigest:  sb.ImageDigest,
+		Ip:           clipShort(sb.IP),
+		RuntimeClass: clipShort(sb.RuntimeClass),
+		ImageDigest:  clipShort(sb.ImageDigest),
 		Pause:        pauseToProto(sb.Pause),
 		Usage:        usageToProto(sb.Usage),
 	}
@@ -521,8 +521,8 @@ func withoutCredentials(s runtime.Spec) runtime.Spec {
 func containerStatusesToProto(cs []runtime.ContainerStatus) []*runnerv1.ContainerStatus {
 	var out []*runnerv1.ContainerStatus
 	for _, c := range cs {
-		out = append(out, &runnerv1.ContainerStatus{Name: c.Name, Init: c.Init, State: c.State, ExitCode: c.ExitCode,
-			Restarts: int32(c.Restarts), Reason: c.Reason, Message: c.Message})
+		out = append(out, &runnerv1.ContainerStatus{Name: clipShort(c.Name), Init: c.Init, State: clipShort(c.State), ExitCode: c.ExitCode,
+			Restarts: int32(c.Restarts), Reason: clipText(c.Reason), Message: clipText(c.Message)})
 	}
 	return out
 }

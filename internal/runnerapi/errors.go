@@ -98,7 +98,9 @@ func forkErrorToProto(id string, err error) *runnerv1.ForkError {
 	if !errors.As(toStatus(id, err), &ce) {
 		ce = connect.NewError(connect.CodeInternal, err)
 	}
-	return &runnerv1.ForkError{Code: ce.Code().String(), Reason: apierr.Reason(ce), Message: ce.Message()}
+	// The message is the backend's text (runsc's, the kubelet's) as often as ours: clipped
+	// to what the gateway takes (checkForkError), or it refuses the whole Fork reply.
+	return &runnerv1.ForkError{Code: clipShort(ce.Code().String()), Reason: clipShort(apierr.Reason(ce)), Message: clipText(ce.Message())}
 }
 
 // forkErrorFromProto is one fork's error as *runner.Runner returns it (errors.Is its

@@ -10,6 +10,7 @@ import (
 	runnerv1 "github.com/sandboxd/sandboxd/gen/sandboxd/runner/v1"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // A runner's reply is not trusted (an organization runs its own runners): what the
@@ -25,11 +26,19 @@ const (
 	// maxIDLen bounds an ID a runner answers (a sandbox's: runtime.ValidID).
 	maxIDLen = 63
 	// maxReplyShort bounds a short string of a reply: an address, a runtime class, an
-	// image digest, a container's name, a fork error's code and reason, a snapshot's
+	// image digest, a container's name and state, a fork error's code and reason, a snapshot's
 	// digest. The gateway keeps them with the sandbox (in memory and in its store) and
 	// shows them to users: counts alone bound the elements, not their bytes.
 	maxReplyShort = 1 << 10
 )
+
+// clipText and clipShort are what a runner fills into its reply from a backend's or an
+// error's text (a sandbox's or container's reason and message, a fork error, a snapshot
+// job), clipped to the bounds the gateway checks that reply against (on a character
+// boundary, as valid UTF-8): otherwise one long runsc or kubelet message would make the
+// gateway refuse the whole reply (a Fork's: every target's result).
+func clipText(s string) string  { return textclip.Clip(s, maxReplyText) }
+func clipShort(s string) string { return textclip.Clip(s, maxReplyShort) }
 
 // MaxListedSandboxes bounds the sandboxes of a runner's List reply.
 const MaxListedSandboxes = 1 << 16
@@ -150,6 +159,9 @@ func sandboxProblem(want string, p *runnerv1.Sandbox) error {
 	}
 	for i, c := range cs {
 		if err := checkShort(fmt.Sprintf("containers[%d].name", i), c.GetName()); err != nil {
+			return err
+		}
+		if err := checkShort(fmt.Sprintf("containers[%d].state", i), c.GetState()); err != nil {
 			return err
 		}
 		if err := checkCount(fmt.Sprintf("containers[%d].restarts", i), int64(c.GetRestarts())); err != nil {

@@ -207,7 +207,7 @@ func wantBadReply(t *testing.T, what string, err error, wire bool) {
 // with negative counts and sizes, unknown states, timestamps no store can keep, a
 // negative lifetime, huge texts, more container statuses than a sandbox has, sandboxes
 // without an ID or listed twice, short strings (an address, a digest, a runtime class,
-// a container's name, a fork error's reason) of megabytes, more or fewer forks and snapshot jobs than asked, more
+// a container's name or state, a fork error's reason) of megabytes, more or fewer forks and snapshot jobs than asked, more
 // build steps than a build has (each kept by the gateway as a build log event) or steps
 // numbered outside their total. The
 // gateway's client of the runner takes none of them: each fails its one call, UNAVAILABLE
@@ -281,6 +281,11 @@ func TestTenantRunnerWrongReplies(t *testing.T) {
 		{"get: huge container name", func(r *replyRunner) {
 			r.sandbox = with(func(sb *runnerv1.Sandbox) {
 				sb.Containers = []*runnerv1.ContainerStatus{{Name: strings.Repeat("c", 8<<20)}}
+			})
+		}, get},
+		{"get: huge container state", func(r *replyRunner) {
+			r.sandbox = with(func(sb *runnerv1.Sandbox) {
+				sb.Containers = []*runnerv1.ContainerStatus{{Name: "main", State: strings.Repeat("w", 8<<20)}}
 			})
 		}, get},
 		{"list: huge image digest", func(r *replyRunner) {

@@ -311,6 +311,11 @@ type CallError struct {
 	Message string
 }
 
+// CodeUnimplemented is CallError.Code for a call the shim has no handler for: the shim
+// answers in ttrpc, whose status codes are gRPC's (google.rpc.Code), and UNIMPLEMENTED
+// is 12 there. A connect.Code has the same numbers, but this is not a connect status.
+const CodeUnimplemented int32 = 12
+
 func (e *CallError) Error() string {
 	return fmt.Sprintf("hibernate %s: shim: %s (code %d)", e.Method, e.Message, e.Code)
 }

@@ -21,16 +21,7 @@ import (
 // whose agent is held is vanished, one whose agent is not stays alive.
 func TestRecoverProbesInParallel(t *testing.T) {
 	const n = 4
-	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
-	lb, _ := newFakeBackend(t, Config{Egress: testEgress()})
-	var objs []k8sruntime.Object
-	for i := range n {
-		spec := hostNameSpec(fmt.Sprintf("e%d", i), runtime.EgressRule{DNSName: "api.example.com"})
-		o := recoverWriter(t, lb, spec, []corev1.ContainerStatus{{Name: containerGate, State: running}, {Name: containerMain, State: running}}, nil)
-		o[1].(*corev1.Pod).Status.PodIP = fmt.Sprintf("10.244.0.%d", 10+i)
-		objs = append(objs, o...)
-	}
-	b, _ := newFakeBackend(t, Config{Egress: testEgress()}, objs...)
+	b := probedSandboxes(t, n)
 	var (
 		mu          sync.Mutex
 		inFlight    int
@@ -56,7 +47,7 @@ func TestRecoverProbesInParallel(t *testing.T) {
 		// Answered only once every probe is in flight (else: the probe's timeout, not held).
 		select {
 		case <-allInFlight:
-			return s.id == "e1" // e1's agent still holds its main command
+			return s.id == sandboxName(1) // its agent still holds its main command
 		case <-ctx.Done():
 			return false
 		}
@@ -74,12 +65,101 @@ func TestRecoverProbesInParallel(t *testing.T) {
 		t.Fatalf("recovered %d, want %d", len(recs), n)
 	}
 	for i, r := range recs {
-		want := fmt.Sprintf("e%d", i)
+		want := sandboxName(i)
 		if r.Spec.ID != want {
 			t.Fatalf("recovered[%d] = %s, want %s", i, r.Spec.ID, want)
 		}
-		if held := want == "e1"; held != (!r.Alive && r.Exit != nil && r.Exit.Reason == "Vanished") || !held && (!r.Alive || r.Exit != nil) {
+		if held := want == sandboxName(1); held != (!r.Alive && r.Exit != nil && r.Exit.Reason == "Vanished") || !held && (!r.Alive || r.Exit != nil) {
 			t.Errorf("%s (held %v): alive %v exit %+v", want, held, r.Alive, r.Exit)
+		}
+	}
+}
+
+// sandboxName is the ID of probedSandboxes' sandbox i (e00, e01, ...: listed in order).
+func sandboxName(i int) string { return fmt.Sprintf("e%02d", i) }
+
+// probedSandboxes is a fake backend with n running sandboxes e00, e01, ... that have
+// host-name egress rules (whose agents Recover probes).
+func probedSandboxes(t *testing.T, n int) *Backend {
+	t.Helper()
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
+	lb, _ := newFakeBackend(t, Config{Egress: testEgress()})
+	var objs []k8sruntime.Object
+	for i := range n {
+		spec := hostNameSpec(sandboxName(i), runtime.EgressRule{DNSName: "api.example.com"})
+		o := recoverWriter(t, lb, spec, []corev1.ContainerStatus{{Name: containerGate, State: running}, {Name: containerMain, State: running}}, nil)
+		o[1].(*corev1.Pod).Status.PodIP = fmt.Sprintf("10.%d.%d.%d", 244+i/250/250, i/250%250, 10+i%250)
+		objs = append(objs, o...)
+	}
+	b, _ := newFakeBackend(t, Config{Egress: testEgress()}, objs...)
+	return b
+}
+
+// TestRecoverProbesBounded: with more sandboxes to probe than recoverProbes, at most
+// recoverProbes probes are in flight at once, and that many are: each probe is
+// answered only once a full batch (recoverProbes, or every probe left) has been in
+// flight for a while, so that without the bound every probe would be in flight.
+func TestRecoverProbesBounded(t *testing.T) {
+	const n = 2*recoverProbes + 3
+	b := probedSandboxes(t, n)
+	const settle = 30 * time.Millisecond
+	var (
+		mu       sync.Mutex
+		inFlight int
+		done     int
+		peak     int
+	)
+	b.standbyProbe = func(ctx context.Context, s *sandbox, _ string) bool {
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		mu.Lock()
+		inFlight++
+		peak = max(peak, inFlight)
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			inFlight--
+			done++
+			mu.Unlock()
+		}()
+		var fullSince time.Time
+		for {
+			mu.Lock()
+			full := inFlight >= min(recoverProbes, n-done)
+			mu.Unlock()
+			switch {
+			case !full:
+				fullSince = time.Time{}
+			case fullSince.IsZero():
+				fullSince = time.Now()
+			case time.Since(fullSince) >= settle:
+				return false
+			}
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	recs, err := b.Recover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if peak != recoverProbes {
+		t.Errorf("%d of %d probes were in flight at once, want recoverProbes = %d", peak, n, recoverProbes)
+	}
+	if done != n {
+		t.Errorf("%d probes, want %d", done, n)
+	}
+	mu.Unlock()
+	if len(recs) != n {
+		t.Fatalf("recovered %d, want %d", len(recs), n)
+	}
+	for i, r := range recs {
+		if want := sandboxName(i); r.Spec.ID != want || !r.Alive || r.Exit != nil {
+			t.Errorf("recovered[%d] = %s alive %v exit %+v, want %s alive", i, r.Spec.ID, r.Alive, r.Exit, want)
 		}
 	}
 }
