@@ -987,4 +987,3 @@ func TestChartNodeAgent(t *testing.T) {
 		}
 	}
 }
-
