@@ -20,6 +20,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
@@ -721,4 +722,268 @@ func TestChartEgress(t *testing.T) {
 func npPort(proto corev1.Protocol, port int32) networkingv1.NetworkPolicyPort {
 	p := intstr.FromInt32(port)
 	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &p}
+}
+
+// TestChartNodeAgent (issue 21): the chart's nodeAgent values. Off (the default): no
+// DaemonSet, no --node-agent-* args, no TLS volume, no `get` on nodes, no PSA label, and
+// the other nodeAgent values change nothing. On: a DaemonSet in the release namespace on the
+// nodeSelector's nodes (hostNetwork, the port as hostPort, root, the hostPaths mounted at
+// their node paths, the server Secret read-only, `sandboxd node-agent` with --node from the
+// downward API, the sandbox namespace, the runner ID, the port, the paths), whose Pods no
+// selector of the runner's (Deployment, Service) matches; the runner's --node-agent-port and
+// --node-agent-tls-dir with the client Secret mounted there; the ClusterRole grants `get`
+// on nodes. Bad values fail the render naming the value. helm lint passes with it on.
+func TestChartNodeAgent(t *testing.T) {
+	helm := chartHelm(t)
+	base := "nodeAgent.enabled=true,nodeAgent.runnerID=runner-1,nodeAgent.serverSecret=na-server,nodeAgent.clientSecret=na-client"
+	if out, err := osexec.Command(helm, "lint", "--strict", chartDir, "--set", base).CombinedOutput(); err != nil {
+		t.Errorf("helm lint %s: %v\n%s", base, err, out)
+	}
+	nodeGet := func(r renderedChart) bool {
+		t.Helper()
+		for _, name := range r.named("ClusterRole") {
+			var cr rbacv1.ClusterRole
+			r.get(t, "ClusterRole/"+name, &cr)
+			for _, rule := range cr.Rules {
+				if slices.Contains(rule.Resources, "nodes") && slices.Contains(rule.Verbs, "get") {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	runner := func(r renderedChart) (appsv1.Deployment, corev1.Container) {
+		t.Helper()
+		var d appsv1.Deployment
+		if names := r.named("Deployment"); len(names) != 1 || !r.get(t, "Deployment/"+names[0], &d) {
+			t.Fatalf("want one Deployment in %v", r.keys())
+		}
+		return d, d.Spec.Template.Spec.Containers[0]
+	}
+
+	off, err := renderChart(t, helm, "sandboxd-runner", "--set", "namespace.create=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := off.named("DaemonSet"); got != nil {
+		t.Errorf("off: DaemonSets %v", got)
+	}
+	d, c := runner(off)
+	if got := withPrefix(c.Args, "--node-agent"); got != nil {
+		t.Errorf("off: args %q", got)
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if strings.Contains(v.Name, "node-agent") {
+			t.Errorf("off: volume %s", v.Name)
+		}
+	}
+	if nodeGet(off) {
+		t.Error("off: a ClusterRole grants get on nodes")
+	}
+	var ns corev1.Namespace
+	if !off.get(t, "Namespace/sandboxd", &ns) {
+		t.Fatalf("off: no Namespace in %v", off.keys())
+	}
+	if v, ok := ns.Labels["pod-security.kubernetes.io/enforce"]; ok {
+		t.Errorf("off: the namespace enforces %q", v)
+	}
+	offSet, err := renderChart(t, helm, "sandboxd-runner", "--set", "namespace.create=true,nodeAgent.port=0,nodeAgent.runnerID=x,nodeAgent.nodeSelector=null,nodeAgent.shimRoot=rel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(offSet, off) {
+		t.Errorf("off with other nodeAgent values: %v, want %v", offSet.keys(), off.keys())
+	}
+
+	for _, tc := range []struct {
+		name, release string
+		set           []string
+		sandboxNS     string
+		port          int32
+		selector      map[string]string
+		paths         [4]string // shim root, checkpoint root, state dir, CRI socket
+		prepullOff    bool
+		extraArgs     []string
+		runnerExtra   []string
+	}{
+		{name: "defaults", release: "sandboxd-runner", set: []string{"--set", base + ",namespace.create=true"}, sandboxNS: "sandboxd", port: 7445,
+			selector: map[string]string{"sandboxd.dev/gvisor": "true"},
+			paths:    [4]string{"/run/containerd/runsc", "/var/lib/sandboxd/checkpoints", "/var/lib/sandboxd/node-agent", "/run/containerd/containerd.sock"}},
+		{name: "moved, no pre-pull, other namespace", release: "foo",
+			set: []string{"--set", base + ",nodeAgent.port=17445,sandboxNamespace=sbx,prepull.images=0,nodeAgent.nodeGoneAfter=10m",
+				"--set", "nodeAgent.shimRoot=/data/hib,nodeAgent.checkpointRoot=/data/checkpoints,nodeAgent.stateDir=/data/na,nodeAgent.criSocket=/data/run/containerd.sock",
+				"--set", `nodeAgent.nodeSelector.sandboxd\.dev/gvisor=null`, "--set-string", "nodeAgent.nodeSelector.pool=gvisor",
+				"--set", "nodeAgent.extraArgs={--quota-bytes=1073741824}"},
+			sandboxNS: "sbx", port: 17445, selector: map[string]string{"pool": "gvisor"}, prepullOff: true,
+			paths:       [4]string{"/data/hib", "/data/checkpoints", "/data/na", "/data/run/containerd.sock"},
+			extraArgs:   []string{"--quota-bytes=1073741824"},
+			runnerExtra: []string{"--node-agent-node-gone-after=10m"}},
+	} {
+		r, err := renderChart(t, helm, tc.release, tc.set...)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		d, c := runner(r)
+		wantArgs := append([]string{fmt.Sprintf("--node-agent-port=%d", tc.port), "--node-agent-tls-dir=/etc/sandboxd/node-agent-tls"}, tc.runnerExtra...)
+		if got := withPrefix(c.Args, "--node-agent"); !slices.Equal(got, wantArgs) {
+			t.Errorf("%s: runner args %q, want %q", tc.name, got, wantArgs)
+		}
+		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.MountPath == "/etc/sandboxd/node-agent-tls" && m.ReadOnly && slices.ContainsFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+				return v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == "na-client"
+			})
+		}) {
+			t.Errorf("%s: the runner mounts no Secret na-client at /etc/sandboxd/node-agent-tls: %+v", tc.name, c.VolumeMounts)
+		}
+		if !nodeGet(r) {
+			t.Errorf("%s: no ClusterRole grants get on nodes", tc.name)
+		}
+		if tc.prepullOff {
+			var cr rbacv1.ClusterRole
+			if names := r.named("ClusterRole"); len(names) != 1 || !r.get(t, "ClusterRole/"+names[0], &cr) ||
+				!reflect.DeepEqual(cr.Rules, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}}) {
+				t.Errorf("%s: ClusterRoles %v: want one granting get on nodes only", tc.name, r.named("ClusterRole"))
+			}
+			if len(r.named("ClusterRoleBinding")) != 1 {
+				t.Errorf("%s: ClusterRoleBindings %v", tc.name, r.named("ClusterRoleBinding"))
+			}
+		}
+
+		names := r.named("DaemonSet")
+		var ds appsv1.DaemonSet
+		if len(names) != 1 || !r.get(t, "DaemonSet/"+names[0], &ds) {
+			t.Errorf("%s: DaemonSets %v", tc.name, names)
+			continue
+		}
+		spec := ds.Spec.Template.Spec
+		if ds.Namespace != "sandboxd" || !spec.HostNetwork || !reflect.DeepEqual(spec.NodeSelector, tc.selector) {
+			t.Errorf("%s: DaemonSet namespace %q hostNetwork %v nodeSelector %v", tc.name, ds.Namespace, spec.HostNetwork, spec.NodeSelector)
+		}
+		// No selector of the runner's picks the agents' Pods.
+		podLabels := ds.Spec.Template.Labels
+		sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+		if err != nil || !sel.Matches(labels.Set(podLabels)) {
+			t.Errorf("%s: the DaemonSet's selector %v does not match its Pods %v", tc.name, ds.Spec.Selector, podLabels)
+		}
+		if rs, _ := metav1.LabelSelectorAsSelector(d.Spec.Selector); rs.Matches(labels.Set(podLabels)) {
+			t.Errorf("%s: the runner Deployment's selector matches the agents' Pods %v", tc.name, podLabels)
+		}
+		for _, name := range r.named("Service") {
+			var svc corev1.Service
+			r.get(t, "Service/"+name, &svc)
+			if labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(podLabels)) {
+				t.Errorf("%s: Service %s selects the agents' Pods", tc.name, name)
+			}
+		}
+		if len(spec.Containers) != 1 {
+			t.Fatalf("%s: containers %+v", tc.name, spec.Containers)
+		}
+		a := spec.Containers[0]
+		if a.Image != c.Image {
+			t.Errorf("%s: agent image %q, want the runner's %q", tc.name, a.Image, c.Image)
+		}
+		wantAgent := append([]string{"node-agent", "--node=$(NODE_NAME)", "--runner-id=runner-1", "--namespace=" + tc.sandboxNS,
+			fmt.Sprintf("--listen=:%d", tc.port), "--tls-dir=/etc/sandboxd/node-agent-tls",
+			"--shim-root=" + tc.paths[0], "--checkpoint-root=" + tc.paths[1], "--state-dir=" + tc.paths[2],
+			"--cri-endpoint=unix://" + tc.paths[3], "--runtime-handler=runsc"}, tc.extraArgs...)
+		if !slices.Equal(a.Args, wantAgent) {
+			t.Errorf("%s: agent args %q, want %q", tc.name, a.Args, wantAgent)
+		}
+		if len(a.Env) != 1 || a.Env[0].Name != "NODE_NAME" || a.Env[0].ValueFrom == nil || a.Env[0].ValueFrom.FieldRef == nil ||
+			a.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+			t.Errorf("%s: agent env %+v, want NODE_NAME from spec.nodeName", tc.name, a.Env)
+		}
+		if want := []corev1.ContainerPort{{Name: "node-agent", ContainerPort: tc.port, HostPort: tc.port}}; !reflect.DeepEqual(a.Ports, want) {
+			t.Errorf("%s: agent ports %+v, want %+v", tc.name, a.Ports, want)
+		}
+		if sc := a.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+			t.Errorf("%s: agent securityContext %+v, want root", tc.name, sc)
+		}
+		// Each volume: hostPath (type) or the server Secret, mounted where the flag says.
+		vols := map[string]corev1.Volume{}
+		for _, v := range spec.Volumes {
+			vols[v.Name] = v
+		}
+		wantMounts := map[string]struct {
+			hostPath string
+			typ      corev1.HostPathType
+			secret   string
+			readOnly bool
+		}{
+			"/etc/sandboxd/node-agent-tls": {secret: "na-server", readOnly: true},
+			tc.paths[0]:                    {hostPath: tc.paths[0], typ: corev1.HostPathDirectory},
+			tc.paths[1]:                    {hostPath: tc.paths[1], typ: corev1.HostPathDirectoryOrCreate},
+			tc.paths[2]:                    {hostPath: tc.paths[2], typ: corev1.HostPathDirectoryOrCreate},
+			tc.paths[3]:                    {hostPath: tc.paths[3], typ: corev1.HostPathSocket},
+		}
+		if len(a.VolumeMounts) != len(wantMounts) || len(spec.Volumes) != len(wantMounts) {
+			t.Errorf("%s: mounts %+v volumes %+v", tc.name, a.VolumeMounts, spec.Volumes)
+		}
+		for _, m := range a.VolumeMounts {
+			w, ok := wantMounts[m.MountPath]
+			v := vols[m.Name]
+			switch {
+			case !ok:
+				t.Errorf("%s: unexpected mount %s", tc.name, m.MountPath)
+			case w.secret != "":
+				if v.Secret == nil || v.Secret.SecretName != w.secret || !m.ReadOnly {
+					t.Errorf("%s: mount %s: %+v, want Secret %s read-only", tc.name, m.MountPath, v, w.secret)
+				}
+			default:
+				if v.HostPath == nil || v.HostPath.Path != w.hostPath || v.HostPath.Type == nil || *v.HostPath.Type != w.typ {
+					t.Errorf("%s: mount %s: %+v, want hostPath %s type %s", tc.name, m.MountPath, v.VolumeSource, w.hostPath, w.typ)
+				}
+			}
+		}
+		if tc.release == "sandboxd-runner" {
+			var ns corev1.Namespace
+			if !r.get(t, "Namespace/sandboxd", &ns) || ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+				t.Errorf("%s: the created namespace's labels %v: want enforce=privileged (the DaemonSet's Pods)", tc.name, ns.Labels)
+			}
+		}
+	}
+
+	for _, bad := range []struct{ set, err string }{
+		{"nodeAgent=1", "nodeAgent: want a map"},
+		{"nodeAgent.enabled=yes", "nodeAgent.enabled: want true or false"},
+		{"nodeAgent.enabled=true,nodeAgent.serverSecret=a,nodeAgent.clientSecret=b", `nodeAgent.runnerID "": want the runner's ID`},
+		{"nodeAgent.runnerID=-bad", `nodeAgent.runnerID "-bad"`},
+		{"nodeAgent.port=0", "nodeAgent.port: want a port 1-65535, got 0"},
+		{"nodeAgent.port=65536", "nodeAgent.port: want a port 1-65535"},
+		{"nodeAgent.port=abc", "nodeAgent.port: want a port 1-65535"},
+		{"nodeAgent.serverSecret=", `nodeAgent.serverSecret: want the name of a kubernetes.io/tls Secret`},
+		{"nodeAgent.clientSecret=", `nodeAgent.clientSecret: want the name of a kubernetes.io/tls Secret`},
+		{"nodeAgent.clientSecret=Bad_Name", `nodeAgent.clientSecret "Bad_Name": want a Secret name`},
+		{"nodeAgent.clientSecret=na-server", "nodeAgent.serverSecret and nodeAgent.clientSecret: both"},
+		{"nodeAgent.nodeSelector=null", "nodeAgent.nodeSelector: want a non-empty map"},
+		{"nodeAgent.nodeSelector=gvisor", "nodeAgent.nodeSelector: want a non-empty map"},
+		{"nodeAgent.nodeSelector.sandboxd\\.dev/gvisor=true", "nodeAgent.nodeSelector.sandboxd.dev/gvisor: want a string"},
+		{"nodeAgent.tolerations=x", "nodeAgent.tolerations: want a list"},
+		{"nodeAgent.shimRoot=run/runsc", `nodeAgent.shimRoot "run/runsc": want an absolute, clean host path`},
+		{"nodeAgent.checkpointRoot=/var/lib/../x", `nodeAgent.checkpointRoot "/var/lib/../x": want an absolute, clean host path`},
+		{"nodeAgent.stateDir=/var/lib/sandboxd/", `nodeAgent.stateDir "/var/lib/sandboxd/": want an absolute, clean host path`},
+		{"nodeAgent.criSocket=/run/x sock", `nodeAgent.criSocket "/run/x sock"`},
+		{"nodeAgent.stateDir=/var/lib/sandboxd/checkpoints/state", "nodeAgent.checkpointRoot \"/var/lib/sandboxd/checkpoints\" and nodeAgent.stateDir"},
+		{"nodeAgent.criSocket=/etc/sandboxd/node-agent-tls/s", "the agent's TLS Secret is mounted there"},
+		{"nodeAgent.runtimeHandler=", `nodeAgent.runtimeHandler "": want a CRI runtime handler name`},
+		{"nodeAgent.nodeGoneAfter=soon", `nodeAgent.nodeGoneAfter "soon": want a duration`},
+		{"nodeAgent.extraArgs=--v", "nodeAgent.extraArgs: want a list"},
+		{"nodeAgent.securityContext=root", "nodeAgent.securityContext: want a container securityContext"},
+	} {
+		set := base + "," + bad.set
+		if strings.HasPrefix(bad.set, "nodeAgent=") || strings.HasPrefix(bad.set, "nodeAgent.enabled=") {
+			set = bad.set
+		}
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", set)
+		if err == nil || !strings.Contains(err.Error(), bad.err) {
+			t.Errorf("%s: %v, want the render refused with %q", bad.set, err, bad.err)
+		}
+	}
+	// A value that would inject an argument or YAML is refused, not rendered.
+	for _, bad := range []string{"nodeAgent.runnerID=r1\n- --privileged", "nodeAgent.shimRoot=/run\n  privileged: true", "nodeAgent.nodeGoneAfter=5m\n- --x"} {
+		if _, err := renderChart(t, helm, "sandboxd-runner", "--set", base, "--set-string", bad); err == nil || !strings.Contains(err.Error(), "nodeAgent.") {
+			t.Errorf("%q: %v, want the render refused", bad, err)
+		}
+	}
 }

@@ -11,6 +11,14 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{- /* The node agent's Pods: not the runner's selector labels (the runner's Service,
+NetworkPolicies and --runner-peer-pods select those). */ -}}
+{{- define "sandboxd-runner.nodeAgentSelectorLabels" -}}
+app.kubernetes.io/name: sandboxd-node-agent
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node-agent
+{{- end -}}
+
 {{- define "sandboxd-runner.labels" -}}
 {{ include "sandboxd-runner.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -182,6 +190,82 @@ syntax (zones not taken). */ -}}
 {{- end -}}
 {{- if not (kindIs "bool" $e.networkPolicy.enabled) -}}
 {{- fail (printf "egress.networkPolicy.enabled: want true or false, got %v" $e.networkPolicy.enabled) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* nodeAgent.*: refuses what the runner, the agent or the API server would refuse,
+naming the value. Off, only that it is a map with a boolean enabled. */ -}}
+{{- define "sandboxd-runner.nodeAgentCheck" -}}
+{{- $n := .Values.nodeAgent -}}
+{{- if not (kindIs "map" $n) -}}
+{{- fail (printf "nodeAgent: want a map (enabled, runnerID, port, serverSecret, clientSecret, nodeSelector, …), got %v" $n) -}}
+{{- end -}}
+{{- if not (kindIs "bool" $n.enabled) -}}
+{{- fail (printf "nodeAgent.enabled: want true or false, got %v" $n.enabled) -}}
+{{- end -}}
+{{- if $n.enabled -}}
+{{- if not (and (kindIs "string" $n.runnerID) (regexMatch "^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$" (toString $n.runnerID))) -}}
+{{- fail (printf "nodeAgent.runnerID %q: want the runner's ID (its runner_id; a Kubernetes label value: letters, digits, '-', '_', '.', at most 63; --set-string for a numeric one)" (toString $n.runnerID)) -}}
+{{- end -}}
+{{- if or (not (regexMatch "^[0-9]{1,5}$" (toString $n.port))) (lt (int $n.port) 1) (gt (int $n.port) 65535) -}}
+{{- fail (printf "nodeAgent.port: want a port 1-65535, got %v" $n.port) -}}
+{{- end -}}
+{{- range $k := list "serverSecret" "clientSecret" -}}
+{{- $v := index $n $k -}}
+{{- if not (and (kindIs "string" $v) $v) -}}
+{{- fail (printf "nodeAgent.%s: want the name of a kubernetes.io/tls Secret (with ca.crt) in the release namespace, got %q (deploy/README.md \"The node agent\")" $k (toString $v)) -}}
+{{- end -}}
+{{- if or (gt (len $v) 253) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $v)) -}}
+{{- fail (printf "nodeAgent.%s %q: want a Secret name (a DNS subdomain)" $k $v) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $n.serverSecret $n.clientSecret -}}
+{{- fail (printf "nodeAgent.serverSecret and nodeAgent.clientSecret: both %q: the agents' server certificate and the runner's client certificate are two Secrets" $n.serverSecret) -}}
+{{- end -}}
+{{- if not (and (kindIs "map" $n.nodeSelector) $n.nodeSelector) -}}
+{{- fail (printf "nodeAgent.nodeSelector: want a non-empty map of node labels picking the gVisor nodes (default sandboxd.dev/gvisor: \"true\"), got %v" $n.nodeSelector) -}}
+{{- end -}}
+{{- range $k, $v := $n.nodeSelector -}}
+{{- if not (kindIs "string" $v) -}}
+{{- fail (printf "nodeAgent.nodeSelector.%s: want a string (quote it: \"true\"), got %v" $k $v) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "slice" $n.tolerations) -}}
+{{- fail (printf "nodeAgent.tolerations: want a list of tolerations, got %v" $n.tolerations) -}}
+{{- end -}}
+{{- $paths := dict -}}
+{{- range $k := list "shimRoot" "checkpointRoot" "stateDir" "criSocket" -}}
+{{- $v := index $n $k -}}
+{{- if not (and (kindIs "string" $v) (regexMatch "^(/[A-Za-z0-9._+@-]+)+$" (toString $v)) (not (regexMatch "(^|/)\\.\\.?(/|$)" (toString $v)))) -}}
+{{- fail (printf "nodeAgent.%s %q: want an absolute, clean host path" $k (toString $v)) -}}
+{{- end -}}
+{{- if hasPrefix "/etc/sandboxd/node-agent-tls" $v -}}
+{{- fail (printf "nodeAgent.%s %q: the agent's TLS Secret is mounted there" $k $v) -}}
+{{- end -}}
+{{- range $other, $p := $paths -}}
+{{- if or (eq $p $v) (hasPrefix (printf "%s/" $p) $v) (hasPrefix (printf "%s/" $v) $p) -}}
+{{- fail (printf "nodeAgent.%s %q and nodeAgent.%s %q: want separate paths (neither inside the other)" $other $p $k $v) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $paths $k $v -}}
+{{- end -}}
+{{- if not (and (kindIs "string" $n.runtimeHandler) (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString $n.runtimeHandler))) -}}
+{{- fail (printf "nodeAgent.runtimeHandler %q: want a CRI runtime handler name (a DNS label, e.g. runsc)" (toString $n.runtimeHandler)) -}}
+{{- end -}}
+{{- with $n.nodeGoneAfter -}}
+{{- if not (regexMatch "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$" (toString .)) -}}
+{{- fail (printf "nodeAgent.nodeGoneAfter %q: want a duration (10m, 1h) or \"\"" (toString .)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "slice" $n.extraArgs) -}}
+{{- fail (printf "nodeAgent.extraArgs: want a list of flags, got %v" $n.extraArgs) -}}
+{{- end -}}
+{{- if not (kindIs "map" $n.securityContext) -}}
+{{- fail (printf "nodeAgent.securityContext: want a container securityContext, got %v" $n.securityContext) -}}
+{{- end -}}
+{{- if not (kindIs "map" $n.resources) -}}
+{{- fail (printf "nodeAgent.resources: want container resources (requests, limits), got %v" $n.resources) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
