@@ -18,12 +18,15 @@ import (
 // listener, which the gofer made with --host-uds=create: "Cannot save endpoint with
 // bound host socket"), nor the host-backed connections accepted on it. So before the
 // backend checkpoints a sandbox it sends the agent (PID 1) SuspendSignal: the agent
-// closes its listener and every connection it accepted, then creates SuspendedFile in
-// its state dir, which the backend waits for. After a restore (or a checkpoint that
-// failed and left the sandbox running) the backend sends ResumeSignal: the agent
-// re-reads its identity from its config file (a fork is restored with a new one: its
-// own sandbox ID and secret), listens again and removes SuspendedFile; the backend waits
-// until a dial is answered with the identity it expects.
+// closes its listener and every connection it accepted, waits until their descriptors
+// are closed — in the agent and in any child it was forking meanwhile: a child holds a
+// copy of the agent's descriptors, close-on-exec ones included, from its fork until its
+// exec, and runsc refuses the checkpoint while any copy is open — then creates
+// SuspendedFile in its state dir, which the backend waits for. After a restore (or a
+// checkpoint that failed and left the sandbox running) the backend sends ResumeSignal:
+// the agent re-reads its identity from its config file (a fork is restored with a new
+// one: its own sandbox ID and secret), listens again and removes SuspendedFile; the
+// backend waits until a dial is answered with the identity it expects.
 //
 // ResumeSignal resumes only while ResumeFile is there (see handleSignals).
 //
@@ -56,6 +59,7 @@ type relistener struct {
 	stateDir string
 	config   string // agent config path (the identity is re-read on resume)
 	idl      *identityListener
+	forks    *reaper // every fork of the agent goes through it (suspend awaits them)
 
 	// inflight counts Accept calls on a listener and Read/Write calls on accepted
 	// connections: Close of a Go socket closes its descriptor only once the calls in
@@ -82,7 +86,7 @@ func newRelistener(addr, stateDir, config string) (*relistener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &relistener{addr: addr, stateDir: stateDir, config: config, cur: ln, conns: map[*trackedConn]struct{}{}, wake: make(chan struct{})}, nil
+	return &relistener{addr: addr, stateDir: stateDir, config: config, forks: getReaper(), cur: ln, conns: map[*trackedConn]struct{}{}, wake: make(chan struct{})}, nil
 }
 
 func listenUnixPath(p string) (net.Listener, error) {
@@ -154,7 +158,8 @@ func (l *relistener) Addr() net.Addr {
 	return &net.UnixAddr{Name: l.addr, Net: "unix"}
 }
 
-// suspend closes the listener and every accepted connection, then creates
+// suspend closes the listener and every accepted connection, waits (bounded) until
+// their descriptors are closed in the agent and in any child being forked, then creates
 // SuspendedFile.
 func (l *relistener) suspend() error {
 	l.mu.Lock()
@@ -174,6 +179,11 @@ func (l *relistener) suspend() error {
 	l.mu.Unlock()
 	// Without mu: an Accept that got a connection just before needs it to close that.
 	l.awaitClosed()
+	// A child forked before the descriptors were closed holds copies of them until its
+	// exec (the main command's or an exec's, started right after a create, say): runsc
+	// would find the listener's open in it. A fork that starts from now on does not
+	// copy them.
+	l.forks.awaitForks(forkDrain)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.suspending = false
@@ -208,6 +218,11 @@ func (l *relistener) awaitClosed() {
 
 // suspendDrain bounds awaitClosed.
 const suspendDrain = 2 * time.Second
+
+// forkDrain bounds suspend's wait for the forks under way (a var: tests shorten it).
+// suspendDrain plus forkDrain stay below the backend's wait for SuspendedFile
+// (local.suspendTimeout, 5 s).
+var forkDrain = 2 * time.Second
 
 // resume re-reads the identity and listens again (a no-op when listening).
 func (l *relistener) resume() error {

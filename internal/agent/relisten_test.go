@@ -371,3 +371,74 @@ func TestRelistenerSuspendDuringAccept(t *testing.T) {
 		t.Fatalf("the connection accepted during the suspend is still open when it returns: read %d, %v", n, err)
 	}
 }
+
+// TestRelistenerSuspendAwaitsFork: a child being forked when the agent suspends holds a
+// copy of the listener's descriptor until its exec (runsc then refuses the checkpoint:
+// "bound host socket"), so suspend creates SuspendedFile and returns only once the forks
+// under way are done (the reaper's lock, which forkExec holds across ForkExec, is free),
+// or after forkDrain when one does not end.
+func TestRelistenerSuspendAwaitsFork(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	forks := &reaper{waiters: map[int]chan syscall.WaitStatus{}}
+	rl.forks = forks
+	waiting := make(chan struct{}, 1)
+	forks.awaiting = func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	defer func(d time.Duration) { forkDrain = d }(forkDrain)
+	flag := filepath.Join(dir, SuspendedFile)
+	suspend := func() chan error {
+		done := make(chan error, 1)
+		go func() { done <- rl.suspend() }()
+		return done
+	}
+
+	forkDrain = time.Hour
+	forks.mu.Lock() // a fork under way
+	done := suspend()
+	select {
+	case <-waiting:
+	case err := <-done:
+		forks.mu.Unlock()
+		t.Fatalf("suspend returned (%v) while a fork was under way", err)
+	}
+	// suspend waits for the lock (or an hour) from here on.
+	if _, err := os.Stat(flag); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s made while a fork was under way (stat: %v)", SuspendedFile, err)
+	}
+	forks.mu.Unlock() // its exec is done
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(flag); err != nil {
+		t.Fatalf("no %s once the fork was done: %v", SuspendedFile, err)
+	}
+	if err := rl.resume(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A fork that does not end delays the suspend by forkDrain only.
+	forkDrain = time.Millisecond
+	forks.mu.Lock()
+	defer forks.mu.Unlock()
+	select {
+	case err := <-suspend():
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("suspend still waits for a fork long after forkDrain")
+	}
+	if _, err := os.Stat(flag); err != nil {
+		t.Fatalf("no %s after forkDrain: %v", SuspendedFile, err)
+	}
+}
