@@ -29,13 +29,15 @@ import (
 //     (snapshot.go). Memory stays allocated and counted. paused.json in the sandbox's dir
 //     says so, so a restarted backend reports it paused and Resume thaws it.
 //   - Checkpoint, gVisor (single containers, and groups whose containers all run: the
-//     group's one sentry holds them all; gvisor_group_pause.go): the agent is told to close its
-//     channel (agent.SuspendSignal: runsc cannot save the socket the gofer bound on the
-//     host nor the connections on it), the sentry is paused (`runsc pause`: nothing in
-//     the sandbox runs from here on, so nothing writes its volumes after the memory
-//     image is taken), then `runsc checkpoint --leave-running` writes the image into
-//     <dir>/checkpoint.tmp (the kernel stays paused: it was paused before the save), which
-//     is renamed to <dir>/checkpoint: a checkpoint is complete or absent. Only then is
+//     group's one sentry holds them all; gvisor_group_pause.go): the agent is told to
+//     close its channel (agent.SuspendSignal: runsc cannot save the socket the gofer
+//     bound on the host nor the connections on it; the agent also waits for the
+//     children it is forking to exec, as they hold copies of the listener until then),
+//     the sentry is paused (`runsc pause`: nothing in the sandbox runs from here on, so
+//     nothing writes its volumes after the memory image is taken), then `runsc
+//     checkpoint --leave-running` writes the image into <dir>/checkpoint.tmp (the
+//     kernel stays paused: it was paused before the save), which is renamed to
+//     <dir>/checkpoint: a checkpoint is complete or absent. Only then is
 //     the sentry killed and its runtime state and cgroups removed; on any error before,
 //     the sentry is resumed and the agent listens again, so a failed checkpoint leaves
 //     the sandbox running as it was. The network namespace, the root filesystem's dirs
@@ -350,10 +352,14 @@ func (b *Backend) saveImage(ctx context.Context, s *sandbox, dir string) (string
 		b.log.Warn("checkpoint failed", "sandbox", s.id, "err", err)
 		b.continueContainers(ctx, s, running, "")
 		if strings.Contains(err.Error(), "bound host socket") {
-			// Not the agent's (it has closed its listener and says so before the save;
-			// a resume of an earlier suspension cannot reopen it: agent/relisten.go):
-			// a process of the sandbox holds a unix socket bound on a host-backed path.
-			// Retrying would not help.
+			// Not the agent's listener, as a rule: the agent says it is suspended only
+			// once it has closed the listener and its connections, their descriptors are
+			// closed and the children it was forking meanwhile (which hold copies until
+			// their exec) have exec'd; a resume of an earlier suspension cannot reopen
+			// it (agent/relisten.go). Each of those waits is bounded (2 s), so a fork
+			// stalled longer between fork and exec would show here too. Otherwise a
+			// process of the sandbox holds a unix socket bound on a host-backed path,
+			// and retrying would not help.
 			return fail(errors.New("runsc could not checkpoint the sandbox: a unix socket bound on a host-backed path (a volume, for one) is open in it"))
 		}
 		// The details (host paths, a goroutine dump) are for the log only.
