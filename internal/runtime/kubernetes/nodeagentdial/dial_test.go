@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 func TestDialConfigValidate(t *testing.T) {
@@ -527,7 +528,7 @@ func TestClientTLSRenewalChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := clientTLSDir(t, ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	tc, err := nodeagentdial.ClientTLSFromDirLog(dir, joinRunner, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -574,21 +575,4 @@ func TestClientTLSRenewalChecked(t *testing.T) {
 	if id, raw := runnerOf(); id != joinRunner || bytes.Equal(raw, firstRaw) {
 		t.Errorf("after a good renewal: %q, same certificate %v, want the renewed one", id, bytes.Equal(raw, firstRaw))
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
