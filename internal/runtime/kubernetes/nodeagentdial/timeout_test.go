@@ -188,4 +188,7 @@ func TestClientPingTimeout(t *testing.T) {
 	if err == nil || connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("call over a frozen connection: %v, want the connection's failure", err)
 	}
+	if !f.frozen.Load() {
+		t.Errorf("the call failed before it reached the agent: %v", err)
+	}
 }
