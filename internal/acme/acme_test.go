@@ -30,6 +30,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 const (
@@ -244,13 +245,12 @@ func (p *pebble) issuingRoots(t *testing.T) *x509.CertPool {
 func TestWildcardFromACME(t *testing.T) {
 	z := startZone(t)
 	p := startPebble(t, z.addr)
-	var logs strings.Builder
-	var mu sync.Mutex
+	var logs logbuf.Buffer
 	cfg := Config{
 		Directory: p.directory, RootCAs: p.roots, Email: "ops@sbx.test",
 		DNS:        &RFC2136{Server: z.addr, KeyName: testKey, KeySecret: testSecret},
 		StorageDir: t.TempDir(),
-		Logger:     slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)),
+		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -357,17 +357,6 @@ func handshake(m *Manager, host string, roots *x509.CertPool) error {
 	}()
 	_ = cli.SetDeadline(time.Now().Add(5 * time.Second))
 	return tls.Client(cli, &tls.Config{ServerName: host, RootCAs: roots}).Handshake()
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func freePort(t *testing.T) string {

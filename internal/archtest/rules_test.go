@@ -10,7 +10,7 @@ import (
 // the single-machine demo, so cmd/sandboxd is checked function by function (funcRules).
 var testOnly = []string{
 	"internal/testimage",
-	"internal/testenv",
+	"internal/testenv/...", // with internal/testenv/logbuf
 	"internal/testbed",
 	"internal/pgtest",
 	"internal/connecttest",

@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"bytes"
 	"io"
 	"log/slog"
 	"net/http"
@@ -9,9 +8,10 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // shareEcho answers with the request target and the headers the sandbox got.
@@ -35,29 +35,12 @@ func (te *testEdge) shareRoute(t testing.TB, id string, port int, token string) 
 	return "https://" + Host(port, id, testRunner, testDomain)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestShareToken(t *testing.T) {
 	const (
 		tokA = "tokA-0123456789abcdefghijklmnopqrstuvwxyzABC" // sbxA's
 		tokB = "tokB-0123456789abcdefghijklmnopqrstuvwxyzABC" // sbxB's
 	)
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	te := startEdge(t, func(c *Config) {
 		c.Authorize = loginAuthorizer
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

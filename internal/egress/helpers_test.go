@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/egress/egresstest"
 	"github.com/sandboxd/sandboxd/internal/sni/snitest"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // Sources of test connections: loopback addresses standing in for sandboxes.
@@ -43,7 +44,7 @@ type proxyEnv struct {
 	addr             string // the proxy's listener
 	real, svc, other *egresstest.Server
 	evil             *egresstest.Server // also has a certificate for api.example.test
-	log              *syncBuffer
+	log              *logbuf.Buffer
 	grants           map[netip.Addr][]string
 	serveErr         chan error
 
@@ -64,7 +65,7 @@ func newProxyEnv(t testing.TB, mod func(*Proxy)) *proxyEnv {
 func newProxyEnvWith(t testing.TB, mod func(*proxyEnv)) *proxyEnv {
 	t.Helper()
 	in := egresstest.New(t)
-	e := &proxyEnv{in: in, log: new(syncBuffer), serveErr: make(chan error, 1)}
+	e := &proxyEnv{in: in, log: new(logbuf.Buffer), serveErr: make(chan error, 1)}
 	realA, svcA, otherA, evilA, deadA := in.Addr(t), in.Addr(t), in.Addr(t), in.Addr(t), in.Addr(t)
 	e.real = in.ServeHTTPS(t, realA, "api.example.test", "mixed.example.test")
 	e.svc = in.ServeHTTPS(t, svcA, "*.svc.example.test", "svc.example.test", "a.b.svc.example.test")
@@ -207,35 +208,17 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// syncBuffer is a log destination tests read while the proxy writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// waitLog waits until the log has a line containing all of parts.
-func (s *syncBuffer) waitLog(t testing.TB, parts ...string) {
+// waitLog waits until log has a line containing all of parts.
+func waitLog(t testing.TB, log *logbuf.Buffer, parts ...string) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		for _, line := range strings.Split(s.String(), "\n") {
+		for _, line := range strings.Split(log.String(), "\n") {
 			if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
 				return
 			}
 		}
 		if time.Now().After(end) {
-			t.Fatalf("no log line with %q in:\n%s", parts, s.String())
+			t.Fatalf("no log line with %q in:\n%s", parts, log.String())
 		}
 	}
 }

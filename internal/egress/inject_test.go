@@ -218,13 +218,13 @@ func TestInjectRefusals(t *testing.T) {
 	if _, _, _, err := ie.request(t, granted, "wrong.example.test", "GET / HTTP/1.1\r\nHost: wrong.example.test\r\n\r\n", nil); err == nil {
 		t.Error("unverified upstream accepted")
 	}
-	ie.log.waitLog(t, "upstream TLS")
+	waitLog(t, ie.log, "upstream TLS")
 	// Lost secrets (a restarted runner): refused, not spliced with the placeholder.
 	ie.cur.Store(LostSecrets("sbx-1", "org-1", []string{"api.example.test"}))
 	if _, _, _, err := ie.request(t, granted, "api.example.test", "GET / HTTP/1.1\r\nHost: api.example.test\r\n\r\n", ie.in.ClientConfig("api.example.test")); err == nil {
 		t.Error("lost secrets: connection served")
 	}
-	ie.log.waitLog(t, "secrets lost")
+	waitLog(t, ie.log, "secrets lost")
 }
 
 // BenchmarkInject: requests to api.example.test from a sandbox with an injected secret

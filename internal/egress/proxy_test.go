@@ -65,7 +65,7 @@ func TestProxyGrants(t *testing.T) {
 					t.Errorf("refused connection dialled %v", dials)
 				}
 				why := strings.Split(tc.why, "|") // the reason, then more the line must have
-				e.log.waitLog(t, append(why[1:], "refused: "+why[0], "src="+tc.src.String(), "sni="+tc.sni)...)
+				waitLog(t, e.log, append(why[1:], "refused: "+why[0], "src="+tc.src.String(), "sni="+tc.sni)...)
 				return
 			}
 			if err != nil {
@@ -122,7 +122,7 @@ func TestProxyRefusesRawHellos(t *testing.T) {
 			if d := e.takeDials(); len(d) > 0 {
 				t.Errorf("dialled %v", d)
 			}
-			e.log.waitLog(t, "refused: "+tc.why)
+			waitLog(t, e.log, "refused: "+tc.why)
 		})
 	}
 	if n := e.real.Conns() + e.evil.Conns(); n != 0 {
@@ -164,7 +164,7 @@ func TestProxySlowClient(t *testing.T) {
 			}
 		})
 	}
-	e.log.waitLog(t, "refused: no TLS ClientHello", "timeout")
+	waitLog(t, e.log, "refused: no TLS ClientHello", "timeout")
 }
 
 // TestProxyForbidden: the caller's Forbidden replaces the default, so a granted name
@@ -181,7 +181,7 @@ func TestProxyForbidden(t *testing.T) {
 	if d := e.takeDials(); len(d) > 0 {
 		t.Errorf("dialled %v", d)
 	}
-	e.log.waitLog(t, "refused: name resolves only to forbidden addresses", e.real.Addr.Addr().String(), "sni=api.example.test")
+	waitLog(t, e.log, "refused: name resolves only to forbidden addresses", e.real.Addr.Addr().String(), "sni=api.example.test")
 }
 
 // TestProxyUpstreamFailures: a granted name that does not resolve, or whose server is
@@ -197,7 +197,7 @@ func TestProxyUpstreamFailures(t *testing.T) {
 			if err == nil || strings.Contains(err.Error(), "access denied") {
 				t.Fatalf("got %v, want the connection closed", err)
 			}
-			e.log.waitLog(t, "refused: "+tc.why, "sni="+tc.sni)
+			waitLog(t, e.log, "refused: "+tc.why, "sni="+tc.sni)
 		})
 	}
 }
@@ -259,7 +259,7 @@ func TestProxyOriginalDestinationIgnored(t *testing.T) {
 	if d := e.takeDials(); !slices.Equal(d, []string{e.real.Addr.String()}) {
 		t.Errorf("dialled %v, want [%s]", d, e.real.Addr)
 	}
-	e.log.waitLog(t, "spliced", "src="+e.in.Gateway.String())
+	waitLog(t, e.log, "spliced", "src="+e.in.Gateway.String())
 }
 
 // TestProxySplice: below TLS, the upstream gets the ClientHello byte for byte and then
@@ -398,7 +398,7 @@ func TestProxyMaxConnsPerSource(t *testing.T) {
 	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
 		t.Errorf("third connection: read %x, %v after %v; want closed at once", got, err, time.Since(start))
 	}
-	e.log.waitLog(t, "refused: 2 connections from this source already", "src="+granted.String())
+	waitLog(t, e.log, "refused: 2 connections from this source already", "src="+granted.String())
 	// Another source still gets through, and so does granted once a slot is free.
 	if _, _, err := e.get(t, stranger, &tls.Config{InsecureSkipVerify: true, ServerName: "x.example.test"}); err == nil || !strings.Contains(err.Error(), "access denied") {
 		t.Errorf("other source: %v, want its own refusal (access denied), not the cap", err)
@@ -490,7 +490,7 @@ func TestProxyKnownSources(t *testing.T) {
 	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
 		t.Errorf("unknown source: read %x, %v after %v; want closed at once with nothing sent", got, err, time.Since(start))
 	}
-	e.log.waitLog(t, "refused: the source is no sandbox", "src="+stranger.String())
+	waitLog(t, e.log, "refused: the source is no sandbox", "src="+stranger.String())
 	if len(e.takeDials()) != 0 {
 		t.Error("an upstream was dialled for an unknown source")
 	}
@@ -530,7 +530,7 @@ func TestProxyMaxConns(t *testing.T) {
 	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
 		t.Errorf("second connection: read %x, %v after %v; want closed at once", got, err, time.Since(start))
 	}
-	e.log.waitLog(t, "refused: 1 connections in all already", "src="+stranger.String())
+	waitLog(t, e.log, "refused: 1 connections in all already", "src="+stranger.String())
 	waitFor(t, "the slot to free", func() bool {
 		e.proxy.mu.Lock()
 		defer e.proxy.mu.Unlock()
@@ -567,7 +567,7 @@ func TestProxyMaxConnsPerGroup(t *testing.T) {
 	if err != nil || len(got) > 0 || time.Since(start) > time.Second {
 		t.Errorf("org-a's second source: read %x, %v after %v; want closed at once", got, err, time.Since(start))
 	}
-	e.log.waitLog(t, "refused: 1 connections of this source's organization already", "src="+stranger.String())
+	waitLog(t, e.log, "refused: 1 connections of this source's organization already", "src="+stranger.String())
 	e.dial(t, otherOrg)
 	waitFor(t, "org-b's connection", func() bool { return groupCount("org-b") == 1 })
 	waitFor(t, "the slots to free", func() bool {

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // ownedRunner is an accepting runner whose owner is vouched for (runner.OwnedHandle),
@@ -326,7 +327,7 @@ func TestNoPlatformOrgWarns(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(platformOrg string, runners ...runner.Handle) (*Server, string) {
-		var buf syncBuffer
+		var buf logbuf.Buffer
 		s, err := New(Config{Auth: keys, Runners: runners, PlatformOrg: platformOrg, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -352,22 +353,4 @@ func TestNoPlatformOrgWarns(t *testing.T) {
 	if !s.serves(registered, "platform") || s.serves(registered, "org-a") {
 		t.Error("without a platform organization, a runner registered to it serves other organizations")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -1,14 +1,12 @@
 package gateway
 
 import (
-	"bytes"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/registry"
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/spec"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 func TestParseBuildStorageEndpoints(t *testing.T) {
@@ -72,7 +71,7 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 	}
 	// Everything the gateway and the registry log, at debug level: the secret key must
 	// never be in it (checked at the end).
-	var logged lockedBuffer
+	var logged logbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	t.Cleanup(func() {
 		if strings.Contains(logged.String(), srv.SecretKey) {
@@ -267,24 +266,6 @@ func TestBuildStorageCustomerOwned(t *testing.T) {
 	if objects(platform.Bucket, testOrg+"/after") == 0 || objects(own.Bucket, testOrg+"/after") != 0 {
 		t.Fatal("after the switch back, the push is not on the platform storage")
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writers (a log).
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // noKeys authenticates no API key (the test pushes with platform tokens).

@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // egressSecretProbe runs in the sandbox: it calls the injection host and the other host
@@ -136,7 +137,7 @@ type egressSecretEnv struct {
 	cfg      stack.Config
 	stackDir string
 	g        *gw
-	logs     *syncBuffer // the stack's and the gateway's log, at DEBUG
+	logs     *logbuf.Buffer // the stack's and the gateway's log, at DEBUG
 }
 
 // startEgressSecretEnv starts an egressSecretEnv; configure, when set, adjusts the
@@ -149,7 +150,7 @@ func startEgressSecretEnv(ctx context.Context, t *testing.T, in *egresstest.Inte
 	if err := os.WriteFile(caFile, in.CA.CertPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e := &egressSecretEnv{dir: dir, stackDir: filepath.Join(dir, "stack"), logs: &syncBuffer{}}
+	e := &egressSecretEnv{dir: dir, stackDir: filepath.Join(dir, "stack"), logs: &logbuf.Buffer{}}
 	logger := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.cfg = env.StackConfig(e.stackDir)
 	e.cfg.NoEgress = false

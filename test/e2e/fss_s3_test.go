@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -34,6 +33,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // File-system snapshots end to end against a real S3-compatible server (SeaweedFS,
@@ -522,7 +522,7 @@ func TestFSSOnS3RunnerRestartMidUpload(t *testing.T) {
 type runnerProc struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
-	out    *lockedWriter
+	out    *logbuf.Buffer
 }
 
 // startRunnerProc starts bin with args and waits until it listens.
@@ -534,7 +534,7 @@ func startRunnerProc(t *testing.T, bin string, args ...string) *runnerProc {
 // startRunnerProcEnv is startRunnerProc with extraEnv in the process's environment.
 func startRunnerProcEnv(t *testing.T, bin string, extraEnv []string, args ...string) *runnerProc {
 	t.Helper()
-	p := &runnerProc{cmd: exec.Command(bin, args...), exited: make(chan struct{}), out: &lockedWriter{w: new(bytes.Buffer)}}
+	p := &runnerProc{cmd: exec.Command(bin, args...), exited: make(chan struct{}), out: new(logbuf.Buffer)}
 	p.cmd.Env = append(append(os.Environ(), "SANDBOXD_AGENT="+env.AgentBin), extraEnv...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {

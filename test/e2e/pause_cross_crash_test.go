@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
@@ -28,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/stack/stacktest"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // Moves and cross-runner forks with a runner killed (SIGKILL at a failpoint) at each
@@ -58,7 +58,7 @@ type xcrashRig struct {
 // until it listens.
 func (x *xcrashRunner) start(t *testing.T, point string) {
 	t.Helper()
-	p := &runnerProc{cmd: exec.Command(x.bin, x.args...), exited: make(chan struct{}), out: &lockedWriter{w: new(bytes.Buffer)}}
+	p := &runnerProc{cmd: exec.Command(x.bin, x.args...), exited: make(chan struct{}), out: new(logbuf.Buffer)}
 	p.cmd.Env = append(os.Environ(), "SANDBOXD_AGENT="+env.AgentBin)
 	if point != "" {
 		p.cmd.Env = append(p.cmd.Env, failpoint.Env+"="+point)

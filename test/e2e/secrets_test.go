@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,26 +32,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/secretbox"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 	"github.com/sandboxd/sandboxd/internal/testimage"
 )
-
-// syncBuffer is a log sink the stack and the gateway write to concurrently.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // grepTree reports the regular files under root that contain any of needles: every
 // file of root's file system (each read up to 64 MiB; symlinks not followed), not the
@@ -136,7 +118,7 @@ func TestSecretsFromStore(t *testing.T) {
 		t.Fatal("no pull credentials")
 	}
 
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	stackDir := filepath.Join(dir, "stack")
 	cfg := env.StackConfig(stackDir)

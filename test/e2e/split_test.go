@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -32,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/runtime/local/network"
 	"github.com/sandboxd/sandboxd/internal/testenv"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // startSplitGateway is startGateway with the runner behind runnerapi: the gateway reaches
@@ -346,8 +346,8 @@ func startProcess(t *testing.T, bin, ready string, extraEnv []string, args ...st
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), extraEnv...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &lockedWriter{w: &stderr}
+	stderr := new(logbuf.Buffer)
+	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -366,7 +366,7 @@ func startProcess(t *testing.T, bin, ready string, extraEnv []string, args ...st
 			<-exited
 		}
 		if t.Failed() {
-			t.Logf("%s stderr:\n%s", args[0], cmd.Stderr.(*lockedWriter).String())
+			t.Logf("%s stderr:\n%s", args[0], stderr.String())
 		}
 	})
 	readyCh := make(chan struct{})
@@ -383,26 +383,8 @@ func startProcess(t *testing.T, bin, ready string, extraEnv []string, args ...st
 	select {
 	case <-readyCh:
 	case <-exited:
-		t.Fatalf("%s exited early:\n%s", args[0], cmd.Stderr.(*lockedWriter).String())
+		t.Fatalf("%s exited early:\n%s", args[0], stderr.String())
 	case <-time.After(60 * time.Second):
-		t.Fatalf("%s did not print %q in time:\n%s", args[0], ready, cmd.Stderr.(*lockedWriter).String())
+		t.Fatalf("%s did not print %q in time:\n%s", args[0], ready, stderr.String())
 	}
-}
-
-// lockedWriter is a buffer a process writes to while the test reads it.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.String()
 }

@@ -91,11 +91,7 @@ func (c *joinCheckpointer) fail(err error) {
 func joinAgent(t *testing.T) (kubernetes.NodeAgentDialer, *joinResolver, *joinCheckpointer, string) {
 	t.Helper()
 	j := serveJoinAgent(t)
-	ccert, err := j.ca.IssueClient("runner-"+joinRunner, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sd := &nodeagent.StaticDialer{Addrs: map[string]string{"node-1": j.addr}, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool())}
+	sd := &nodeagent.StaticDialer{Addrs: map[string]string{"node-1": j.addr}, TLS: runnerTLS(t, j.ca)}
 	return nodeagentdial.BackendDialer(sd, nodeagentdial.Options{RunnerID: joinRunner}), j.res, j.ck, j.root
 }
 
@@ -126,6 +122,15 @@ func serveJoinAgent(t *testing.T) joined {
 	if err != nil {
 		t.Fatal(err)
 	}
+	addr, ca := serveAgentTLS(t, srv.HTTPServer)
+	return joined{addr: addr, ca: ca, res: res, ck: ck, root: root}
+}
+
+// serveAgentTLS serves, on loopback until the test ends, the server newServer makes for
+// the node agent's mTLS of a new CA: a server certificate for nodeagent.ServerName, a
+// client certificate naming joinRunner required. Its address and the CA.
+func serveAgentTLS(t *testing.T, newServer func(*tls.Config) *http.Server) (string, *pki.CA) {
+	t.Helper()
 	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test node-agent CA")
 	if err != nil {
 		t.Fatal(err)
@@ -134,11 +139,11 @@ func serveJoinAgent(t *testing.T) joined {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsDir := t.TempDir()
-	if err := nodeagent.WriteTLSDir(tlsDir, cert, ca.CertPEM()); err != nil {
+	dir := t.TempDir()
+	if err := nodeagent.WriteTLSDir(dir, cert, ca.CertPEM()); err != nil {
 		t.Fatal(err)
 	}
-	tc, err := nodeagent.ServerTLSConfig(tlsDir, joinRunner)
+	tc, err := nodeagent.ServerTLSConfig(dir, joinRunner)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,10 +151,28 @@ func serveJoinAgent(t *testing.T) joined {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := srv.HTTPServer(tc)
+	hs := newServer(tc)
 	go func() { _ = hs.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = hs.Close() })
-	return joined{addr: ln.Addr().String(), ca: ca, res: res, ck: ck, root: root}
+	return ln.Addr().String(), ca
+}
+
+// runnerCert is joinRunner's client certificate of ca (the agents' CA).
+func runnerCert(t *testing.T, ca *pki.CA) tls.Certificate {
+	t.Helper()
+	c, err := ca.IssueClient("runner-"+joinRunner, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// runnerTLS is joinRunner's client TLS configuration for the agents of ca: its
+// runnerCert, and ca as the agents' root.
+func runnerTLS(t *testing.T, ca *pki.CA) *tls.Config {
+	t.Helper()
+	c := runnerCert(t, ca)
+	return nodeagent.ClientTLSConfig(&c, nil, ca.Pool())
 }
 
 func joinReq(leave bool) kubernetes.NodeCheckpointRequest {
@@ -263,40 +286,16 @@ func (f fakeAgent) Checkpoint(context.Context, *connect.Request[nodeagentv1.Chec
 	return connect.NewResponse(&nodeagentv1.CheckpointResponse{CheckpointId: f.id, Node: "node-1", Bytes: 1, Took: durationpb.New(time.Millisecond)}), nil
 }
 
-// serveHandler serves h over HTTP/2 with the agent's mTLS (a server certificate for
-// nodeagent.ServerName, a client naming joinRunner required) and returns its address and
-// a client TLS configuration of joinRunner's that trusts it.
+// serveHandler serves h over HTTP/2 with the agent's mTLS (serveAgentTLS) and returns
+// its address and joinRunner's client TLS configuration that trusts it.
 func serveHandler(t *testing.T, h http.Handler) (string, *tls.Config) {
 	t.Helper()
-	ca, err := pki.LoadOrCreateCA(t.TempDir(), "test node-agent CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := nodeagent.WriteTLSDir(dir, cert, ca.CertPEM()); err != nil {
-		t.Fatal(err)
-	}
-	tc, err := nodeagent.ServerTLSConfig(dir, joinRunner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: h, TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
-	hs.Protocols.SetHTTP2(true)
-	go func() { _ = hs.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = hs.Close() })
-	ccert, err := ca.IssueClient("runner-"+joinRunner, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln.Addr().String(), nodeagent.ClientTLSConfig(&ccert, nil, ca.Pool())
+	addr, ca := serveAgentTLS(t, func(tc *tls.Config) *http.Server {
+		hs := &http.Server{Handler: h, TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+		hs.Protocols.SetHTTP2(true)
+		return hs
+	})
+	return addr, runnerTLS(t, ca)
 }
 
 // TestBackendAgentForeignCheckpointID: the checkpoint ID an agent answers must be a valid

@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 func TestDialConfigValidate(t *testing.T) {
@@ -142,10 +143,7 @@ func TestClientTLSFromDir(t *testing.T) {
 	// The runner verifies the agent: its certificate must chain to ca.crt and name
 	// nodeagent.ServerName with serverAuth. The runner's client certificate is the one
 	// the agent trusts in every case, so only the runner's verification can refuse.
-	ccert, err := j.ca.IssueClient("runner", []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ccert := runnerCert(t, j.ca)
 	other, err := pki.LoadOrCreateCA(t.TempDir(), "other CA")
 	if err != nil {
 		t.Fatal(err)
@@ -306,11 +304,7 @@ func TestNodeDialerAddressChange(t *testing.T) {
 	oldAddr, newAddr := net.JoinHostPort("192.0.2.10", port), net.JoinHostPort("192.0.2.11", port)
 	r := newRedirect(map[string]string{oldAddr: j.addr, newAddr: j.addr})
 	client := fake.NewClientset(testNode("node-1", corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}))
-	ccert, err := j.ca.IssueClient("runner", []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &nodeagentdial.NodeDialer{Client: client, Port: p, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool()), Options: nodeagent.ClientOptions{DialContext: r.dial}}
+	d := &nodeagentdial.NodeDialer{Client: client, Port: p, TLS: runnerTLS(t, j.ca), Options: nodeagent.ClientOptions{DialContext: r.dial}}
 	ctx := t.Context()
 	c1, err := d.Agent(ctx, "node-1")
 	if err != nil {
@@ -361,12 +355,8 @@ func TestNodeDialerGoneAfter(t *testing.T) {
 	p, _ := strconv.Atoi(port)
 	r := newRedirect(map[string]string{net.JoinHostPort("192.0.2.10", port): j.addr})
 	client := fake.NewClientset()
-	ccert, err := j.ca.IssueClient("runner", []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const grace = 400 * time.Millisecond
-	nd := &nodeagentdial.NodeDialer{Client: client, Port: p, TLS: nodeagent.ClientTLSConfig(&ccert, nil, j.ca.Pool()), GoneAfter: grace, Options: nodeagent.ClientOptions{DialContext: r.dial}}
+	nd := &nodeagentdial.NodeDialer{Client: client, Port: p, TLS: runnerTLS(t, j.ca), GoneAfter: grace, Options: nodeagent.ClientOptions{DialContext: r.dial}}
 	d := nodeagentdial.BackendDialer(nd, nodeagentdial.Options{RunnerID: joinRunner})
 	ctx := t.Context()
 	notYet := func(what string) {
@@ -527,7 +517,7 @@ func TestClientTLSRenewalChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := clientTLSDir(t, ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	tc, err := nodeagentdial.ClientTLSFromDirLog(dir, joinRunner, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -574,21 +564,4 @@ func TestClientTLSRenewalChecked(t *testing.T) {
 	if id, raw := runnerOf(); id != joinRunner || bytes.Equal(raw, firstRaw) {
 		t.Errorf("after a good renewal: %q, same certificate %v, want the renewed one", id, bytes.Equal(raw, firstRaw))
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -2,6 +2,7 @@ package nodeagentdial_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -34,20 +35,29 @@ func within(t *testing.T, what string, d time.Duration, f func() error) error {
 	}
 }
 
-// TestBackendAgentTimeouts: an agent that takes the call and never answers fails
-// Checkpoint after Options.CheckpointTimeout and DeleteCheckpoint after DeleteTimeout
-// (here short), even when the caller's context has no deadline.
-func TestBackendAgentTimeouts(t *testing.T) {
-	reached := make(chan struct{}, 16)
+// silentAgent serves an agent (serveHandler) that takes every call and answers none
+// until the call is given up or the test ends: its address, joinRunner's client TLS
+// configuration, and reached, which gets a value for each call that reached it (up to 16).
+func silentAgent(t *testing.T) (addr string, tc *tls.Config, reached <-chan struct{}) {
+	t.Helper()
+	calls := make(chan struct{}, 16)
 	done := make(chan struct{})
-	addr, tc := serveHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached <- struct{}{}
+	addr, tc = serveHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls <- struct{}{}
 		select {
 		case <-r.Context().Done():
 		case <-done:
 		}
 	}))
-	defer close(done)
+	t.Cleanup(func() { close(done) })
+	return addr, tc, calls
+}
+
+// TestBackendAgentTimeouts: an agent that takes the call and never answers fails
+// Checkpoint after Options.CheckpointTimeout and DeleteCheckpoint after DeleteTimeout
+// (here short), even when the caller's context has no deadline.
+func TestBackendAgentTimeouts(t *testing.T) {
+	addr, tc, reached := silentAgent(t)
 	c, err := nodeagent.NewClient(addr, tc)
 	if err != nil {
 		t.Fatal(err)
@@ -163,16 +173,7 @@ func (f *freezer) pipe(dst io.Writer, src io.Reader) {
 // the call reached the agent), the client's HTTP/2 PING goes unanswered and the call
 // fails in about PingInterval+PingTimeout, long before its own deadline.
 func TestClientPingTimeout(t *testing.T) {
-	reached := make(chan struct{}, 4)
-	done := make(chan struct{})
-	addr, tc := serveHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached <- struct{}{}
-		select {
-		case <-r.Context().Done():
-		case <-done:
-		}
-	}))
-	defer close(done)
+	addr, tc, reached := silentAgent(t)
 	f := newFreezer(t, addr)
 	c, err := nodeagent.NewClientWith(f.ln.Addr().String(), tc, nodeagent.ClientOptions{PingInterval: 200 * time.Millisecond, PingTimeout: 300 * time.Millisecond})
 	if err != nil {
@@ -186,5 +187,8 @@ func TestClientPingTimeout(t *testing.T) {
 	err = within(t, "checkpoint", 15*time.Second, func() error { _, err := a.Checkpoint(context.Background(), joinReq(false)); return err })
 	if err == nil || connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("call over a frozen connection: %v, want the connection's failure", err)
+	}
+	if !f.frozen.Load() {
+		t.Errorf("the call failed before it reached the agent: %v", err)
 	}
 }
