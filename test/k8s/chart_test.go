@@ -521,15 +521,7 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // podLog is the runner container's log (for failure messages).
-func podLog(admin k8s.Interface, p *corev1.Pod) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, err := admin.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: "runner"}).DoRaw(ctx)
-	if err != nil {
-		return fmt.Sprintf("log of %s: %v", p.Name, err)
-	}
-	return "log of " + p.Name + ":\n" + string(b)
-}
+func podLog(admin k8s.Interface, p *corev1.Pod) string { return containerLog(admin, p, "runner") }
 
 // checkEdge: a sandbox serving HTTP on port 8080, published as an OPEN HTTPS endpoint,
 // answers an HTTPS client that trusts the platform CA (the runner's edge certificate

@@ -42,10 +42,7 @@ func serveGateway(t *testing.T, cfg gateway.Config) (url string, api sandboxv1co
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	t.Cleanup(srv.Close)
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true)
-	hc := &http.Client{Transport: &http.Transport{Protocols: p}}
-	return srv.URL, sandboxv1connect.NewSandboxServiceClient(hc, srv.URL, connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(key))), key
+	return srv.URL, sandboxv1connect.NewSandboxServiceClient(h2cClient(), srv.URL, connect.WithGRPC(), connect.WithInterceptors(connecttest.Bearer(key))), key
 }
 
 // TestGateway: the public API (coreweave.sandbox.v1 through the gateway) on a runner

@@ -275,8 +275,11 @@ maxPods: 250
 # backend's per-sandbox limit. Contains a fork bomb in a sandbox (TestForkBomb).
 podPidsLimit: 4096
 YAML
+# The node registers labelled as a gVisor node (runsc, its shim and the RuntimeClass gvisor
+# are set up above): the label the runner chart's node agent DaemonSet selects by default
+# (nodeAgent.nodeSelector; TestChartPauseResume).
 start kubelet "$BIN/kubelet" --config "$DATA/kubelet/config.yaml" --kubeconfig "$KUBECONFIG_FILE" \
-  --root-dir "$DATA/kubelet" --hostname-override "$NODE" --node-ip "$IP" --v 1
+  --root-dir "$DATA/kubelet" --hostname-override "$NODE" --node-ip "$IP" --node-labels sandboxd.dev/gvisor=true --v 1
 # kube-proxy (nftables mode: its own `kube-proxy` tables, nothing in iptables' chains) makes
 # Service IPs work for Pods and this host, above all the `kubernetes` Service that
 # in-cluster clients (client-go's InClusterConfig) use: the apiserver keeps its endpoint
