@@ -791,3 +791,42 @@ func TestInstallEgress(t *testing.T) {
 		})
 	}
 }
+
+// TestInstalledNotReapplied: install flags (here --install-egress) take effect at an
+// install: a control plane started with them resumes the INSTALLING runners (applied, with
+// the egress) and leaves the INSTALLED ones alone, whatever they were installed with.
+func TestInstalledNotReapplied(t *testing.T) {
+	cfg := installCfg
+	cfg.Egress = true
+	b := newClusterBed(t, cfg, false)
+	ctx := t.Context()
+	for id, state := range map[string]string{"done": store.InstallInstalled, "busy": store.InstallInstalling} {
+		b.add(t, "c-"+id, "") // one runner per cluster
+		if _, err := b.st.Runners().Create(ctx, store.Runner{Org: "plat", RunnerID: id, ClusterID: "c-" + id, Zone: "z"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.st.Installs().Put(ctx, store.Install{Org: "plat", RunnerID: id, ClusterID: "c-" + id, State: state, Namespace: install.Namespace("plat", id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.svc.ResumeInstalls(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.target.mu.Lock()
+		applied, args := slices.Clone(b.target.applied), slices.Clone(b.target.runnerArgs)
+		b.target.mu.Unlock()
+		if slices.Contains(applied, "Deployment/"+install.ReleaseName) {
+			if !slices.Contains(applied, "Namespace/"+install.Namespace("plat", "busy")) || slices.Contains(applied, "Namespace/"+install.Namespace("plat", "done")) ||
+				!slices.Contains(args, "--egress-dns-addr="+install.EgressAddr) {
+				t.Fatalf("applied %v args %q: want the INSTALLING runner only, with egress", applied, args)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("applied %v", applied)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
