@@ -488,6 +488,7 @@ func (c *controlPlaneConfig) bind(fs *flag.FlagSet) {
 	fs.Var(&c.installArgs, "install-runner-arg", "extra argument of installed runners (repeatable)")
 	fs.IntVar(&c.installPrepull, "install-prepull-images", install.DefaultPrepullImages, "images installed runners pre-pull onto their cluster's nodes (their --prepull-images); 0: none, and no ClusterRole (list on nodes) is installed")
 	fs.StringVar(&c.installClasses, "install-runtime-classes", "", "runtime classes installed runners offer (their --runtime-classes): comma-separated class=RuntimeClass pairs, runc among them, e.g. 'runc=,gvisor=gvisor' (an empty RuntimeClass: the cluster's default runtime); default: not passed, runc only")
+	fs.BoolVar(&c.install.Egress, "install-egress", false, "installed runners serve the egress proxy and DNS (host-name egress rules, egress secrets; the chart's egress.enabled at its defaults): a Service and a NetworkPolicy "+install.EgressName+" and the runner's --egress-* args; off, each install deletes them. Applied at install: runners already installed keep theirs (docs/admin.md)")
 	fs.DurationVar(&c.installTimeouts.apply, "install-apply-timeout", 2*time.Minute, "how long an install may take to apply a runner's objects")
 	fs.DurationVar(&c.installTimeouts.heartbeat, "install-heartbeat-timeout", 10*time.Minute, "how long an installed runner has to heartbeat before its install is FAILED")
 }
@@ -540,6 +541,9 @@ func (c controlPlaneConfig) validate() error {
 	}
 	if _, err := install.ParseRuntimeClasses(c.installClasses); err != nil {
 		return fmt.Errorf("--install-runtime-classes: %w", err)
+	}
+	if err := install.CheckExtraArgs(c.install.Egress, c.installArgs); err != nil {
+		return fmt.Errorf("--install-egress with --install-runner-arg: %w", err)
 	}
 	if c.installTimeouts.apply <= 0 || c.installTimeouts.heartbeat <= 0 {
 		return errors.New("--install-apply-timeout and --install-heartbeat-timeout must be positive")

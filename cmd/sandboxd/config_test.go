@@ -139,6 +139,11 @@ func TestControlPlaneConfigValidate(t *testing.T) {
 		{args: []string{"--install-runtime-classes", "runc=,runc=x"}, err: `class "runc" given twice`},
 		{args: []string{"--audit-retention", "8760h"}},
 		{args: []string{"--audit-retention", "59m"}, err: "--audit-retention"},
+		{args: []string{"--install-egress"}},
+		{args: []string{"--install-egress", "--install-runner-arg", "--egress-forbid=100.64.0.0/10"}},
+		{args: []string{"--install-runner-arg", "--egress-proxy-listen=:1"}}, // off: the operator's own
+		{args: []string{"--install-egress", "--install-runner-arg", "--egress-proxy-listen=:1"}, err: `--install-egress with --install-runner-arg: runner argument "--egress-proxy-listen=:1": --egress-proxy-listen is set by the installer's egress`},
+		{args: []string{"--install-egress", "--install-runner-arg", "-egress-dns-addr"}, err: "--egress-dns-addr is set by the installer's egress"},
 	})
 }
 

@@ -345,3 +345,63 @@ func TestRunnerNodeAgentFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestInstalledRunnerEgress: the installer's runner arguments with egress on
+// (--install-egress), the egress Service's variable expanded as the kubelet does
+// (SANDBOXD_RUNNER_EGRESS_SERVICE_HOST, the Service's ClusterIP), parse and validate as the
+// runner's: the proxy and DNS listen on the container's egress ports and tell the sandboxes
+// the Service's address. The literal $(…) (a kubelet that had not seen the Service yet) is
+// refused, as the chart's runner refuses it.
+func TestInstalledRunnerEgress(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "sandboxd-r1")
+	v := install.Values{Namespace: "sandboxd-r1", Image: "i", AgentImage: "a", Egress: true}
+	var d *appsv1.Deployment
+	for _, o := range install.Objects(v) {
+		if x, ok := o.(*appsv1.Deployment); ok {
+			d = x
+		}
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name+"/"+string(p.Protocol)] = p.ContainerPort
+	}
+	parse := func(ip string) (*kubernetesFlags, error) {
+		cfg := new(runnerConfig)
+		fs := flag.NewFlagSet("runner", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg.bind(fs)
+		var args []string
+		for _, a := range c.Args[1:] {
+			a = strings.ReplaceAll(a, "$(POD_IP)", "10.244.0.7")
+			if ip != "" {
+				a = strings.ReplaceAll(a, "$(SANDBOXD_RUNNER_EGRESS_SERVICE_HOST)", ip)
+			}
+			args = append(args, a)
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return &cfg.kube, cfg.validate()
+	}
+	k, err := parse("10.96.0.53")
+	if err != nil {
+		t.Fatalf("validate: %v", err)
+	}
+	eg, err := k.egress()
+	if err != nil || eg == nil {
+		t.Fatalf("egress %+v %v", eg, err)
+	}
+	if _, p, _ := net.SplitHostPort(eg.ProxyListen); p != strconv.Itoa(int(ports["egress-proxy/"])) || ports["egress-proxy/"] == 0 {
+		t.Errorf("proxy listens on %q, the container's port %v", eg.ProxyListen, ports)
+	}
+	if _, p, _ := net.SplitHostPort(eg.DNSListen); p != strconv.Itoa(int(ports["egress-dns/UDP"])) || ports["egress-dns/UDP"] != ports["egress-dns-tcp/"] || ports["egress-dns-tcp/"] == 0 {
+		t.Errorf("DNS listens on %q, the container's ports %v", eg.DNSListen, ports)
+	}
+	if eg.DNSAddr.String() != "10.96.0.53" || len(eg.ProxyAddrs) != 1 || eg.ProxyAddrs[0].String() != "10.96.0.53" {
+		t.Errorf("addresses %v %v, want the Service's", eg.ProxyAddrs, eg.DNSAddr)
+	}
+	if _, err := parse(""); err == nil || !strings.Contains(err.Error(), "--egress-proxy-addr") {
+		t.Errorf("the variable unexpanded: %v, want --egress-proxy-addr refused", err)
+	}
+}

@@ -224,6 +224,7 @@ type fakeTarget struct {
 	namespaces map[string]map[string]string // name -> labels
 	objects    map[string]map[string]string // cluster-scoped Kind/name -> labels
 	objDeleted []string                     // cluster-scoped Kind/name
+	nsDeleted  []string                     // namespaced Kind/namespace/name (DeleteNamespaced)
 	runnerArgs []string                     // the last applied Deployment's runner args
 }
 
@@ -292,6 +293,16 @@ func (f *fakeTarget) DeleteObject(_ context.Context, kind, name string, _ types.
 	}
 	f.objDeleted = append(f.objDeleted, kind+"/"+name)
 	delete(f.objects, kind+"/"+name)
+	return nil
+}
+
+func (f *fakeTarget) DeleteNamespaced(_ context.Context, kind, namespace, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deleteErr != nil {
+		return &install.ApplyError{Kind: kind, Name: name, Namespace: namespace, Err: f.deleteErr, Delete: true}
+	}
+	f.nsDeleted = append(f.nsDeleted, kind+"/"+namespace+"/"+name)
 	return nil
 }
 
@@ -604,6 +615,11 @@ func TestInstallFailures(t *testing.T) {
 			c.RuntimeClasses = map[string]string{"gvisor": "gvisor"}
 			return c
 		}(), false, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "--install-runtime-classes"},
+		{"egress with a runner arg that sets its flag", func() controlplane.InstallConfig {
+			c := installCfg
+			c.Egress, c.ExtraArgs = true, []string{"--egress-dns-addr=192.0.2.53"}
+			return c
+		}(), false, "", nil, "CWSANDBOX_INSTALL_NOT_CONFIGURED", "the egress flags --install-egress sets"},
 		{"no heartbeat", func() controlplane.InstallConfig {
 			c := installCfg
 			c.HeartbeatTimeout = 200 * time.Millisecond
@@ -718,5 +734,99 @@ func TestInstallRuntimeClasses(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// TestInstallEgress: InstallConfig.Egress (--install-egress) gives the installed runner the
+// egress args and the egress Service and NetworkPolicy, and deletes nothing; off, the
+// install applies none of them and deletes both from the runner's namespace, after the
+// Deployment.
+func TestInstallEgress(t *testing.T) {
+	ns := install.Namespace("plat", "r1")
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint(on), func(t *testing.T) {
+			cfg := installCfg
+			cfg.Egress = on
+			b := newClusterBed(t, cfg, false)
+			b.add(t, "c1", "")
+			b.createRunner(t, b.platform, "r1", "c1")
+			if err := b.st.Runners().RecordHeartbeat(t.Context(), "plat", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
+				t.Fatal(err)
+			}
+			// INSTALLED in the store: the install's apply has returned.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				in, err := b.st.Installs().Get(t.Context(), "plat", "r1")
+				if err == nil && in.State == store.InstallInstalled {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("install %+v %v", in, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			b.target.mu.Lock()
+			args, applied, deleted := slices.Clone(b.target.runnerArgs), slices.Clone(b.target.applied), slices.Clone(b.target.nsDeleted)
+			b.target.mu.Unlock()
+			var egressArgs []string
+			for _, a := range args {
+				if strings.HasPrefix(a, "--egress") {
+					egressArgs = append(egressArgs, a)
+				}
+			}
+			egressApplied := slices.Contains(applied, "Service/"+install.EgressName) && slices.Contains(applied, "NetworkPolicy/"+install.EgressName)
+			if on {
+				want := []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353",
+					"--egress-proxy-addr=$(SANDBOXD_RUNNER_EGRESS_SERVICE_HOST)", "--egress-dns-addr=$(SANDBOXD_RUNNER_EGRESS_SERVICE_HOST)"}
+				if !slices.Equal(egressArgs, want) || !egressApplied || deleted != nil {
+					t.Fatalf("on: args %q applied %v deleted %v", egressArgs, applied, deleted)
+				}
+				return
+			}
+			want := []string{"NetworkPolicy/" + ns + "/" + install.EgressName, "Service/" + ns + "/" + install.EgressName}
+			if egressArgs != nil || slices.ContainsFunc(applied, func(k string) bool { return strings.HasSuffix(k, "/"+install.EgressName) }) ||
+				!slices.Equal(deleted, want) || applied[len(applied)-1] != "Deployment/"+install.ReleaseName {
+				t.Fatalf("off: args %q applied %v deleted %v, want %v deleted after the Deployment", egressArgs, applied, deleted, want)
+			}
+		})
+	}
+}
+
+// TestInstalledNotReapplied: install flags (here --install-egress) take effect at an
+// install: a control plane started with them resumes the INSTALLING runners (applied, with
+// the egress) and leaves the INSTALLED ones alone, whatever they were installed with.
+func TestInstalledNotReapplied(t *testing.T) {
+	cfg := installCfg
+	cfg.Egress = true
+	b := newClusterBed(t, cfg, false)
+	ctx := t.Context()
+	for id, state := range map[string]string{"done": store.InstallInstalled, "busy": store.InstallInstalling} {
+		b.add(t, "c-"+id, "") // one runner per cluster
+		if _, err := b.st.Runners().Create(ctx, store.Runner{Org: "plat", RunnerID: id, ClusterID: "c-" + id, Zone: "z"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.st.Installs().Put(ctx, store.Install{Org: "plat", RunnerID: id, ClusterID: "c-" + id, State: state, Namespace: install.Namespace("plat", id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.svc.ResumeInstalls(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.target.mu.Lock()
+		applied, args := slices.Clone(b.target.applied), slices.Clone(b.target.runnerArgs)
+		b.target.mu.Unlock()
+		if slices.Contains(applied, "Deployment/"+install.ReleaseName) {
+			if !slices.Contains(applied, "Namespace/"+install.Namespace("plat", "busy")) || slices.Contains(applied, "Namespace/"+install.Namespace("plat", "done")) ||
+				!slices.Contains(args, "--egress-dns-addr="+install.EgressAddr) {
+				t.Fatalf("applied %v args %q: want the INSTALLING runner only, with egress", applied, args)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("applied %v", applied)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -50,6 +50,14 @@ type InstallConfig struct {
 	// nil: not passed (runc only). Installs fail with CWSANDBOX_INSTALL_NOT_CONFIGURED
 	// while install.CheckRuntimeClasses refuses it.
 	RuntimeClasses map[string]string
+	// Egress gives installed runners the egress proxy and DNS (install.Values.Egress: the
+	// chart's egress.enabled): the Service and NetworkPolicy install.EgressName and the
+	// runner's --egress-* args. Off, an install deletes both. It takes effect at an install
+	// (a runner created, or an INSTALLING one resumed at start): runners already
+	// INSTALLED keep what they were installed with; an update (:applyAvailableUpdate, the
+	// rollout) changes only the image. Installs fail with CWSANDBOX_INSTALL_NOT_CONFIGURED
+	// while install.CheckExtraArgs refuses ExtraArgs with it.
+	Egress bool
 	// ApplyTimeout bounds applying the objects; default 2 minutes.
 	ApplyTimeout time.Duration
 	// HeartbeatTimeout bounds the wait for the first heartbeat after applying; default 10 minutes.
@@ -267,6 +275,12 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 			"start `sandboxd controlplane` with --install-runtime-classes as the runner's --runtime-classes takes it (e.g. runc=,gvisor=gvisor), or without it (runc only)"})
 		return err
 	}
+	// Checked at start too (--install-egress with --install-runner-arg).
+	if err := install.CheckExtraArgs(cfg.Egress, cfg.ExtraArgs); err != nil {
+		in.fail(ctx, rec, reasonNotConfigured, "--install-runner-arg: "+err.Error(), []string{
+			"start `sandboxd controlplane` without --install-runner-arg values that set the egress flags --install-egress sets"})
+		return err
+	}
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
 	defer cancel()
 	t, err := in.target(actx, rec.Org, rec.ClusterID)
@@ -294,7 +308,7 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
 		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs, PrepullImages: cfg.PrepullImages,
-		RuntimeClasses: cfg.RuntimeClasses,
+		RuntimeClasses: cfg.RuntimeClasses, Egress: cfg.Egress,
 	}
 	if err := install.Apply(actx, t, v); err != nil {
 		d := install.Diagnose(err)

@@ -4,7 +4,9 @@
 // release named ReleaseName), built as typed objects here rather than by rendering the
 // chart: helm's Go module would pull other k8s.io versions than the ones sandboxd builds
 // with. test/k8s renders the chart with helm and checks that the fields that matter
-// (image, args, env, RBAC rules, security contexts, volumes) agree with Objects.
+// (image, args, env, RBAC rules, security contexts, volumes; with Values.Egress the egress
+// Service, NetworkPolicy, args, ports and DNS settings: TestChartEgressCopiesAgree) agree
+// with Objects.
 //
 // It is control-plane code that runners never import: the runner's own Kubernetes code
 // (runtime/kubernetes) knows nothing of installs.
@@ -103,6 +105,12 @@ type Values struct {
 	// (RuntimeClassesArg); empty: the flag is not passed (runc only). CheckRuntimeClasses
 	// validates it.
 	RuntimeClasses map[string]string
+	// Egress is the chart's egress.enabled (its other egress values at their defaults):
+	// the runner serves its egress proxy and DNS (host-name egress rules, egress secrets)
+	// behind the Service EgressName, with the NetworkPolicy EgressName on its Pods
+	// (egress.go). Off, Apply deletes both (an install with it on may have left them).
+	// CheckExtraArgs refuses ExtraArgs that would override its flags.
+	Egress bool
 }
 
 // RuntimeClassesFlag is the runner flag RuntimeClassesArg writes.
@@ -273,8 +281,8 @@ func Args(v Values) []string {
 		"--image-pull-policy=" + string(orDefault(v.SandboxImagePullPolicy)),
 		// Metrics and the /livez and /readyz probes on the Pod IP, as the runner chart
 		// (metrics.port) has them.
-		"--metrics-listen=0.0.0.0:9467",
-		"--listen=0.0.0.0:7443",
+		fmt.Sprintf("--metrics-listen=0.0.0.0:%d", metricsPort),
+		fmt.Sprintf("--listen=0.0.0.0:%d", apiPort),
 		"--data-dir=/var/lib/sandboxd",
 		"--control-plane=$(SANDBOXD_CONTROL_PLANE)",
 		"--bootstrap-token=$(SANDBOXD_BOOTSTRAP_TOKEN)",
@@ -287,11 +295,17 @@ func Args(v Values) []string {
 		// The gates' hellos (the chart's hello.enabled, its default), UDP to the Pod's IP.
 		"--hello-listen=:"+strconv.Itoa(HelloPort),
 		"--hello-addr=[$(POD_IP)]:"+strconv.Itoa(HelloPort),
+	)
+	if v.Egress {
+		// The chart's egress.enabled: the proxy and DNS, reached at the egress Service.
+		args = append(args, egressArgs()...)
+	}
+	args = append(args,
 		"--self-deployment="+ReleaseName,
 		"--leader-elect",
 		"--leader-elect-lease="+ReleaseName,
 		"--leader-elect-lease-duration=15s",
-		"--edge-listen=0.0.0.0:8443",
+		fmt.Sprintf("--edge-listen=0.0.0.0:%d", edgePort),
 		"--edge-public-port=443",
 	)
 	if v.BaseDomain != "" {
@@ -318,7 +332,9 @@ func orDefault(p corev1.PullPolicy) corev1.PullPolicy {
 
 // Objects are the runner's objects in apply order: the namespace first, then (while
 // pre-pull is on) the cluster-scoped ClusterRole and ClusterRoleBinding that let the runner
-// list nodes (NodesRoleName), the Deployment last.
+// list nodes (NodesRoleName), (with Egress) the egress Service and NetworkPolicy before the
+// Deployment, which comes last: its container reads the egress Service's address from the
+// variables the kubelet sets for the Services that exist when it starts.
 func Objects(v Values) []runtime.Object {
 	name := ReleaseName
 	secretData := map[string]string{"address": v.ControlPlane, "bootstrap-token": v.BootstrapToken}
@@ -383,8 +399,7 @@ func Objects(v Values) []runtime.Object {
 							fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_NAMESPACE", "metadata.namespace"), fieldEnv("POD_IP", "status.podIP"),
 							secretEnv("SANDBOXD_CONTROL_PLANE", "address"), secretEnv("SANDBOXD_BOOTSTRAP_TOKEN", "bootstrap-token"),
 						},
-						Ports: []corev1.ContainerPort{{Name: "api", ContainerPort: 7443}, {Name: "edge", ContainerPort: 8443},
-							{Name: "hello", ContainerPort: HelloPort, Protocol: corev1.ProtocolUDP}},
+						Ports: containerPorts(v),
 						ReadinessProbe: &corev1.Probe{
 							ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("api")}},
 							PeriodSeconds: 2,
@@ -404,6 +419,11 @@ func Objects(v Values) []runtime.Object {
 			},
 		},
 	}
+	if v.Egress {
+		// The chart sets it with egress on (no pinned clusterIP): the egress Service's
+		// ClusterIP reaches the runner as <SERVICE>_SERVICE_HOST.
+		deploy.Spec.Template.Spec.EnableServiceLinks = ptr.To(true)
+	}
 	objs := []runtime.Object{
 		&corev1.Namespace{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, ObjectMeta: meta(v, v.Namespace, false)},
 	}
@@ -417,7 +437,7 @@ func Objects(v Values) []runtime.Object {
 				RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: nodes}, Subjects: sa},
 		)
 	}
-	return append(objs,
+	objs = append(objs,
 		&corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(v, name, true)},
 		&corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: meta(v, name, true),
 			Type: corev1.SecretTypeOpaque, StringData: secretData},
@@ -451,8 +471,22 @@ func Objects(v Values) []runtime.Object {
 				{Name: "api", Port: 7443, TargetPort: intstr.FromString("api")},
 				{Name: "edge", Port: 443, TargetPort: intstr.FromString("edge")},
 			}}},
-		deploy,
 	)
+	if v.Egress {
+		objs = append(objs, egressObjects(v)...)
+	}
+	return append(objs, deploy)
+}
+
+// containerPorts are the runner container's ports, as the chart's (which also names the
+// metrics port; the installer's probe is on the API port).
+func containerPorts(v Values) []corev1.ContainerPort {
+	ports := []corev1.ContainerPort{{Name: "api", ContainerPort: apiPort}, {Name: "edge", ContainerPort: edgePort},
+		{Name: "hello", ContainerPort: HelloPort, Protocol: corev1.ProtocolUDP}}
+	if v.Egress {
+		ports = append(ports, egressPorts()...)
+	}
+	return ports
 }
 
 // clusterScoped lists the cluster-scoped kinds besides Namespace that Objects may make:
@@ -482,6 +516,9 @@ type Target interface {
 	GetObject(ctx context.Context, kind, name string) (*NamespaceInfo, error)
 	CreateObject(ctx context.Context, obj runtime.Object) error
 	DeleteObject(ctx context.Context, kind, name string, uid types.UID) error
+	// DeleteNamespaced deletes the object kind/name of namespace (one Apply has checked is
+	// the runner's: what is in it is the runner's); a missing one is no error.
+	DeleteNamespaced(ctx context.Context, kind, namespace, name string) error
 }
 
 // NamespaceInfo is what the control plane checks of an existing namespace.
@@ -534,7 +571,10 @@ func (e *ForeignObjectError) Error() string {
 // with force only inside the runner's own namespace and onto cluster-scoped objects it has
 // checked are the runner's. With pre-pull off it deletes the runner's own ClusterRole and
 // ClusterRoleBinding left from an install with it on (as `helm upgrade` would), and leaves
-// foreign ones of those names alone.
+// foreign ones of those names alone. With Egress off it deletes the egress Service and
+// NetworkPolicy from the runner's namespace after applying the rest (missing: fine), so
+// that turning egress off cleans up; after, not before: a runner Pod that restarts before
+// its Deployment drops the --egress-* args still finds the Service's variable.
 func Apply(ctx context.Context, t Target, v Values) error {
 	objs := Objects(v)
 	ns := objs[0].(*corev1.Namespace)
@@ -627,6 +667,13 @@ func Apply(ctx context.Context, t Target, v Values) error {
 			return err
 		}
 	}
+	if !v.Egress {
+		for _, kind := range EgressKinds {
+			if err := t.DeleteNamespaced(ctx, kind, v.Namespace, EgressName); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
@@ -677,6 +724,7 @@ var resources = map[string]schema.GroupVersionResource{
 	"Secret":                {Version: "v1", Resource: "secrets"},
 	"PersistentVolumeClaim": {Version: "v1", Resource: "persistentvolumeclaims"},
 	"Service":               {Version: "v1", Resource: "services"},
+	"NetworkPolicy":         {Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"},
 	"Role":                  {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
 	"RoleBinding":           {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
 	"ClusterRole":           {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"},
@@ -794,6 +842,18 @@ func (c cluster) CreateObject(ctx context.Context, obj runtime.Object) error {
 	return nil
 }
 
+func (c cluster) DeleteNamespaced(ctx context.Context, kind, namespace, name string) error {
+	gvr, ok := resources[kind]
+	if !ok {
+		return fmt.Errorf("install: no resource for kind %s", kind)
+	}
+	err := c.dyn.Resource(gvr).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return &ApplyError{Kind: kind, Name: name, Namespace: namespace, Err: err, Delete: true}
+	}
+	return nil
+}
+
 func (c cluster) DeleteObject(ctx context.Context, kind, name string, uid types.UID) error {
 	gvr, ok := resources[kind]
 	if !ok {
@@ -876,7 +936,7 @@ func Diagnose(err error) Diagnosis {
 			scope = "cluster-wide"
 		}
 		h := []string{
-			fmt.Sprintf("the cluster credential lacks RBAC to %s %s (%s): grant its user a ClusterRole with get, create, patch and delete on %s (and on every kind the runner chart installs: namespaces, serviceaccounts, secrets, persistentvolumeclaims, services, deployments, roles, rolebindings, clusterroles, clusterrolebindings), or register the cluster with a credential that has them",
+			fmt.Sprintf("the cluster credential lacks RBAC to %s %s (%s): grant its user a ClusterRole with get, create, patch and delete on %s (and on every kind the runner chart installs: namespaces, serviceaccounts, secrets, persistentvolumeclaims, services, networkpolicies, deployments, roles, rolebindings, clusterroles, clusterrolebindings), or register the cluster with a credential that has them",
 				op, resource, scope, resource),
 			"a Role may only grant what its creator holds: the credential also needs the runner's own rules (pods, secrets, configmaps, networkpolicies, persistentvolumeclaims, events, leases, deployments; and list on nodes, for the image pre-pull ClusterRole) to create its Roles and ClusterRole",
 		}

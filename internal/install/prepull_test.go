@@ -34,6 +34,8 @@ type memCluster struct {
 	applied    []string // Kind/[namespace/]name, in order
 	created    []string
 	deleted    []string
+	nsDeleted  []string // Kind/namespace/name of DeleteNamespaced, in order
+	events     []string // "apply Kind/…" and "delete Kind/namespace/name", in order
 	raceCreate map[string]map[string]string
 }
 
@@ -66,6 +68,7 @@ func (c *memCluster) Apply(_ context.Context, obj runtime.Object) error {
 	}
 	kind, _, _ := strings.Cut(k, "/")
 	c.applied = append(c.applied, kind+"/"+m.GetNamespace()+"/"+m.GetName())
+	c.events = append(c.events, "apply "+kind+"/"+m.GetNamespace()+"/"+m.GetName())
 	return nil
 }
 
@@ -125,6 +128,14 @@ func (c *memCluster) GetObject(_ context.Context, kind, name string) (*install.N
 }
 func (c *memCluster) DeleteObject(_ context.Context, kind, name string, uid types.UID) error {
 	return c.remove(kind+"/"+name, uid)
+}
+
+func (c *memCluster) DeleteNamespaced(_ context.Context, kind, namespace, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nsDeleted = append(c.nsDeleted, kind+"/"+namespace+"/"+name)
+	c.events = append(c.events, "delete "+kind+"/"+namespace+"/"+name)
+	return nil
 }
 
 func (c *memCluster) has(k string) bool { return c.get(k) != nil }

@@ -2,8 +2,10 @@ package k8s
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -21,6 +23,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -133,6 +136,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 //     runner's image pre-pull name (nothing created, the ClusterRole left as it was).
 //   - The installed runner gets the chart's pre-pull ClusterRole and ClusterRoleBinding
 //     (`list` on nodes), named after its namespace, and they go with the uninstall.
+//   - With --install-egress (InstallConfig.Egress, issue 23) the runner gets the egress
+//     Service and NetworkPolicy sandboxd-runner-egress and the --egress-* args, as the chart
+//     with egress.enabled renders them (compareWithChart), and starts with them; an install
+//     with it off (install.Apply, as the control plane's) deletes both and drops the args.
 //   - Deleting the installed runner uninstalls it: its namespace, and everything labelled
 //     for it, are gone from the cluster.
 func TestInstalledRunner(t *testing.T) {
@@ -155,6 +162,7 @@ func TestInstalledRunner(t *testing.T) {
 		RunnerImage: runnerImage, AgentImage: c.agentImage, PullPolicy: "Never", SandboxPullPolicy: "Never",
 		StorageClass: class, ExtraArgs: []string{"--heartbeat-interval=300ms"},
 		RuntimeClasses: map[string]string{"runc": "", "gvisor": "gvisor"}, // --install-runtime-classes runc=,gvisor=gvisor
+		Egress:         true,                                              // --install-egress
 		ApplyTimeout:   time.Minute, HeartbeatTimeout: 3 * time.Minute,
 	})
 
@@ -212,7 +220,7 @@ func TestInstalledRunner(t *testing.T) {
 	}
 	t.Logf("runner %s INSTALLED (first heartbeat) %s after create", runnerID, time.Since(start).Round(time.Millisecond))
 
-	compareWithChart(t, ctx, admin, helm, ns, runnerImage, c.agentImage, class)
+	compareWithChart(t, ctx, admin, helm, ns, runnerImage, c.agentImage, class, true)
 
 	// A sandbox through a gateway on this host, reaching the runner through its Service.
 	svc, err := admin.CoreV1().Services(ns).Get(ctx, install.ReleaseName, metav1.GetOptions{})
@@ -379,6 +387,36 @@ func TestInstalledRunner(t *testing.T) {
 		t.Fatalf("delete a cluster a runner names: %v", err)
 	}
 
+	// An install with egress off (the control plane's own apply, into the runner's
+	// namespace): the egress Service and NetworkPolicy go, and the runner's args lose --egress-*.
+	tgt, err := install.NewTarget(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, err := admin.CoreV1().Secrets(ns).Get(ctx, install.ReleaseName, metav1.GetOptions{}) // as installed: the runner keeps working
+	if err != nil {
+		t.Fatal(err)
+	}
+	offValues := install.Values{Org: "platform", RunnerID: runnerID, Namespace: ns, Image: runnerImage, AgentImage: c.agentImage,
+		PullPolicy: "Never", SandboxImagePullPolicy: "Never", ControlPlane: string(sec.Data["address"]),
+		BootstrapToken: string(sec.Data["bootstrap-token"]), CAPEM: string(sec.Data["ca.pem"]), StorageClass: class,
+		ExtraArgs: []string{"--heartbeat-interval=300ms"}, RuntimeClasses: map[string]string{"runc": "", "gvisor": "gvisor"}}
+	for range 2 { // the second finds nothing to delete
+		if err := install.Apply(ctx, tgt, offValues); err != nil {
+			t.Fatalf("install with egress off: %v", err)
+		}
+	}
+	if _, err := admin.CoreV1().Services(ns).Get(ctx, install.EgressName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("egress Service after an install with egress off: %v, want none", err)
+	}
+	if _, err := admin.NetworkingV1().NetworkPolicies(ns).Get(ctx, install.EgressName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("egress NetworkPolicy after an install with egress off: %v, want none", err)
+	}
+	if d, err := admin.AppsV1().Deployments(ns).Get(ctx, install.ReleaseName, metav1.GetOptions{}); err != nil ||
+		slices.ContainsFunc(d.Spec.Template.Spec.Containers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--egress") }) {
+		t.Errorf("runner args after an install with egress off: %v", err)
+	}
+
 	// Uninstall: the namespace and everything in it go.
 	if _, err := cp.runners.DeleteManagedRunner(ctx, connect.NewRequest(&controlplanev1.DeleteManagedRunnerRequest{RunnerId: runnerID})); err != nil {
 		t.Fatal(err)
@@ -448,7 +486,7 @@ func waitInstallStatus(t *testing.T, ctx context.Context, cp *installPlane, runn
 // address and CA read back from the installed Secret) and compares what matters with the
 // installed objects: the Deployment's image, args, env, security contexts, volumes and
 // mounts; the Roles' rules and the RoleBindings' subjects; the Service's ports; the Secret's keys.
-func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, helm, ns, runnerImage, agentImage, class string) {
+func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, helm, ns, runnerImage, agentImage, class string, egress bool) {
 	t.Helper()
 	sec, err := admin.CoreV1().Secrets(ns).Get(ctx, install.ReleaseName, metav1.GetOptions{})
 	if err != nil {
@@ -468,7 +506,8 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 		"--set-file", "controlPlane.caPEM="+caFile, "--set", "persistence.storageClass="+class,
 		// prepull.* at the chart's defaults: the install pre-pulls (64 images, 4 in flight) with its ClusterRole.
 		"--set", "extraArgs={--heartbeat-interval=300ms}",
-		"--set", "runtimeClasses.runc=", "--set", "runtimeClasses.gvisor=gvisor")
+		"--set", "runtimeClasses.runc=", "--set", "runtimeClasses.gvisor=gvisor",
+		"--set", fmt.Sprintf("egress.enabled=%v", egress))
 	chart := map[string]*unstructured.Unstructured{}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
 	for {
@@ -585,7 +624,38 @@ func compareWithChart(t *testing.T, ctx context.Context, admin k8s.Interface, he
 	if _, ok := chart["ServiceAccount/"+install.ReleaseName]; !ok {
 		t.Errorf("the chart renders no ServiceAccount")
 	}
-	if want, got := len(chart), len(install.Objects(install.Values{Namespace: ns, CAPEM: "x"})); want != got {
+	// The egress Service and NetworkPolicy (issue 23), as the API server keeps them.
+	if egress {
+		typed("Service/"+install.EgressName, &ws)
+		gs, err := admin.CoreV1().Services(ns).Get(ctx, install.EgressName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		same("egress Service", []any{gs.Spec.Type, gs.Spec.Selector, len(gs.Spec.Ports)}, []any{ws.Spec.Type, ws.Spec.Selector, len(ws.Spec.Ports)})
+		for i := range min(len(gs.Spec.Ports), len(ws.Spec.Ports)) {
+			g, w := gs.Spec.Ports[i], ws.Spec.Ports[i]
+			same("egress Service port "+w.Name, []any{g.Name, g.Port, g.TargetPort, g.Protocol}, []any{w.Name, w.Port, w.TargetPort, w.Protocol})
+		}
+		var wnp networkingv1.NetworkPolicy
+		typed("NetworkPolicy/"+install.EgressName, &wnp)
+		gnp, err := admin.NetworkingV1().NetworkPolicies(ns).Get(ctx, install.EgressName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		same("egress NetworkPolicy", gnp.Spec, wnp.Spec)
+		same("enableServiceLinks", got.Spec.Template.Spec.EnableServiceLinks, want.Spec.Template.Spec.EnableServiceLinks)
+		egressPorts := func(c corev1.Container) []string {
+			var out []string
+			for _, p := range c.Ports {
+				if strings.HasPrefix(p.Name, "egress") {
+					out = append(out, fmt.Sprintf("%s %d %s", p.Name, p.ContainerPort, cmp.Or(p.Protocol, corev1.ProtocolTCP)))
+				}
+			}
+			return out
+		}
+		same("egress container ports", egressPorts(gc), egressPorts(wc))
+	}
+	if want, got := len(chart), len(install.Objects(install.Values{Namespace: ns, CAPEM: "x", Egress: egress})); want != got {
 		t.Errorf("the chart renders %d objects (%v), the install applies %d", want, keys(chart), got)
 	}
 }

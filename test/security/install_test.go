@@ -44,6 +44,9 @@ type oneCluster struct {
 	secrets map[string]string            // namespace -> the runner id of the Secret applied there
 	deleted []string
 	objects map[string]map[string]string // cluster-scoped Kind/name -> labels
+	// nsDeletes counts per namespace the namespaced deletes (DeleteNamespaced: the egress
+	// objects of an install with egress off).
+	nsDeletes map[string]int
 }
 
 func (c *oneCluster) Apply(_ context.Context, obj runtime.Object) error {
@@ -126,6 +129,22 @@ func (c *oneCluster) DeleteObject(_ context.Context, kind, name string, _ types.
 	defer c.mu.Unlock()
 	delete(c.objects, kind+"/"+name)
 	return nil
+}
+
+func (c *oneCluster) DeleteNamespaced(_ context.Context, _, namespace, _ string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nsDeletes == nil {
+		c.nsDeletes = map[string]int{}
+	}
+	c.nsDeletes[namespace]++
+	return nil
+}
+
+func (c *oneCluster) namespacedDeletes(ns string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nsDeletes[ns]
 }
 
 func (c *oneCluster) secret(ns string) string {
@@ -260,6 +279,7 @@ func TestInstallCannotTakeOverAnotherOrgsNamespace(t *testing.T) {
 	if cluster.secret(nsA) != "r1@org-a" {
 		t.Fatalf("A's runner Secret in %s: %q", nsA, cluster.secret(nsA))
 	}
+	deletesA := cluster.namespacedDeletes(nsA) // A's own install (egress off) deleted its egress objects there
 	// B cannot create a runner r1 of its own: runner IDs are unique across organizations.
 	_, err = runners("org-b").CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
 		RunnerId: "r1", ClusterId: "b", Zone: "z", Policy: &structpb.Struct{}}}))
@@ -294,6 +314,9 @@ func TestInstallCannotTakeOverAnotherOrgsNamespace(t *testing.T) {
 	}
 	if cluster.secret(nsA) != "r1@org-a" || len(cluster.deleted) != 1 || cluster.deleted[0] != nsB {
 		t.Fatalf("deleting B's r1 deleted %v (A's namespace %s)", cluster.deleted, nsA)
+	}
+	if n := cluster.namespacedDeletes(nsA); n != deletesA {
+		t.Fatalf("B's install and delete deleted %d objects in A's namespace %s", n-deletesA, nsA)
 	}
 
 	// B's runner whose namespace name is taken by a namespace it did not get from the
