@@ -113,8 +113,11 @@ func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpo
 		return out, nil
 	}
 	werr := agentError(ctx, a.o.Log, opCheckpoint, a.node, err)
-	var ce *connect.Error
-	if ae, ok := werr.(*AgentError); ok && errors.As(err, &ce) && ce.Meta().Get(nodeagent.SandboxRunningMeta) == "unknown" {
+	var (
+		ce *connect.Error
+		ae *AgentError
+	)
+	if errors.As(werr, &ae) && errors.As(err, &ce) && ce.Meta().Get(nodeagent.SandboxRunningMeta) == "unknown" {
 		ae.msg += " (the agent could not tell whether the sandbox still runs)"
 	}
 	return out, werr

@@ -109,7 +109,7 @@ func agentError(ctx context.Context, log *slog.Logger, op, node string, err erro
 		e.sentinel = runtime.ErrNodeAgentRefused
 		e.msg = fmt.Sprintf("the node agent of node %s answered the %s wrongly (see the runner's log)", node, op)
 	}
-	if ctx.Err() != nil && e.sentinel == runtime.ErrNodeAgentUnavailable && e.kind == nil {
+	if ctx.Err() != nil && errors.Is(e.sentinel, runtime.ErrNodeAgentUnavailable) && e.kind == nil {
 		e.kind = ctx.Err() // the caller went away: say so to errors.Is
 	}
 	if log == nil {

@@ -79,7 +79,7 @@ func checkAgentError(t *testing.T, what string, err, sentinel error, want string
 	var ae *nodeagentdial.AgentError
 	var ce *connect.Error
 	other := runtime.ErrNodeAgentRefused
-	if sentinel == runtime.ErrNodeAgentRefused {
+	if errors.Is(sentinel, runtime.ErrNodeAgentRefused) {
 		other = runtime.ErrNodeAgentUnavailable
 	}
 	switch {
