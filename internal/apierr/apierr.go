@@ -89,7 +89,15 @@ const (
 	// CheckpointNotSupported (sandboxd's own, issue 21): the sandbox's runtime class
 	// cannot be checkpointed on its runner (a pause releasing resources, a fork); the
 	// message names the runtime class that can.
-	CheckpointNotSupported  = "CWSANDBOX_CHECKPOINT_NOT_SUPPORTED"
+	CheckpointNotSupported = "CWSANDBOX_CHECKPOINT_NOT_SUPPORTED"
+	// NodeAgentUnavailable (sandboxd's own, issue 21): on a Kubernetes runner, the node
+	// agent on the sandbox's node that a pause, resume or checkpoint needs cannot be
+	// reached now (UNAVAILABLE, RetryInfo); the sandbox is left as it was.
+	NodeAgentUnavailable = "CWSANDBOX_NODE_AGENT_UNAVAILABLE"
+	// NodeAgentRefused (sandboxd's own, issue 21): that node agent answered and refused
+	// (FAILED_PRECONDITION); the message is a fixed sentence, the agent's reason is in
+	// the runner's log.
+	NodeAgentRefused        = "CWSANDBOX_NODE_AGENT_REFUSED"
 	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// QuotaExceeded (sandboxd's own, issue 23): the organization's quota (sandboxes, CPU
 	// or memory of its live sandboxes) has no room for the create (RESOURCE_EXHAUSTED,
@@ -276,6 +284,8 @@ var table = []reasonCode{
 	{VolumeInUse, connect.CodeFailedPrecondition, "live sandboxes mount the volume (metadata sandbox_ids); delete them first or force"},
 	{VolumeBusy, connect.CodeFailedPrecondition, "another live sandbox holds the one read-write mount of the GLOBAL volume (metadata volume_id, sandbox_id); mount it read-only, or retry once that sandbox ended"},
 	{CheckpointNotSupported, connect.CodeFailedPrecondition, "the sandbox's runtime class cannot be checkpointed here (pause releasing resources, fork); the message names one that can"},
+	{NodeAgentUnavailable, connect.CodeUnavailable, "on a Kubernetes runner, the node agent of the sandbox's node (pause, resume, checkpoint) cannot be reached now; RetryInfo says when to retry"},
+	{NodeAgentRefused, connect.CodeFailedPrecondition, "on a Kubernetes runner, the node agent of the sandbox's node refused the pause, resume or checkpoint (its reason is in the runner's log)"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{QuotaExceeded, connect.CodeResourceExhausted, "the organization's quota has no room for the create: metadata quota (sandboxes, cpu_millicores, memory_bytes), limit, current, requested"},

@@ -140,3 +140,43 @@ func TestFuncRule(t *testing.T) {
 	r.roots = []string{"runner"}
 	wantProblems(t, audit(g, nil, []funcRule{r}, nil), "root runner: no such function or method in cmd/x")
 }
+
+// TestNodeAgentRule: the node agent's rule as declared (rules) refuses an import of the
+// gateway, the console, the control plane or the store from any package of the agent,
+// directly or through a helper; the agent's own store (internal/nodeagent/store) and
+// internal/runtime stay allowed.
+func TestNodeAgentRule(t *testing.T) {
+	var r *rule
+	for i := range rules {
+		if rules[i].name == nodeAgentRule {
+			r = &rules[i]
+		}
+	}
+	if r == nil {
+		t.Fatalf("no rule %q", nodeAgentRule)
+	}
+	// Every package the rule forbids exists (a pattern that matches none is a problem).
+	var forbidden []string
+	for _, f := range r.forbid {
+		forbidden = append(forbidden, strings.TrimSuffix(f, "/...")+": fmt")
+	}
+	g := synthetic(append(forbidden,
+		"internal/nodeagent: fmt internal/nodeagent/store internal/runtime internal/gateway",
+		"internal/nodeagent/cri: internal/console",
+		"internal/nodeagent/hibernate: internal/helper",
+		"internal/helper: internal/controlplane",
+		"internal/nodeagent/store: internal/store",
+		"internal/runtime: fmt",
+	)...)
+	wantProblems(t, audit(g, []rule{*r}, nil, nil),
+		"internal/nodeagent reaches internal/gateway (",
+		"internal/nodeagent/cri reaches internal/console (",
+		"internal/helper reaches internal/controlplane (",
+		"internal/nodeagent/store reaches internal/store (")
+	clean := synthetic(append(forbidden,
+		"internal/nodeagent: fmt internal/nodeagent/store internal/runtime",
+		"internal/nodeagent/store: fmt",
+		"internal/runtime: fmt",
+	)...)
+	wantProblems(t, audit(clean, []rule{*r}, nil, nil))
+}

@@ -45,6 +45,9 @@ var shared = []string{
 	"internal/policy",
 }
 
+// nodeAgentRule names the node agent's rule (TestNodeAgentRule).
+const nodeAgentRule = "the node agent never imports the runner, the gateway or the store"
+
 var rules = []rule{
 	{
 		name:   "runner side never imports the gateway",
@@ -96,15 +99,17 @@ var rules = []rule{
 		},
 	},
 	{
-		name: "the node agent never imports the runner",
+		name: nodeAgentRule,
 		why: "the node agent (sandboxd node-agent) is a separate process on every node, trusted by no runner beyond its mTLS: " +
 			"the runner's side of it (the dialer, the Kubernetes backend's adapter) lives in internal/runtime/kubernetes/nodeagentdial, " +
-			"and the agent links none of the backends, the runner or the stack. internal/runtime itself (ValidID, the restore " +
-			"annotation: the contract both sides share, which imports none of its backends) is allowed",
+			"and the agent links none of the backends, the runner or the stack, nor the gateway, the console, the control plane " +
+			"or the store (a daemon with host access on every node holds no API or database code). internal/runtime itself " +
+			"(ValidID, the restore annotation: the contract both sides share, which imports none of its backends) is allowed",
 		from: []string{"internal/nodeagent/..."},
 		forbid: []string{
 			"internal/runtime/kubernetes/...", "internal/runtime/local/...", "internal/runtime/startseq/...",
 			"internal/runner/...", "internal/runnerapi/...", "internal/stack/...",
+			"internal/gateway/...", "internal/console/...", "internal/controlplane/...", "internal/store/...",
 		},
 	},
 	{

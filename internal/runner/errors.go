@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -142,6 +143,16 @@ func APIError(id string, err error, fieldPrefix string) error {
 		return apierr.New(apierr.SandboxNotRunning, err.Error(), md)
 	case errors.Is(err, ErrNotRunning):
 		return apierr.New(apierr.SandboxNotRunning, err.Error(), idMeta(id))
+	case errors.Is(err, runtime.ErrNodeAgentUnavailable):
+		if errors.As(err, &ce) && apierr.Reason(ce) == apierr.NodeAgentUnavailable {
+			return ce // relayed (a remote runner's), with its RetryInfo
+		}
+		return apierr.WithRetry(apierr.New(apierr.NodeAgentUnavailable, err.Error(), idMeta(id)), NodeAgentRetryAfter)
+	case errors.Is(err, runtime.ErrNodeAgentRefused):
+		if errors.As(err, &ce) && apierr.Reason(ce) == apierr.NodeAgentRefused {
+			return ce
+		}
+		return apierr.New(apierr.NodeAgentRefused, err.Error(), idMeta(id))
 	case errors.Is(err, ErrAlreadyExists):
 		return connect.NewError(connect.CodeAlreadyExists, err)
 	case errors.As(err, &ce):
@@ -153,6 +164,11 @@ func APIError(id string, err error, fieldPrefix string) error {
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }
+
+// NodeAgentRetryAfter is the RetryInfo of CWSANDBOX_NODE_AGENT_UNAVAILABLE: a node agent
+// that cannot be reached (restarting with its DaemonSet, a node rebooting, a node missing
+// within --node-agent-node-gone-after) is not back at once.
+const NodeAgentRetryAfter = 30 * time.Second
 
 // NotFoundError is the API error for sandbox id when there is none the caller may see.
 func NotFoundError(id string) error {

@@ -65,6 +65,10 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 		return &remoteError{runner.ErrNotRunning, ce}
 	case reason == apierr.CheckpointNotSupported:
 		return &remoteError{runner.ErrCannotCheckpoint, ce}
+	case reason == apierr.NodeAgentUnavailable:
+		return &remoteError{runtime.ErrNodeAgentUnavailable, ce}
+	case reason == apierr.NodeAgentRefused:
+		return &remoteError{runtime.ErrNodeAgentRefused, ce}
 	case code == connect.CodeAlreadyExists:
 		return &remoteError{runner.ErrAlreadyExists, ce}
 	case code == connect.CodeCanceled:
@@ -117,6 +121,9 @@ func forkErrorFromProto(id string, p *runnerv1.ForkError) error {
 	var ce *connect.Error
 	if r := p.GetReason(); r != "" && apierr.Known(r) {
 		ce = apierr.New(r, msg, map[string]string{"sandbox_id": id})
+		if r == apierr.NodeAgentUnavailable { // its RetryInfo is not on the fork's wire
+			ce = apierr.WithRetry(ce, runner.NodeAgentRetryAfter)
+		}
 	} else {
 		ce = connect.NewError(code, errors.New(msg))
 	}
@@ -127,6 +134,10 @@ func forkErrorFromProto(id string, p *runnerv1.ForkError) error {
 		return &remoteError{runtime.ErrNotFound, ce}
 	case apierr.CheckpointNotSupported:
 		return &remoteError{runner.ErrCannotCheckpoint, ce}
+	case apierr.NodeAgentUnavailable:
+		return &remoteError{runtime.ErrNodeAgentUnavailable, ce}
+	case apierr.NodeAgentRefused:
+		return &remoteError{runtime.ErrNodeAgentRefused, ce}
 	}
 	return ce
 }

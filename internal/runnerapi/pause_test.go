@@ -115,6 +115,8 @@ func TestRunnerapiPauseErrors(t *testing.T) {
 		{"already paused", fmt.Errorf("%w: abc", runner.ErrAlreadyPaused), apierr.SandboxNotRunning, runner.ErrAlreadyPaused},
 		{"cannot checkpoint", fmt.Errorf("%w sandboxes of runtime class \"runc\": use gvisor", runner.ErrCannotCheckpoint), apierr.CheckpointNotSupported, runner.ErrCannotCheckpoint},
 		{"not found", fmt.Errorf("%w: abc", runtime.ErrNotFound), apierr.SandboxNotFound, runtime.ErrNotFound},
+		{"node agent unavailable", fmt.Errorf("pause sandbox abc: %w", runtime.ErrNodeAgentUnavailable), apierr.NodeAgentUnavailable, runtime.ErrNodeAgentUnavailable},
+		{"node agent refused", fmt.Errorf("pause sandbox abc: %w", runtime.ErrNodeAgentRefused), apierr.NodeAgentRefused, runtime.ErrNodeAgentRefused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wire := toStatus("abc", tc.err)
@@ -131,6 +133,17 @@ func TestRunnerapiPauseErrors(t *testing.T) {
 			_, err := c.Pause(ctx, "abc", runner.PauseOptions{})
 			if !errors.Is(err, want) || apierr.Reason(err) != tc.reason {
 				t.Errorf("pause: %v, want errors.Is %v", err, want)
+			}
+			// The gateway relays it as it came: reason, code and RetryInfo (only for
+			// what a retry can fix).
+			relayed := runner.APIError("abc", err, runner.SpecField)
+			wantRetry := tc.reason == apierr.NodeAgentUnavailable
+			if apierr.Reason(relayed) != tc.reason || connect.CodeOf(relayed) != apierr.Code(tc.reason) ||
+				(apierr.RetryInfo(relayed) != nil) != wantRetry || (apierr.RetryInfo(wire) != nil) != wantRetry {
+				t.Errorf("relayed by the gateway: %v %s (RetryInfo %v, on the wire %v)", relayed, apierr.Reason(relayed), apierr.RetryInfo(relayed), apierr.RetryInfo(wire))
+			}
+			if wantRetry && apierr.RetryInfo(relayed).GetRetryDelay().AsDuration() != runner.NodeAgentRetryAfter {
+				t.Errorf("relayed RetryInfo %v, want %v", apierr.RetryInfo(relayed), runner.NodeAgentRetryAfter)
 			}
 			if _, err := c.Fork(ctx, "abc", []runner.ForkTarget{{ID: "f"}}); !errors.Is(err, tc.is) && !(errors.Is(tc.is, runner.ErrAlreadyPaused) && errors.Is(err, runner.ErrPaused)) {
 				t.Errorf("fork: %v, want errors.Is %v", err, tc.is)

@@ -44,6 +44,16 @@ var (
 	// ErrCheckpointLost: a checkpointed sandbox's checkpoint is unusable (incomplete,
 	// removed, corrupt); it cannot be resumed and is to be ended with this reason.
 	ErrCheckpointLost = errors.New("the sandbox's checkpoint is lost")
+	// ErrNodeAgentUnavailable: the node agent a pause, resume or checkpoint deletion
+	// needs (the Kubernetes backend's, on the sandbox's node) cannot be reached now: the
+	// dial, its TLS handshake or the transport failed, the call timed out, the agent
+	// answered UNAVAILABLE, or the node is missing from the cluster but not yet taken
+	// as gone. Retryable; the sandbox is left as it was.
+	ErrNodeAgentUnavailable = errors.New("the node agent cannot be reached")
+	// ErrNodeAgentRefused: the node agent answered and refused the call (its quota, a
+	// sandbox it does not find, an invalid argument, a checkpoint that failed on the
+	// node, ...) or answered wrongly. The agent's own text stays in the runner's log.
+	ErrNodeAgentRefused = errors.New("the node agent refused the call")
 )
 
 // PauseSupport says how sandboxes of one runtime class can be paused on a backend.

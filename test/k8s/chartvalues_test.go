@@ -987,3 +987,28 @@ func TestChartNodeAgent(t *testing.T) {
 		}
 	}
 }
+
+// TestChartEgressExtraArgs: with egress.enabled the chart sets the runner's --egress-*
+// flags itself, so extraArgs holding one (either dash form) fails the render naming it
+// (the runner would take the last of two and silently override the chart's); without
+// egress, or with other flags, extraArgs renders as given.
+func TestChartEgressExtraArgs(t *testing.T) {
+	helm := chartHelm(t)
+	for _, a := range []string{"--egress-proxy-listen=:15000", "--egress-dns-addr=10.96.0.53", "-egress-forbid=10.0.0.0/8", "--egress-proxy-addr"} {
+		_, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "extraArgs[0]=--log-level=debug", "--set-string", "extraArgs[1]="+a)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("extraArgs: %q: with egress.enabled the chart sets the runner's --egress-* flags itself", a)) {
+			t.Errorf("egress on, extraArgs %q: %v, want the render refused naming it", a, err)
+		}
+		if _, err := renderChart(t, helm, "sandboxd-runner", "--set-string", "extraArgs[0]="+a); err != nil {
+			t.Errorf("egress off, extraArgs %q: %v, want it rendered", a, err)
+		}
+	}
+	r, err := renderChart(t, helm, "sandboxd-runner", "--set", "egress.enabled=true", "--set-string", "extraArgs[0]=--log-level=debug")
+	if err != nil {
+		t.Fatalf("egress on, other extraArgs: %v", err)
+	}
+	var d appsv1.Deployment
+	if names := r.named("Deployment"); len(names) != 1 || !r.get(t, "Deployment/"+names[0], &d) || !slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--log-level=debug") {
+		t.Errorf("egress on, extraArgs --log-level=debug: not among the runner's args")
+	}
+}

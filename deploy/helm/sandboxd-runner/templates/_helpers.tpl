@@ -191,6 +191,15 @@ syntax (zones not taken). */ -}}
 {{- if not (kindIs "bool" $e.networkPolicy.enabled) -}}
 {{- fail (printf "egress.networkPolicy.enabled: want true or false, got %v" $e.networkPolicy.enabled) -}}
 {{- end -}}
+{{- /* The chart sets the runner's --egress-* flags itself: one in extraArgs too would
+give the runner the flag twice (the last one wins), silently overriding the chart's. */ -}}
+{{- if kindIs "slice" $.Values.extraArgs -}}
+{{- range $a := $.Values.extraArgs -}}
+{{- if regexMatch "^--?egress-" (toString $a) -}}
+{{- fail (printf "extraArgs: %q: with egress.enabled the chart sets the runner's --egress-* flags itself (from egress.proxyPort, egress.dnsPort, egress.clusterIP, egress.forbid): set those values instead, or turn egress.enabled off to pass the flags yourself" (toString $a)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -40,9 +41,13 @@ type ClientDialer interface {
 // wait for a free checkpoint slot and the answer); DeleteTimeout a DeleteCheckpoint call
 // (default 30 s). A caller's earlier deadline wins. An agent that never answers fails the
 // call then, instead of holding the sandbox's pause or resume forever.
+//
+// Log takes the agents' own errors (agentError: the runner's log keeps what the API
+// caller is not told; nil: slog.Default).
 type Options struct {
 	RunnerID                         string
 	CheckpointTimeout, DeleteTimeout time.Duration
+	Log                              *slog.Logger
 }
 
 // The default call bounds (Options).
@@ -58,6 +63,9 @@ func (o Options) withDefaults() Options {
 	if o.DeleteTimeout <= 0 {
 		o.DeleteTimeout = DefaultDeleteTimeout
 	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
 	return o
 }
 
@@ -71,25 +79,28 @@ type backendDialer struct {
 	o Options
 }
 
+// Agent implements kubernetes.NodeAgentDialer; its errors are *AgentError (agentError).
 func (b backendDialer) Agent(ctx context.Context, node string) (kubernetes.NodeAgent, error) {
 	c, err := b.d.Agent(ctx, node)
+	if err == nil && c == nil {
+		err = fmt.Errorf("%w %q", nodeagent.ErrNoAgent, node)
+	}
 	if err != nil {
-		return nil, err
+		return nil, agentError(ctx, b.o.Log, opDial, node, err)
 	}
-	if c == nil {
-		return nil, fmt.Errorf("%w %q", nodeagent.ErrNoAgent, node)
-	}
-	return BackendAgent(c, b.o), nil
+	return BackendAgent(c, node, b.o), nil
 }
 
-// BackendAgent adapts c to kubernetes.NodeAgent.
-func BackendAgent(c *nodeagent.Client, o Options) kubernetes.NodeAgent {
-	return backendAgent{c: c, o: o.withDefaults()}
+// BackendAgent adapts c, the client of node's agent, to kubernetes.NodeAgent; its errors
+// are *AgentError (agentError).
+func BackendAgent(c *nodeagent.Client, node string, o Options) kubernetes.NodeAgent {
+	return backendAgent{c: c, node: node, o: o.withDefaults()}
 }
 
 type backendAgent struct {
-	c *nodeagent.Client
-	o Options
+	c    *nodeagent.Client
+	node string
+	o    Options
 }
 
 // Checkpoint implements kubernetes.NodeAgent. The agent's SandboxRunning (*bool: nil when
@@ -97,6 +108,23 @@ type backendAgent struct {
 // RunningUnknown, distinct from RunningNo (it ended). The backend never ends a sandbox on
 // either (a failed pause re-evaluates the sandbox from its Pod's status); it logs which.
 func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
+	out, err := a.checkpoint(ctx, req)
+	if err == nil {
+		return out, nil
+	}
+	werr := agentError(ctx, a.o.Log, opCheckpoint, a.node, err)
+	var (
+		ce *connect.Error
+		ae *AgentError
+	)
+	if errors.As(werr, &ae) && errors.As(err, &ce) && ce.Meta().Get(nodeagent.SandboxRunningMeta) == "unknown" {
+		ae.msg += " (the agent could not tell whether the sandbox still runs)"
+	}
+	return out, werr
+}
+
+// checkpoint is Checkpoint with the client's and the answer's own errors.
+func (a backendAgent) checkpoint(ctx context.Context, req kubernetes.NodeCheckpointRequest) (kubernetes.NodeCheckpoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.o.CheckpointTimeout)
 	defer cancel()
 	res, err := a.c.Checkpoint(ctx, nodeagent.CheckpointRequest{
@@ -107,10 +135,6 @@ func (a backendAgent) Checkpoint(ctx context.Context, req kubernetes.NodeCheckpo
 		SandboxRunning: running(res.SandboxRunning),
 	}
 	if err != nil {
-		var ce *connect.Error
-		if errors.As(err, &ce) && ce.Meta().Get(nodeagent.SandboxRunningMeta) == "unknown" {
-			err = fmt.Errorf("%w (the agent could not tell whether the sandbox still runs)", err)
-		}
 		return out, err
 	}
 	if res.ID == "" {
@@ -147,9 +171,9 @@ func ownCheckpointID(id, runnerID string) error {
 
 // DeleteCheckpoint implements kubernetes.NodeAgent (an unknown ID is no error).
 func (a backendAgent) DeleteCheckpoint(ctx context.Context, checkpointID string) error {
-	ctx, cancel := context.WithTimeout(ctx, a.o.DeleteTimeout)
+	dctx, cancel := context.WithTimeout(ctx, a.o.DeleteTimeout)
 	defer cancel()
-	return a.c.DeleteCheckpoint(ctx, checkpointID)
+	return agentError(ctx, a.o.Log, opDelete, a.node, a.c.DeleteCheckpoint(dctx, checkpointID))
 }
 
 var (

@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/store"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 )
@@ -318,14 +319,14 @@ func TestBackendAgentForeignCheckpointID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cp, err := nodeagentdial.BackendAgent(c, nodeagentdial.Options{RunnerID: joinRunner}).Checkpoint(t.Context(), joinReq(false))
+		cp, err := nodeagentdial.BackendAgent(c, "node-1", nodeagentdial.Options{RunnerID: joinRunner}).Checkpoint(t.Context(), joinReq(false))
 		if tc.want == "" {
 			if err != nil || cp.ID != own {
 				t.Errorf("%s: %+v %v", name, cp, err)
 			}
 			continue
 		}
-		if err == nil || !strings.Contains(err.Error(), tc.want) || cp.ID != "" || cp.SandboxRunning != kubernetes.RunningUnknown {
+		if err == nil || !strings.Contains(nodeagentdial.Cause(err).Error(), tc.want) || !errors.Is(err, runtime.ErrNodeAgentRefused) || cp.ID != "" || cp.SandboxRunning != kubernetes.RunningUnknown {
 			t.Errorf("%s: %+v %v, want an error %q and no ID", name, cp, err, tc.want)
 		}
 	}

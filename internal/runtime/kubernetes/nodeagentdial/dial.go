@@ -55,7 +55,8 @@ type DialConfig struct {
 	NodeGoneAfter time.Duration
 	// ClientOptions bound the clients' connections (zero: nodeagent's defaults; no flag).
 	ClientOptions nodeagent.ClientOptions
-	// Log takes the warnings of a renewed client certificate refused (nil: slog.Default).
+	// Log takes the warnings of a renewed client certificate refused and the agents' own
+	// errors (what the API caller is not told: AgentError) (nil: slog.Default).
 	Log *slog.Logger
 }
 
@@ -70,6 +71,9 @@ func (c DialConfig) Validate() error {
 	case !c.Enabled():
 		if c.TLSDir != "" {
 			return errors.New("--node-agent-tls-dir needs --node-agent-port or --node-agent-addrs")
+		}
+		if c.NodeGoneAfter != 0 {
+			return errors.New("--node-agent-node-gone-after needs --node-agent-port: it says when a node's agent is taken as gone, and no node agent is configured")
 		}
 		return nil
 	case c.Port < 0 || c.Port > 65535:
@@ -157,12 +161,12 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 		return nil, err
 	}
 	if len(c.Addrs) > 0 {
-		return BackendDialer(&nodeagent.StaticDialer{Addrs: c.Addrs, TLS: tc, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID}), nil
+		return BackendDialer(&nodeagent.StaticDialer{Addrs: c.Addrs, TLS: tc, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID, Log: c.Log}), nil
 	}
 	if client == nil {
 		return nil, errors.New("nodeagentdial: a Kubernetes client to read the nodes' addresses")
 	}
-	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc, GoneAfter: c.NodeGoneAfter, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID}), nil
+	return BackendDialer(&NodeDialer{Client: client, Port: c.Port, TLS: tc, GoneAfter: c.NodeGoneAfter, Options: c.ClientOptions}, Options{RunnerID: c.RunnerID, Log: c.Log}), nil
 }
 
 // ClientTLSFromDir is a runner's TLS configuration for its agents from dir (CertFile,

@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	sbxruntime "github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
@@ -56,10 +57,12 @@ func TestDialConfigValidate(t *testing.T) {
 		"port negative":       {nodeagentdial.DialConfig{Port: -1, TLSDir: "/t", RunnerID: "r"}, "want 1..65535"},
 		"gone after negative": {nodeagentdial.DialConfig{Port: 1, TLSDir: "/t", NodeGoneAfter: -time.Second}, "--node-agent-node-gone-after -1s: want a duration ≥ 0"},
 		"gone after, static":  {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "h:1"}, TLSDir: "/t", NodeGoneAfter: time.Second}, "needs --node-agent-port"},
-		"bad node":            {nodeagentdial.DialConfig{Addrs: map[string]string{"Node_1": "h:1"}, TLSDir: "/t", RunnerID: "r"}, `node "Node_1"`},
-		"no port":             {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1"}, TLSDir: "/t", RunnerID: "r"}, "want host:port"},
-		"port zero":           {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1:0"}, TLSDir: "/t", RunnerID: "r"}, "port 1..65535"},
-		"bad host":            {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "a/b:1"}, TLSDir: "/t", RunnerID: "r"}, "neither an IP"},
+		// Without any agent configured the flag would do nothing: refused at start.
+		"gone after alone": {nodeagentdial.DialConfig{NodeGoneAfter: time.Minute}, "--node-agent-node-gone-after needs --node-agent-port"},
+		"bad node":         {nodeagentdial.DialConfig{Addrs: map[string]string{"Node_1": "h:1"}, TLSDir: "/t", RunnerID: "r"}, `node "Node_1"`},
+		"no port":          {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1"}, TLSDir: "/t", RunnerID: "r"}, "want host:port"},
+		"port zero":        {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "10.0.0.1:0"}, TLSDir: "/t", RunnerID: "r"}, "port 1..65535"},
+		"bad host":         {nodeagentdial.DialConfig{Addrs: map[string]string{"n": "a/b:1"}, TLSDir: "/t", RunnerID: "r"}, "neither an IP"},
 	} {
 		err := tc.c.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -163,7 +166,12 @@ func TestClientTLSFromDir(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = a.Checkpoint(t.Context(), joinReq(false))
-		return err
+		// The handshake's error is the runner's to log: the backend gets a fixed
+		// sentence (AgentError), its cause only through Cause.
+		if err != nil && !errors.Is(err, sbxruntime.ErrNodeAgentUnavailable) {
+			t.Errorf("refused handshake: %v, want ErrNodeAgentUnavailable", err)
+		}
+		return nodeagentdial.Cause(err)
 	}
 	// The real agent, but the runner's ca.crt is another CA: unknown authority.
 	var unknown x509.UnknownAuthorityError
@@ -275,7 +283,7 @@ func TestNodeDialerRefusedAddresses(t *testing.T) {
 		if err == nil {
 			_, err = a.Checkpoint(t.Context(), joinReq(true))
 		}
-		if !errors.Is(err, nodeagent.ErrNoAgent) || !strings.Contains(err.Error(), "no usable InternalIP") {
+		if !errors.Is(err, nodeagent.ErrNoAgent) || !strings.Contains(nodeagentdial.Cause(err).Error(), "no usable InternalIP") {
 			t.Errorf("InternalIP %s: %v, want ErrNoAgent (no usable InternalIP)", ip, err)
 		}
 	}
@@ -345,9 +353,10 @@ func TestNodeDialerAddressChange(t *testing.T) {
 }
 
 // TestNodeDialerGoneAfter: a node the API server does not know is taken as gone (the
-// API's NotFound: the backend ends its sandboxes' resumes as CheckpointLost) only when a
-// look GoneAfter after the first that missed it misses it too; before, ErrNodeMissing,
-// which is neither NotFound nor errdefs.ErrNotFound (the sandbox stays paused). A node
+// API's NotFound, errdefs.ErrNotFound through the adapter: the backend ends its
+// sandboxes' resumes as CheckpointLost) only when a look GoneAfter after the first that
+// missed it misses it too; before, ErrNodeMissing, which is neither (the sandbox stays
+// paused) but ErrNodeAgentUnavailable: retryable. A node
 // that comes back is forgotten as missing: its next absence starts over.
 func TestNodeDialerGoneAfter(t *testing.T) {
 	j := serveJoinAgent(t)
@@ -362,7 +371,7 @@ func TestNodeDialerGoneAfter(t *testing.T) {
 	notYet := func(what string) {
 		t.Helper()
 		_, err := d.Agent(ctx, "node-1")
-		if !errors.Is(err, nodeagentdial.ErrNodeMissing) || apierrors.IsNotFound(err) || errors.Is(err, errdefs.ErrNotFound) {
+		if !errors.Is(err, nodeagentdial.ErrNodeMissing) || !errors.Is(err, sbxruntime.ErrNodeAgentUnavailable) || apierrors.IsNotFound(nodeagentdial.Cause(err)) || errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("%s: %v, want ErrNodeMissing (not NotFound)", what, err)
 		}
 	}
@@ -370,8 +379,8 @@ func TestNodeDialerGoneAfter(t *testing.T) {
 	notYet("first look")
 	notYet("second look at once")
 	time.Sleep(grace - time.Since(start) + 50*time.Millisecond)
-	if _, err := d.Agent(ctx, "node-1"); !apierrors.IsNotFound(err) {
-		t.Errorf("missing for longer than %v: %v, want NotFound", grace, err)
+	if _, err := d.Agent(ctx, "node-1"); !errors.Is(err, errdefs.ErrNotFound) || !apierrors.IsNotFound(nodeagentdial.Cause(err)) {
+		t.Errorf("missing for longer than %v: %v, want errdefs.ErrNotFound (the API's NotFound its cause)", grace, err)
 	}
 	// It comes back: reachable, and forgotten as missing.
 	n, err := client.CoreV1().Nodes().Create(ctx, testNode("node-1", corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}), metav1.CreateOptions{})

@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 )
 
@@ -62,14 +63,14 @@ func TestBackendAgentTimeouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := nodeagentdial.BackendAgent(c, nodeagentdial.Options{RunnerID: joinRunner, CheckpointTimeout: 300 * time.Millisecond, DeleteTimeout: 200 * time.Millisecond})
+	a := nodeagentdial.BackendAgent(c, "node-1", nodeagentdial.Options{RunnerID: joinRunner, CheckpointTimeout: 300 * time.Millisecond, DeleteTimeout: 200 * time.Millisecond})
 	ctx := context.Background() // no deadline of the caller's
 	err = within(t, "checkpoint", 10*time.Second, func() error { _, err := a.Checkpoint(ctx, joinReq(false)); return err })
-	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+	if connect.CodeOf(nodeagentdial.Cause(err)) != connect.CodeDeadlineExceeded || !errors.Is(err, runtime.ErrNodeAgentUnavailable) {
 		t.Errorf("checkpoint of a silent agent: %v, want DeadlineExceeded", err)
 	}
 	err = within(t, "delete", 10*time.Second, func() error { return a.DeleteCheckpoint(ctx, "c-00000000-00000000000000000000") })
-	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+	if connect.CodeOf(nodeagentdial.Cause(err)) != connect.CodeDeadlineExceeded || !errors.Is(err, runtime.ErrNodeAgentUnavailable) {
 		t.Errorf("delete at a silent agent: %v, want DeadlineExceeded", err)
 	}
 	if len(reached) != 2 {
@@ -113,9 +114,9 @@ func TestClientHandshakeTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := nodeagentdial.BackendAgent(c, nodeagentdial.Options{RunnerID: joinRunner, CheckpointTimeout: time.Minute})
+	a := nodeagentdial.BackendAgent(c, "node-1", nodeagentdial.Options{RunnerID: joinRunner, CheckpointTimeout: time.Minute})
 	err = within(t, "checkpoint", 10*time.Second, func() error { _, err := a.Checkpoint(context.Background(), joinReq(false)); return err })
-	if err == nil || !strings.Contains(err.Error(), "handshake timeout") {
+	if err == nil || !strings.Contains(nodeagentdial.Cause(err).Error(), "handshake timeout") || !errors.Is(err, runtime.ErrNodeAgentUnavailable) {
 		t.Errorf("silent TLS peer: %v, want a TLS handshake timeout", err)
 	}
 }
@@ -179,13 +180,13 @@ func TestClientPingTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := nodeagentdial.BackendAgent(c, nodeagentdial.Options{RunnerID: joinRunner, CheckpointTimeout: time.Minute})
+	a := nodeagentdial.BackendAgent(c, "node-1", nodeagentdial.Options{RunnerID: joinRunner, CheckpointTimeout: time.Minute})
 	go func() {
 		<-reached
 		f.frozen.Store(true)
 	}()
 	err = within(t, "checkpoint", 15*time.Second, func() error { _, err := a.Checkpoint(context.Background(), joinReq(false)); return err })
-	if err == nil || connect.CodeOf(err) == connect.CodeDeadlineExceeded || errors.Is(err, context.DeadlineExceeded) {
+	if cause := nodeagentdial.Cause(err); err == nil || connect.CodeOf(cause) == connect.CodeDeadlineExceeded || errors.Is(cause, context.DeadlineExceeded) || !errors.Is(err, runtime.ErrNodeAgentUnavailable) {
 		t.Errorf("call over a frozen connection: %v, want the connection's failure", err)
 	}
 	if !f.frozen.Load() {
