@@ -1,14 +1,12 @@
 package nodeagentdial_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -20,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
+	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
 // secretText is what a failing agent (or one compromised) puts in its answers: none of
@@ -52,24 +51,6 @@ func (f failingAgent) Checkpoint(context.Context, *connect.Request[nodeagentv1.C
 
 func (f failingAgent) DeleteCheckpoint(context.Context, *connect.Request[nodeagentv1.DeleteCheckpointRequest]) (*connect.Response[nodeagentv1.DeleteCheckpointResponse], error) {
 	return nil, f.fail()
-}
-
-// logBuffer is a slog handler's writer that tests read.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // checkAgentError fails unless err is an *AgentError of sentinel with exactly the text
@@ -123,7 +104,7 @@ func TestAgentErrors(t *testing.T) {
 	} {
 		_, h := nodeagentv1connect.NewNodeAgentServiceHandler(failingAgent{code: tc.code, running: tc.running})
 		addr, tlsCfg := serveHandler(t, h)
-		var log logBuffer
+		var log logbuf.Buffer
 		d := nodeagentdial.BackendDialer(&nodeagent.StaticDialer{Addrs: map[string]string{"node-1": addr}, TLS: tlsCfg},
 			nodeagentdial.Options{RunnerID: joinRunner, Log: slog.New(slog.NewTextHandler(&log, nil))})
 		a, err := d.Agent(t.Context(), "node-1")
