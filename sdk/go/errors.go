@@ -32,6 +32,13 @@ const (
 	// ReasonCheckpointNotSupported (sandboxd's own): the sandbox's runtime class cannot
 	// be checkpointed on its runner.
 	ReasonCheckpointNotSupported = "CWSANDBOX_CHECKPOINT_NOT_SUPPORTED"
+	// ReasonNodeAgentUnavailable (sandboxd's own): on a Kubernetes runner, the node agent
+	// of the sandbox's node could not be reached for a pause or resume (UNAVAILABLE, so
+	// errors.Is(err, ErrUnavailable); retry after the RetryInfo delay).
+	ReasonNodeAgentUnavailable = "CWSANDBOX_NODE_AGENT_UNAVAILABLE"
+	// ReasonNodeAgentRefused (sandboxd's own): that node agent answered and refused the
+	// pause or resume (FAILED_PRECONDITION; the reason is in the runner's log).
+	ReasonNodeAgentRefused = "CWSANDBOX_NODE_AGENT_REFUSED"
 	// File-system snapshot reasons (the official client maps the same ones).
 	ReasonSnapshotNotFound          = "CWSANDBOX_FSS_NOT_FOUND"
 	ReasonSnapshotNotReady          = "CWSANDBOX_FSS_NOT_READY"
