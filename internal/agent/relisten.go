@@ -60,6 +60,9 @@ type relistener struct {
 	config   string // agent config path (the identity is re-read on resume)
 	idl      *identityListener
 	forks    *reaper // every fork of the agent goes through it (suspend awaits them)
+	// warn logs a suspend whose bounded waits ran out (set by handleSignals, before
+	// any suspend; nil: not logged).
+	warn func(msg string, args ...any)
 
 	// inflight counts Accept calls on a listener and Read/Write calls on accepted
 	// connections: Close of a Go socket closes its descriptor only once the calls in
@@ -178,12 +181,17 @@ func (l *relistener) suspend() error {
 	l.suspending = true
 	l.mu.Unlock()
 	// Without mu: an Accept that got a connection just before needs it to close that.
-	l.awaitClosed()
+	callsDone := l.awaitClosed()
 	// A child forked before the descriptors were closed holds copies of them until its
 	// exec (the main command's or an exec's, started right after a create, say): runsc
 	// would find the listener's open in it. A fork that starts from now on does not
 	// copy them.
-	l.forks.awaitForks(forkDrain)
+	forksDone := l.forks.awaitForks(forkDrain)
+	if (!callsDone || !forksDone) && l.warn != nil {
+		// Suspended all the same (the backend's wait is bounded too); runsc may then
+		// refuse the checkpoint for a bound socket that is this, not the user's.
+		l.warn("suspending with descriptors possibly still open", "calls_done", callsDone, "forks_done", forksDone)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.suspending = false
@@ -206,13 +214,15 @@ func (l *relistener) suspend() error {
 }
 
 // awaitClosed waits (a while) until the calls in flight on the closed listener and
-// connections have returned: their descriptors are then closed.
-func (l *relistener) awaitClosed() {
+// connections have returned: their descriptors are then closed. It reports whether they had.
+func (l *relistener) awaitClosed() bool {
 	done := make(chan struct{})
 	go func() { l.inflight.Wait(); close(done) }()
 	select {
 	case <-done:
+		return true
 	case <-time.After(suspendDrain):
+		return false
 	}
 }
 
@@ -281,6 +291,7 @@ func (l *relistener) pollResume(wake chan struct{}) {
 
 // handleSignals suspends and resumes l on SuspendSignal and ResumeSignal.
 func (l *relistener) handleSignals(log func(msg string, args ...any)) {
+	l.warn = log
 	ch := make(chan os.Signal, 4)
 	signal.Notify(ch, SuspendSignal, ResumeSignal)
 	go func() {

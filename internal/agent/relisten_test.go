@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -426,7 +427,9 @@ func TestRelistenerSuspendAwaitsFork(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A fork that does not end delays the suspend by forkDrain only.
+	// A fork that does not end delays the suspend by forkDrain only, and says so.
+	var warned []any
+	rl.warn = func(_ string, args ...any) { warned = args }
 	forkDrain = time.Millisecond
 	forks.mu.Lock()
 	defer forks.mu.Unlock()
@@ -440,5 +443,8 @@ func TestRelistenerSuspendAwaitsFork(t *testing.T) {
 	}
 	if _, err := os.Stat(flag); err != nil {
 		t.Fatalf("no %s after forkDrain: %v", SuspendedFile, err)
+	}
+	if fmt.Sprint(warned) != "[calls_done true forks_done false]" {
+		t.Errorf("warned %v, want the forks' wait reported as run out", warned)
 	}
 }

@@ -76,7 +76,7 @@ func TestChartPauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(nodes.Items) != 1 {
-		t.Fatalf("%d nodes labelled %s=true, want the test node (test/k8s/up.sh labels it)", len(nodes.Items), gvisorNodeLabel)
+		t.Fatalf("%d nodes labelled %s=true, want the test node (test/k8s/up.sh labels it when the node first registers: a cluster from before that needs down.sh, then up.sh)", len(nodes.Items), gvisorNodeLabel)
 	}
 	node := nodes.Items[0].Name
 	host := nodeIP(t, ctx, admin)
@@ -237,7 +237,11 @@ func TestChartPauseResume(t *testing.T) {
 			Resources: &sandboxv1.Resources{Cpu: "100m", Memory: "64Mi"}}},
 	})
 	t.Cleanup(func() {
-		_, _ = api.DeleteSandbox(context.Background(), connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
+		// Bounded: the release's uninstall (cleaned up after this) must run even when the
+		// gateway or the runner hangs.
+		bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = api.DeleteSandbox(bg, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: id}))
 	})
 	pods := admin.CoreV1().Pods(sbxNS)
 	if p, err := pods.Get(ctx, "sbx-"+id, metav1.GetOptions{}); err != nil || p.Spec.RuntimeClassName == nil || *p.Spec.RuntimeClassName != "gvisor" {
