@@ -139,13 +139,19 @@ func TestChartPauseResume(t *testing.T) {
 	createTLSSecret(t, ctx, admin, ns, serverSecret, serverCert, runnerCA.CertPEM())
 	clientDir := createTLSSecret(t, ctx, admin, ns, clientSecret, clientCert, agentsCA.CertPEM())
 
-	// The agent's port on the node (hostNetwork): one free on this host now.
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
+	// The agent's port on the node (hostNetwork): one free on this host now, below the
+	// ephemeral range (32768 up by default) so that no outgoing connection takes it
+	// before the agent's Pod binds it.
+	agentPort := 0
+	for p := 20000 + int(time.Now().UnixNano()%2000); p < 32000 && agentPort == 0; p += 7 {
+		if l, err := net.Listen("tcp", fmt.Sprintf(":%d", p)); err == nil {
+			l.Close()
+			agentPort = p
+		}
 	}
-	agentPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	if agentPort == 0 {
+		t.Fatal("no free port for the node agent in 20000-32000")
+	}
 	dataDir := env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s")
 
 	repo, tag, _ := strings.Cut(runnerImage, ":")
@@ -184,6 +190,26 @@ func TestChartPauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	dialer := &nodeagentdial.NodeDialer{Client: admin, Port: agentPort, TLS: tc}
+	t.Cleanup(func() {
+		// Before the uninstall (cleanups run last first): a checkpoint the runner did not
+		// delete (the test failed after the pause) belongs to this test's runner ID, which
+		// no agent will ever clean up.
+		bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		ac, err := dialer.Agent(bg, node)
+		if err != nil {
+			return
+		}
+		list, err := ac.ListCheckpoints(bg)
+		if err != nil {
+			return
+		}
+		for _, cp := range list {
+			if err := ac.DeleteCheckpoint(bg, cp.GetCheckpointId()); err != nil {
+				t.Logf("deleting the left checkpoint %s: %v", cp.GetCheckpointId(), err)
+			}
+		}
+	})
 	listCheckpoints := func() []string {
 		t.Helper()
 		for {
