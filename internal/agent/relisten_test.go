@@ -183,18 +183,26 @@ func socketFDs(t *testing.T) int {
 	return n
 }
 
+// idleRelistener is a relistener on dir/agent.sock (dir a fresh temporary directory, its
+// state dir) whose identity file does not exist, closed when the test ends.
+func idleRelistener(t *testing.T) (rl *relistener, dir, sock string) {
+	t.Helper()
+	dir = t.TempDir()
+	sock = filepath.Join(dir, "agent.sock")
+	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rl.Close() })
+	return rl, dir, sock
+}
+
 // TestRelistenerSuspendClosesDescriptors: when suspend returns, the descriptors of the
 // listener (an Accept in flight on it) and of an accepted connection (a Read in flight
 // on it) are closed, not merely marked closed: runsc refuses to checkpoint a sandbox
 // with a host-backed socket still open.
 func TestRelistenerSuspendClosesDescriptors(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rl.Close()
+	rl, _, sock := idleRelistener(t)
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		for {
@@ -228,13 +236,7 @@ func TestRelistenerSuspendClosesDescriptors(t *testing.T) {
 // TestRelistenerLateResumeSignal: ResumeSignal without ResumeFile (one sent before the
 // suspend that arrives after it) leaves the agent suspended; with it, it resumes.
 func TestRelistenerLateResumeSignal(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rl.Close()
+	rl, dir, sock := idleRelistener(t)
 	rl.handleSignals(t.Logf)
 	defer signal.Reset(SuspendSignal, ResumeSignal)
 	listening := func() bool {
@@ -283,13 +285,7 @@ func TestRelistenerLateResumeSignal(t *testing.T) {
 // host's "suspended" and its `runsc checkpoint` ("Cannot save endpoint with bound host
 // socket").
 func TestRelistenerEndedSuspension(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rl.Close()
+	rl, dir, sock := idleRelistener(t)
 	listening := func() bool {
 		c, err := net.Dial("unix", sock)
 		if err == nil {
@@ -333,13 +329,7 @@ func TestRelistenerEndedSuspension(t *testing.T) {
 // yet tracked) is closed before the suspend returns — the host checkpoints right after,
 // and runsc cannot save a host-backed socket still open.
 func TestRelistenerSuspendDuringAccept(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rl.Close()
+	rl, _, sock := idleRelistener(t)
 	inGap := make(chan struct{})
 	var once sync.Once
 	rl.afterAccept = func() {
@@ -379,13 +369,7 @@ func TestRelistenerSuspendDuringAccept(t *testing.T) {
 // under way are done (the reaper's lock, which forkExec holds across ForkExec, is free),
 // or after forkDrain when one does not end.
 func TestRelistenerSuspendAwaitsFork(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	rl, err := newRelistener(sock, dir, filepath.Join(dir, "none.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rl.Close()
+	rl, dir, _ := idleRelistener(t)
 	forks := &reaper{waiters: map[int]chan syscall.WaitStatus{}}
 	rl.forks = forks
 	waiting := make(chan struct{}, 1)
