@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 )
 
 // agentFake is a pauseFake whose pause checkpoints, and whose resume first reaches the
@@ -99,12 +99,10 @@ func agentAt(t *testing.T, h http.Handler) kubernetes.NodeAgentDialer {
 // message. The sandbox is left as it was (RUNNING after a failed pause, PAUSED after a
 // failed resume).
 func TestPauseFailsAtNodeAgent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	closed, err := testenv.FreeAddr() // nothing listens there
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := ln.Addr().String()
-	_ = ln.Close()
 	quiet := nodeagentdial.Options{RunnerID: "r1", Log: slog.New(slog.DiscardHandler)}
 	unreachable := nodeagentdial.BackendDialer(&nodeagent.StaticDialer{Addrs: map[string]string{"node-1": closed}, TLS: &tls.Config{MinVersion: tls.VersionTLS13}}, quiet)
 	missing := nodeagentdial.BackendDialer(&nodeagentdial.NodeDialer{Client: fake.NewClientset(), Port: 7445, TLS: &tls.Config{MinVersion: tls.VersionTLS13}}, quiet)

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
+	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
 )
 
@@ -133,12 +134,10 @@ func TestAgentErrors(t *testing.T) {
 // the grace) are ErrNodeAgentUnavailable with their fixed sentences; a node gone is
 // errdefs.ErrNotFound beside it (the backend's checkpoint lost), never a refusal.
 func TestAgentErrorsUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	closed, err := testenv.FreeAddr() // nothing listens there
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := ln.Addr().String()
-	_ = ln.Close()
 	_, tlsCfg := serveHandler(t, http.NotFoundHandler())
 	d := nodeagentdial.BackendDialer(&nodeagent.StaticDialer{Addrs: map[string]string{"node-1": closed}, TLS: tlsCfg},
 		nodeagentdial.Options{RunnerID: joinRunner, Log: slog.New(slog.DiscardHandler)})
