@@ -30,6 +30,17 @@ type remoteError struct {
 func (e *remoteError) Error() string   { return e.wire.Message() }
 func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.wire} }
 
+// reasonSentinels are the runner's errors a remote runner's answer of each reason stands
+// for, in fromStatus (after its cases that read more than the reason) and in
+// forkErrorFromProto alike.
+var reasonSentinels = map[string]error{
+	apierr.SandboxNotFound:        runtime.ErrNotFound,
+	apierr.SandboxNotRunning:      runner.ErrNotRunning,
+	apierr.CheckpointNotSupported: runner.ErrCannotCheckpoint,
+	apierr.NodeAgentUnavailable:   runtime.ErrNodeAgentUnavailable,
+	apierr.NodeAgentRefused:       runtime.ErrNodeAgentRefused,
+}
+
 // fromStatus maps an error of a RunnerService call back to what *runner.Runner returns
 // (the inverse of runner.APIError; a reason implies its code), so the gateway treats a
 // remote runner exactly like an in-process one. runnerID names the runner in transport
@@ -57,18 +68,10 @@ func fromStatus(ctx context.Context, runnerID string, err error) error {
 	case reason == apierr.ContainerNotFound:
 		md := apierr.Info(err).GetMetadata()
 		return &remoteError{&runner.ContainerNotFoundError{Sandbox: md["sandbox_id"], Container: md["container"]}, ce}
-	case reason == apierr.SandboxNotFound:
-		return &remoteError{runtime.ErrNotFound, ce}
 	case reason == apierr.SandboxNotRunning && apierr.Info(err).GetMetadata()["state"] == runner.StatePaused.String():
 		return &remoteError{runner.ErrPaused, ce}
-	case reason == apierr.SandboxNotRunning:
-		return &remoteError{runner.ErrNotRunning, ce}
-	case reason == apierr.CheckpointNotSupported:
-		return &remoteError{runner.ErrCannotCheckpoint, ce}
-	case reason == apierr.NodeAgentUnavailable:
-		return &remoteError{runtime.ErrNodeAgentUnavailable, ce}
-	case reason == apierr.NodeAgentRefused:
-		return &remoteError{runtime.ErrNodeAgentRefused, ce}
+	case reasonSentinels[reason] != nil:
+		return &remoteError{reasonSentinels[reason], ce}
 	case code == connect.CodeAlreadyExists:
 		return &remoteError{runner.ErrAlreadyExists, ce}
 	case code == connect.CodeCanceled:
@@ -127,17 +130,8 @@ func forkErrorFromProto(id string, p *runnerv1.ForkError) error {
 	} else {
 		ce = connect.NewError(code, errors.New(msg))
 	}
-	switch apierr.Reason(ce) {
-	case apierr.SandboxNotRunning:
-		return &remoteError{runner.ErrNotRunning, ce}
-	case apierr.SandboxNotFound:
-		return &remoteError{runtime.ErrNotFound, ce}
-	case apierr.CheckpointNotSupported:
-		return &remoteError{runner.ErrCannotCheckpoint, ce}
-	case apierr.NodeAgentUnavailable:
-		return &remoteError{runtime.ErrNodeAgentUnavailable, ce}
-	case apierr.NodeAgentRefused:
-		return &remoteError{runtime.ErrNodeAgentRefused, ce}
+	if sentinel := reasonSentinels[apierr.Reason(ce)]; sentinel != nil {
+		return &remoteError{sentinel, ce}
 	}
 	return ce
 }
