@@ -97,8 +97,14 @@ const (
 	// NodeAgentRefused (sandboxd's own, issue 21): that node agent answered and refused
 	// (FAILED_PRECONDITION); the message is a fixed sentence, the agent's reason is in
 	// the runner's log.
-	NodeAgentRefused        = "CWSANDBOX_NODE_AGENT_REFUSED"
-	RunnerCapacityExhausted = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
+	NodeAgentRefused = "CWSANDBOX_NODE_AGENT_REFUSED"
+	// CheckpointSpaceExhausted (sandboxd's own, issue 21): the checkpoint store has no
+	// room for the checkpoint a pause releasing resources or a fork needs
+	// (RESOURCE_EXHAUSTED, runtime.ErrCheckpointSpaceExhausted, whichever backend says
+	// it; so far a Kubernetes runner's node agent: its --quota-bytes or
+	// --min-free-bytes). The sandbox is left as it was.
+	CheckpointSpaceExhausted = "CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED"
+	RunnerCapacityExhausted  = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// QuotaExceeded (sandboxd's own, issue 23): the organization's quota (sandboxes, CPU
 	// or memory of its live sandboxes) has no room for the create (RESOURCE_EXHAUSTED,
 	// which the official client maps to SandboxResourceExhaustedError).
@@ -286,6 +292,7 @@ var table = []reasonCode{
 	{CheckpointNotSupported, connect.CodeFailedPrecondition, "the sandbox's runtime class cannot be checkpointed here (pause releasing resources, fork); the message names one that can"},
 	{NodeAgentUnavailable, connect.CodeUnavailable, "on a Kubernetes runner, the node agent of the sandbox's node (pause, resume, checkpoint) cannot be reached now; RetryInfo says when to retry"},
 	{NodeAgentRefused, connect.CodeFailedPrecondition, "on a Kubernetes runner, the node agent of the sandbox's node refused the pause, resume or checkpoint (its reason is in the runner's log)"},
+	{CheckpointSpaceExhausted, connect.CodeResourceExhausted, "the checkpoint store (on a Kubernetes runner: the node agent's quota or free space on the sandbox's node) has no room for the checkpoint of a pause or fork; the sandbox is left as it was"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{QuotaExceeded, connect.CodeResourceExhausted, "the organization's quota has no room for the create: metadata quota (sandboxes, cpu_millicores, memory_bytes), limit, current, requested"},

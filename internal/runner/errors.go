@@ -148,6 +148,11 @@ func APIError(id string, err error, fieldPrefix string) error {
 			return ce // relayed (a remote runner's), with its RetryInfo
 		}
 		return apierr.WithRetry(apierr.New(apierr.NodeAgentUnavailable, err.Error(), idMeta(id)), NodeAgentRetryAfter)
+	case errors.Is(err, runtime.ErrCheckpointSpaceExhausted): // before ErrNodeAgentRefused, which an agent's also is
+		if errors.As(err, &ce) && apierr.Reason(ce) == apierr.CheckpointSpaceExhausted {
+			return ce
+		}
+		return apierr.New(apierr.CheckpointSpaceExhausted, err.Error(), idMeta(id))
 	case errors.Is(err, runtime.ErrNodeAgentRefused):
 		if errors.As(err, &ce) && apierr.Reason(ce) == apierr.NodeAgentRefused {
 			return ce

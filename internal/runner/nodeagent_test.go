@@ -94,9 +94,11 @@ func agentAt(t *testing.T, h http.Handler) kubernetes.NodeAgentDialer {
 // caller with the API's own error, never the agent's: an agent that cannot be reached
 // (nothing listens at its address), one that answers UNAVAILABLE, and a node missing
 // from the cluster within the grace are UNAVAILABLE CWSANDBOX_NODE_AGENT_UNAVAILABLE with
-// RetryInfo; an agent's refusal (its quota) is FAILED_PRECONDITION
-// CWSANDBOX_NODE_AGENT_REFUSED without it, and none of the agent's text is in the
-// message. The sandbox is left as it was (RUNNING after a failed pause, PAUSED after a
+// RetryInfo; an agent's refusal of the checkpoint for its quota or free space
+// (RESOURCE_EXHAUSTED) is RESOURCE_EXHAUSTED CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED, the
+// reason of every backend's full checkpoint store, and its other refusals (here: it does
+// not find the sandbox) FAILED_PRECONDITION CWSANDBOX_NODE_AGENT_REFUSED, neither with
+// RetryInfo; none of the agent's text is in the message. The sandbox is left as it was (RUNNING after a failed pause, PAUSED after a
 // failed resume).
 func TestPauseFailsAtNodeAgent(t *testing.T) {
 	closed, err := testenv.FreeAddr() // nothing listens there
@@ -107,7 +109,8 @@ func TestPauseFailsAtNodeAgent(t *testing.T) {
 	unreachable := nodeagentdial.BackendDialer(&nodeagent.StaticDialer{Addrs: map[string]string{"node-1": closed}, TLS: &tls.Config{MinVersion: tls.VersionTLS13}}, quiet)
 	missing := nodeagentdial.BackendDialer(&nodeagentdial.NodeDialer{Client: fake.NewClientset(), Port: 7445, TLS: &tls.Config{MinVersion: tls.VersionTLS13}}, quiet)
 	_, unavailableH := nodeagentv1connect.NewNodeAgentServiceHandler(refusingAgent{code: connect.CodeUnavailable})
-	_, refusedH := nodeagentv1connect.NewNodeAgentServiceHandler(refusingAgent{code: connect.CodeResourceExhausted})
+	_, quotaH := nodeagentv1connect.NewNodeAgentServiceHandler(refusingAgent{code: connect.CodeResourceExhausted})
+	_, refusedH := nodeagentv1connect.NewNodeAgentServiceHandler(refusingAgent{code: connect.CodeNotFound})
 
 	be := &agentFake{pauseFake: newPauseFake(checkpointing)}
 	l := pauseLocal(t, be, "")
@@ -127,7 +130,7 @@ func TestPauseFailsAtNodeAgent(t *testing.T) {
 			t.Errorf("%s: %v %s, want %v %s", what, ce.Code(), apierr.Reason(ae), apierr.Code(reason), reason)
 		case reason == apierr.NodeAgentUnavailable && ri.GetRetryDelay().AsDuration() != 30*time.Second:
 			t.Errorf("%s: RetryInfo %v, want 30s", what, ri)
-		case reason == apierr.NodeAgentRefused && ri != nil:
+		case reason != apierr.NodeAgentUnavailable && ri != nil:
 			t.Errorf("%s: RetryInfo %v on a refusal", what, ri)
 		case strings.Contains(ce.Message(), "agent-secret-text") || strings.Contains(ce.Message(), "/var/lib") || !strings.Contains(ce.Message(), "node-1"):
 			t.Errorf("%s: message %q", what, ce.Message())
@@ -143,6 +146,7 @@ func TestPauseFailsAtNodeAgent(t *testing.T) {
 		{"unreachable", unreachable, apierr.NodeAgentUnavailable},
 		{"answers unavailable", agentAt(t, unavailableH), apierr.NodeAgentUnavailable},
 		{"node missing", missing, apierr.NodeAgentUnavailable},
+		{"over the agent's quota", agentAt(t, quotaH), apierr.CheckpointSpaceExhausted},
 		{"refused", agentAt(t, refusedH), apierr.NodeAgentRefused},
 	} {
 		be.setDialer(tc.agents)

@@ -34,11 +34,12 @@ func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.wire} }
 // for, in fromStatus (after its cases that read more than the reason) and in
 // forkErrorFromProto alike.
 var reasonSentinels = map[string]error{
-	apierr.SandboxNotFound:        runtime.ErrNotFound,
-	apierr.SandboxNotRunning:      runner.ErrNotRunning,
-	apierr.CheckpointNotSupported: runner.ErrCannotCheckpoint,
-	apierr.NodeAgentUnavailable:   runtime.ErrNodeAgentUnavailable,
-	apierr.NodeAgentRefused:       runtime.ErrNodeAgentRefused,
+	apierr.SandboxNotFound:          runtime.ErrNotFound,
+	apierr.SandboxNotRunning:        runner.ErrNotRunning,
+	apierr.CheckpointNotSupported:   runner.ErrCannotCheckpoint,
+	apierr.NodeAgentUnavailable:     runtime.ErrNodeAgentUnavailable,
+	apierr.NodeAgentRefused:         runtime.ErrNodeAgentRefused,
+	apierr.CheckpointSpaceExhausted: runtime.ErrCheckpointSpaceExhausted,
 }
 
 // fromStatus maps an error of a RunnerService call back to what *runner.Runner returns

@@ -117,6 +117,8 @@ func TestRunnerapiPauseErrors(t *testing.T) {
 		{"not found", fmt.Errorf("%w: abc", runtime.ErrNotFound), apierr.SandboxNotFound, runtime.ErrNotFound},
 		{"node agent unavailable", fmt.Errorf("pause sandbox abc: %w", runtime.ErrNodeAgentUnavailable), apierr.NodeAgentUnavailable, runtime.ErrNodeAgentUnavailable},
 		{"node agent refused", fmt.Errorf("pause sandbox abc: %w", runtime.ErrNodeAgentRefused), apierr.NodeAgentRefused, runtime.ErrNodeAgentRefused},
+		// A node agent's refusal for its quota is both; the space's reason wins.
+		{"checkpoint space exhausted", fmt.Errorf("pause sandbox abc: %w: %w", runtime.ErrNodeAgentRefused, runtime.ErrCheckpointSpaceExhausted), apierr.CheckpointSpaceExhausted, runtime.ErrCheckpointSpaceExhausted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wire := toStatus("abc", tc.err)

@@ -54,6 +54,15 @@ var (
 	// sandbox it does not find, an invalid argument, a checkpoint that failed on the
 	// node, ...) or answered wrongly. The agent's own text stays in the runner's log.
 	ErrNodeAgentRefused = errors.New("the node agent refused the call")
+	// ErrCheckpointSpaceExhausted: the checkpoint store has no room for the checkpoint a
+	// pause releasing resources or a fork needs. Every backend that limits its
+	// checkpoints says it with this, so the API answers one RESOURCE_EXHAUSTED
+	// CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED for all; so far the Kubernetes backend: the
+	// node agent refused the checkpoint RESOURCE_EXHAUSTED, over its --quota-bytes or
+	// under its --min-free-bytes (that error is ErrNodeAgentRefused too). The local
+	// backend sets no limit of its own. The sandbox is left as it was; the call can
+	// succeed once checkpoints are deleted (sandboxes resumed or ended).
+	ErrCheckpointSpaceExhausted = errors.New("no space is left for the checkpoint")
 )
 
 // PauseSupport says how sandboxes of one runtime class can be paused on a backend.

@@ -39,6 +39,12 @@ const (
 	// ReasonNodeAgentRefused (sandboxd's own): that node agent answered and refused the
 	// pause or resume (FAILED_PRECONDITION; the reason is in the runner's log).
 	ReasonNodeAgentRefused = "CWSANDBOX_NODE_AGENT_REFUSED"
+	// ReasonCheckpointSpaceExhausted (sandboxd's own): the checkpoint store has no room
+	// for the checkpoint of a pause releasing resources or a fork (on a Kubernetes
+	// runner: the node agent's quota or free space on the sandbox's node);
+	// RESOURCE_EXHAUSTED. The sandbox is left as it was; retry once checkpoints are
+	// deleted.
+	ReasonCheckpointSpaceExhausted = "CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED"
 	// File-system snapshot reasons (the official client maps the same ones).
 	ReasonSnapshotNotFound          = "CWSANDBOX_FSS_NOT_FOUND"
 	ReasonSnapshotNotReady          = "CWSANDBOX_FSS_NOT_READY"
@@ -255,7 +261,8 @@ func (e *Error) retryable() bool {
 	switch e.Code {
 	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeResourceExhausted:
 		// Limits do not lift by waiting.
-		return e.Reason != ReasonFileTooLarge && e.Reason != ReasonSnapshotSizeExceeded && e.Reason != ReasonSnapshotQuotaExceeded
+		return e.Reason != ReasonFileTooLarge && e.Reason != ReasonSnapshotSizeExceeded && e.Reason != ReasonSnapshotQuotaExceeded &&
+			e.Reason != ReasonCheckpointSpaceExhausted
 	}
 	return e.Reason == ReasonRunnerUnavailable || e.Reason == ReasonBackendUnavailable ||
 		e.Reason == ReasonSnapshotBackendThrottled || e.Reason == ReasonSnapshotInflightLimit

@@ -358,3 +358,13 @@ func TestSDKForkAPIError(t *testing.T) {
 		}
 	}
 }
+
+// TestSDKCheckpointSpaceNotRetried: a full checkpoint store (RESOURCE_EXHAUSTED
+// CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED) is ErrResourceExhausted and no failure a Fork's
+// retries wait out (it lifts when checkpoints are deleted, not by waiting).
+func TestSDKCheckpointSpaceNotRetried(t *testing.T) {
+	err := fromRPC(apiError(connect.CodeResourceExhausted, ReasonCheckpointSpaceExhausted, nil))
+	if !errors.Is(err, ErrResourceExhausted) || isRetryable(err) {
+		t.Errorf("%v: ErrResourceExhausted %v, retryable %v", err, errors.Is(err, ErrResourceExhausted), isRetryable(err))
+	}
+}

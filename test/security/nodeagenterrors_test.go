@@ -59,7 +59,8 @@ func (a leakyAgent) DeleteCheckpoint(context.Context, *connect.Request[nodeagent
 // details and metadata: the backend's error is no *connect.Error (the agent's code and
 // details are not the API's), and what the API caller gets for it (runner.APIError, as the
 // gateway relays it) is the fixed sentence under CWSANDBOX_NODE_AGENT_UNAVAILABLE or
-// _REFUSED with only its own ErrorInfo (and RetryInfo): none of the agent's text, its
+// _REFUSED (a checkpoint refused RESOURCE_EXHAUSTED: CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED)
+// with only its own ErrorInfo (and RetryInfo): none of the agent's text, its
 // details, its reason (SANDBOX_NOT_FOUND) or its metadata.
 func TestSecurityNodeAgentErrorsHidden(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
@@ -81,14 +82,15 @@ func TestSecurityNodeAgentErrorsHidden(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		code   connect.Code
-		reason string
+		code     connect.Code
+		reason   string
+		ckReason string // the checkpoint's, when not reason
 	}{
-		{connect.CodeUnavailable, apierr.NodeAgentUnavailable},
-		{connect.CodeNotFound, apierr.NodeAgentRefused},
-		{connect.CodeAlreadyExists, apierr.NodeAgentRefused},
-		{connect.CodeInternal, apierr.NodeAgentRefused},
-		{connect.CodeResourceExhausted, apierr.NodeAgentRefused},
+		{connect.CodeUnavailable, apierr.NodeAgentUnavailable, ""},
+		{connect.CodeNotFound, apierr.NodeAgentRefused, ""},
+		{connect.CodeAlreadyExists, apierr.NodeAgentRefused, ""},
+		{connect.CodeInternal, apierr.NodeAgentRefused, ""},
+		{connect.CodeResourceExhausted, apierr.NodeAgentRefused, apierr.CheckpointSpaceExhausted},
 	} {
 		_, h := nodeagentv1connect.NewNodeAgentServiceHandler(leakyAgent{code: tc.code})
 		addr := serveAgentHandler(t, server, h)
@@ -104,6 +106,10 @@ func TestSecurityNodeAgentErrorsHidden(t *testing.T) {
 		derr := ag.DeleteCheckpoint(ctx, "c-00000000-00000000000000000000")
 		for op, err := range map[string]error{"checkpoint": cerr, "delete": derr} {
 			what := tc.code.String() + " " + op
+			reason := tc.reason
+			if op == "checkpoint" && tc.ckReason != "" {
+				reason = tc.ckReason
+			}
 			var ce *connect.Error
 			if err == nil {
 				t.Errorf("%s: no error", what)
@@ -117,8 +123,8 @@ func TestSecurityNodeAgentErrorsHidden(t *testing.T) {
 			if !errors.As(ae, &ce) {
 				t.Fatalf("%s: %v is no API error", what, ae)
 			}
-			if apierr.Reason(ae) != tc.reason || ce.Code() != apierr.Code(tc.reason) {
-				t.Errorf("%s: %v %s, want %s", what, ce.Code(), apierr.Reason(ae), tc.reason)
+			if apierr.Reason(ae) != reason || ce.Code() != apierr.Code(reason) {
+				t.Errorf("%s: %v %s, want %s", what, ce.Code(), apierr.Reason(ae), reason)
 			}
 			if msg := ce.Message(); msg != err.Error() || !strings.Contains(msg, "node agent of node node-1") {
 				t.Errorf("%s: message %q, want the fixed sentence %q", what, msg, err.Error())
@@ -132,14 +138,14 @@ func TestSecurityNodeAgentErrorsHidden(t *testing.T) {
 				}
 				switch v := v.(type) {
 				case *errdetails.ErrorInfo:
-					if v.GetReason() != tc.reason || len(v.GetMetadata()) != 1 || v.GetMetadata()["sandbox_id"] != "mine" {
+					if v.GetReason() != reason || len(v.GetMetadata()) != 1 || v.GetMetadata()["sandbox_id"] != "mine" {
 						t.Errorf("%s: ErrorInfo %v, want only the API's", what, v)
 					}
 					for k, val := range v.GetMetadata() {
 						seen = append(seen, k, val)
 					}
 				case *errdetails.RetryInfo:
-					if tc.reason != apierr.NodeAgentUnavailable {
+					if reason != apierr.NodeAgentUnavailable {
 						t.Errorf("%s: RetryInfo on a refusal", what)
 					}
 				default:

@@ -20,24 +20,27 @@ import (
 // what travels up: an *AgentError, whose message is one fixed sentence per kind of
 // failure naming the operation and the node, and which wraps runtime.ErrNodeAgentUnavailable
 // (retryable: the agent cannot be reached) or runtime.ErrNodeAgentRefused (it answered
-// and refused, or answered wrongly). It is no *connect.Error and wraps none: the agent's
-// status code is the agent's, not the API's, and must not be taken for the runner's own
-// (an agent's NOT_FOUND is no sandbox not found). The agent's own text and details
-// (host paths, the shim's output, whatever a compromised agent says) are logged on the
-// runner, never passed on.
+// and refused, or answered wrongly; a checkpoint refused RESOURCE_EXHAUSTED — the agent's
+// --quota-bytes or --min-free-bytes — is runtime.ErrCheckpointSpaceExhausted too, which
+// the API answers as every backend's full checkpoint store). It is no *connect.Error
+// and wraps none: the agent's status code is the agent's, not the API's, and must not be
+// taken for the runner's own (an agent's NOT_FOUND is no sandbox not found). The agent's
+// own text and details (host paths, the shim's output, whatever a compromised agent
+// says) are logged on the runner, never passed on.
 
 // AgentError is a failure at a node agent (see above). Error is its fixed sentence;
 // errors.Is finds its runtime sentinel and, where one applies, the kind of the dialer's
 // failure: nodeagent.ErrNoAgent, ErrNodeMissing, or errdefs.ErrNotFound for a node that
-// is gone (the backend takes that for the loss of the checkpoints on it). The agent's
-// error itself is only Cause's.
+// is gone (the backend takes that for the loss of the checkpoints on it), or of the
+// agent's refusal: runtime.ErrCheckpointSpaceExhausted. The agent's error itself is only
+// Cause's.
 type AgentError struct {
 	Op   string // the operation: "checkpoint", "checkpoint deletion", "dial"
 	Node string // the node whose agent it is
 
 	msg      string
 	sentinel error // runtime.ErrNodeAgentUnavailable or runtime.ErrNodeAgentRefused
-	kind     error // nil, nodeagent.ErrNoAgent, ErrNodeMissing, errdefs.ErrNotFound
+	kind     error // nil, nodeagent.ErrNoAgent, ErrNodeMissing, errdefs.ErrNotFound, runtime.ErrCheckpointSpaceExhausted
 	cause    error
 }
 
@@ -98,6 +101,9 @@ func agentError(ctx context.Context, log *slog.Logger, op, node string, err erro
 		e.msg = fmt.Sprintf("the node agent of node %s cannot be reached: retry later", node)
 	case errors.As(err, &ce) && connect.IsWireError(ce) && refusal(ce.Code()):
 		e.sentinel = runtime.ErrNodeAgentRefused
+		if op == opCheckpoint && ce.Code() == connect.CodeResourceExhausted {
+			e.kind = runtime.ErrCheckpointSpaceExhausted // its quota or free space: no room
+		}
 		e.msg = fmt.Sprintf("the node agent of node %s refused the %s: %s (the agent's reason is in the runner's log)", node, op, refusedWhy(ce.Code()))
 	case errors.As(err, &ce) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		// Not an answer of the agent's (the dial, the TLS handshake, the transport, a

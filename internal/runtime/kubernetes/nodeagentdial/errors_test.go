@@ -55,8 +55,9 @@ func (f failingAgent) DeleteCheckpoint(context.Context, *connect.Request[nodeage
 }
 
 // checkAgentError fails unless err is an *AgentError of sentinel with exactly the text
-// want, no *connect.Error in its chain and nothing of secretText in it.
-func checkAgentError(t *testing.T, what string, err, sentinel error, want string) {
+// want, no *connect.Error in its chain and nothing of secretText in it. It is
+// runtime.ErrCheckpointSpaceExhausted exactly when space says so.
+func checkAgentError(t *testing.T, what string, err, sentinel error, want string, space bool) {
 	t.Helper()
 	var ae *nodeagentdial.AgentError
 	var ce *connect.Error
@@ -71,6 +72,8 @@ func checkAgentError(t *testing.T, what string, err, sentinel error, want string
 		t.Errorf("%s: %T %v, want an *AgentError", what, err, err)
 	case !errors.Is(err, sentinel) || errors.Is(err, other):
 		t.Errorf("%s: %v, want %v (only)", what, err, sentinel)
+	case errors.Is(err, runtime.ErrCheckpointSpaceExhausted) != space:
+		t.Errorf("%s: %v is ErrCheckpointSpaceExhausted: %v, want %v", what, err, !space, space)
 	case errors.As(err, &ce):
 		t.Errorf("%s: a *connect.Error (%v) in the chain of %v", what, ce.Code(), err)
 	case err.Error() != want:
@@ -84,8 +87,10 @@ func checkAgentError(t *testing.T, what string, err, sentinel error, want string
 // *AgentError with its fixed sentence (operation and node), wrapping the right sentinel:
 // the agent's answers of UNAVAILABLE and DEADLINE_EXCEEDED are ErrNodeAgentUnavailable,
 // its other answers (quota, not found, invalid, a failed checkpoint, internal)
-// ErrNodeAgentRefused; no *connect.Error is in the chain, nothing of the agent's text,
-// details or metadata is in the message, and the runner's log has the agent's text.
+// ErrNodeAgentRefused, and its checkpoint refused RESOURCE_EXHAUSTED (its quota or free
+// space) is ErrCheckpointSpaceExhausted too (a deletion's is not: no space is wanted);
+// no *connect.Error is in the chain, nothing of the agent's text, details or metadata is
+// in the message, and the runner's log has the agent's text.
 func TestAgentErrors(t *testing.T) {
 	for _, tc := range []struct {
 		code     connect.Code
@@ -117,12 +122,12 @@ func TestAgentErrors(t *testing.T) {
 		if tc.running == "unknown" {
 			want += " (the agent could not tell whether the sandbox still runs)"
 		}
-		checkAgentError(t, tc.code.String()+" checkpoint", err, tc.sentinel, want)
+		checkAgentError(t, tc.code.String()+" checkpoint", err, tc.sentinel, want, tc.code == connect.CodeResourceExhausted)
 		if connect.CodeOf(nodeagentdial.Cause(err)) != tc.code {
 			t.Errorf("%s: cause %v", tc.code, nodeagentdial.Cause(err))
 		}
 		err = a.DeleteCheckpoint(t.Context(), "c-00000000-00000000000000000000")
-		checkAgentError(t, tc.code.String()+" delete", err, tc.sentinel, strings.Replace(tc.want, "%s", "checkpoint deletion", 1))
+		checkAgentError(t, tc.code.String()+" delete", err, tc.sentinel, strings.Replace(tc.want, "%s", "checkpoint deletion", 1), false)
 		if got := log.String(); strings.Count(got, "sk_live_SECRET123") < 2 || !strings.Contains(got, "node=node-1") {
 			t.Errorf("%s: the runner's log lacks the agent's errors: %s", tc.code, got)
 		}
@@ -146,7 +151,7 @@ func TestAgentErrorsUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = a.Checkpoint(t.Context(), joinReq(false))
-	checkAgentError(t, "closed port", err, runtime.ErrNodeAgentUnavailable, "the node agent of node node-1 could not be reached for the checkpoint: retry later")
+	checkAgentError(t, "closed port", err, runtime.ErrNodeAgentUnavailable, "the node agent of node node-1 could not be reached for the checkpoint: retry later", false)
 	var ne *net.OpError
 	if !errors.As(nodeagentdial.Cause(err), &ne) {
 		t.Errorf("closed port: cause %v, want the dial's *net.OpError", nodeagentdial.Cause(err))
@@ -154,14 +159,14 @@ func TestAgentErrorsUnreachable(t *testing.T) {
 
 	_, err = d.Agent(t.Context(), "node-2")
 	checkAgentError(t, "unknown node", err, runtime.ErrNodeAgentUnavailable,
-		"no node agent is known on node node-2 (the node has no usable address, or the runner's --node-agent-addrs does not name it)")
+		"no node agent is known on node node-2 (the node has no usable address, or the runner's --node-agent-addrs does not name it)", false)
 	if !errors.Is(err, nodeagent.ErrNoAgent) || errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("unknown node: %v, want ErrNoAgent, not errdefs.ErrNotFound", err)
 	}
 
 	md := nodeagentdial.BackendDialer(missingDialer{}, nodeagentdial.Options{RunnerID: joinRunner, Log: slog.New(slog.DiscardHandler)})
 	_, err = md.Agent(t.Context(), "node-3")
-	checkAgentError(t, "missing node", err, runtime.ErrNodeAgentUnavailable, "node node-3 is missing from the cluster (not yet taken as gone): retry later")
+	checkAgentError(t, "missing node", err, runtime.ErrNodeAgentUnavailable, "node node-3 is missing from the cluster (not yet taken as gone): retry later", false)
 	if !errors.Is(err, nodeagentdial.ErrNodeMissing) || errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("missing node: %v, want ErrNodeMissing, not errdefs.ErrNotFound", err)
 	}
