@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/nodeagent"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // What a failure at a node agent becomes on the runner's side. Every error of the
@@ -26,7 +27,7 @@ import (
 // and wraps none: the agent's status code is the agent's, not the API's, and must not be
 // taken for the runner's own (an agent's NOT_FOUND is no sandbox not found). The agent's
 // own text and details (host paths, the shim's output, whatever a compromised agent
-// says) are logged on the runner, never passed on.
+// says) are logged on the runner, clipped to MaxLoggedCause bytes, never passed on.
 
 // AgentError is a failure at a node agent (see above). Error is its fixed sentence;
 // errors.Is finds its runtime sentinel and, where one applies, the kind of the dialer's
@@ -66,6 +67,12 @@ func Cause(err error) error {
 	}
 	return nil
 }
+
+// MaxLoggedCause bounds the agent's own error text in the runner's log (textclip.Clip:
+// valid UTF-8, cut on a character boundary, marked): an agent's message is the agent's to
+// choose, up to what a gRPC trailer carries (megabytes), and one failing call per pause
+// would otherwise write all of it.
+const MaxLoggedCause = 4 << 10
 
 // The operations named in the sentences.
 const (
@@ -125,7 +132,7 @@ func agentError(ctx context.Context, log *slog.Logger, op, node string, err erro
 	if ce != nil {
 		code = ce.Code().String()
 	}
-	log.Warn("node agent call failed", "op", op, "node", node, "code", code, "err", err, "error_sent", e.msg)
+	log.Warn("node agent call failed", "op", op, "node", node, "code", code, "err", textclip.Clip(err.Error(), MaxLoggedCause), "error_sent", e.msg)
 	return e
 }
 

@@ -1,7 +1,9 @@
 package nodeagentdial_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -20,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/testenv"
 	"github.com/sandboxd/sandboxd/internal/testenv/logbuf"
+	"github.com/sandboxd/sandboxd/internal/textclip"
 )
 
 // secretText is what a failing agent (or one compromised) puts in its answers: none of
@@ -177,4 +180,61 @@ type missingDialer struct{}
 
 func (missingDialer) Agent(_ context.Context, node string) (*nodeagent.Client, error) {
 	return nil, errors.Join(nodeagentdial.ErrNodeMissing, errors.New("node "+node+": "+secretText))
+}
+
+// hugeAgent answers Checkpoint INTERNAL with msg.
+type hugeAgent struct {
+	nodeagentv1connect.UnimplementedNodeAgentServiceHandler
+	msg string
+}
+
+func (h hugeAgent) Checkpoint(context.Context, *connect.Request[nodeagentv1.CheckpointRequest]) (*connect.Response[nodeagentv1.CheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeInternal, errors.New(h.msg))
+}
+
+// TestAgentErrorLoggedClipped: an agent's error text of a megabyte (as much as it likes:
+// a gRPC trailer carries it) reaches the runner whole (Cause), but the runner's log has
+// only its first MaxLoggedCause bytes, valid UTF-8 and marked as cut.
+func TestAgentErrorLoggedClipped(t *testing.T) {
+	const tail = "END-OF-THE-AGENT-TEXT"
+	msg := "agent says: " + strings.Repeat("é", 512<<10) + tail
+	_, h := nodeagentv1connect.NewNodeAgentServiceHandler(hugeAgent{msg: msg})
+	addr, tlsCfg := serveHandler(t, h)
+	var log logbuf.Buffer
+	d := nodeagentdial.BackendDialer(&nodeagent.StaticDialer{Addrs: map[string]string{"node-1": addr}, TLS: tlsCfg},
+		nodeagentdial.Options{RunnerID: joinRunner, Log: slog.New(slog.NewJSONHandler(&log, nil))})
+	a, err := d.Agent(t.Context(), "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Checkpoint(t.Context(), joinReq(false))
+	checkAgentError(t, "huge message", err, runtime.ErrNodeAgentRefused,
+		"the node agent of node node-1 refused the checkpoint: it failed on the node (the agent's reason is in the runner's log)", false)
+	if c := nodeagentdial.Cause(err); c == nil || !strings.HasSuffix(c.Error(), tail) {
+		t.Fatalf("the agent's whole text did not reach the runner (so its log could not hold it): %.200v", c)
+	}
+	var logged []string
+	sc := bufio.NewScanner(strings.NewReader(log.String()))
+	sc.Buffer(nil, 16<<20)
+	for sc.Scan() {
+		var rec struct{ Msg, Err string }
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("log line %.200q: %v", sc.Text(), err)
+		}
+		if rec.Msg == "node agent call failed" {
+			logged = append(logged, rec.Err)
+		}
+	}
+	if len(logged) != 1 {
+		t.Fatalf("%d log lines of the failed call, want 1: %.500s", len(logged), log.String())
+	}
+	got := logged[0]
+	if len(got) > nodeagentdial.MaxLoggedCause || !strings.HasSuffix(got, textclip.Marker) || strings.Contains(got, tail) ||
+		!strings.Contains(got, "agent says: éé") || !textclip.AllPrintable(got) {
+		t.Errorf("logged err is %d bytes (at most %d), ends %q, printable %v; want the agent's text clipped and marked",
+			len(got), nodeagentdial.MaxLoggedCause, got[max(len(got)-40, 0):], textclip.AllPrintable(got))
+	}
+	if n := len(log.String()); n > 2*nodeagentdial.MaxLoggedCause {
+		t.Errorf("the runner's log holds %d bytes for one failed call", n)
+	}
 }
