@@ -1,8 +1,12 @@
 package edge
 
 import (
+	"bufio"
+	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -35,20 +39,72 @@ func (te *testEdge) shareRoute(t testing.TB, id string, port int, token string) 
 	return "https://" + Host(port, id, testRunner, testDomain)
 }
 
+// garbledRoute adds a SHARE_TOKEN route of sandbox id (token) whose backend reads each
+// request's header and answers bytes that are no HTTP response: the edge logs a proxy
+// error for every request to it.
+func (te *testEdge) garbledRoute(t testing.TB, id string, port int, token string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || line == "\r\n" {
+						break
+					}
+				}
+				_, _ = io.WriteString(c, "this is no HTTP response\r\n\r\n")
+			}()
+		}
+	}()
+	rt := Route{SandboxID: id, Org: "org-" + id, Port: port, Kind: KindHTTPS, Auth: AuthToken, Backend: addrPort(t, ln.Addr()), ShareTokenHash: ShareTokenHash(token)}
+	if err := rt.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	te.rm.add(rt)
+	return "https://" + Host(port, id, testRunner, testDomain)
+}
+
+// TestShareToken: a SHARE_TOKEN endpoint lets in its own sandbox's token (header or query
+// parameter, which is cut from the target) or an API key, refuses every other token, and
+// passes no credential to the sandbox. The edge never logs a share token: requests that
+// carry one make it log (at debug level) a refused API key, a proxy error (the sandbox
+// answers no HTTP) and a sandbox that cannot be woken, and none of those lines holds it.
 func TestShareToken(t *testing.T) {
 	const (
 		tokA = "tokA-0123456789abcdefghijklmnopqrstuvwxyzABC" // sbxA's
 		tokB = "tokB-0123456789abcdefghijklmnopqrstuvwxyzABC" // sbxB's
+		tokC = "tokC-0123456789abcdefghijklmnopqrstuvwxyzABC" // sbxC's
+		sbxC = "cccccccccccccc44"                             // cannot be woken
 	)
 	var logs logbuf.Buffer
 	te := startEdge(t, func(c *Config) {
 		c.Authorize = loginAuthorizer
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		c.Wake = func(_ context.Context, id string) (func(), error) {
+			if id == sbxC {
+				return nil, errors.New("the sandbox could not be resumed")
+			}
+			return func() {}, nil
+		}
 	})
 	a := te.shareRoute(t, sbxA, 8080, tokA)
 	a2 := te.shareRoute(t, sbxA, 8081, tokA) // another SHARE_TOKEN port of the same sandbox
 	b := te.shareRoute(t, sbxB, 8080, tokB)
 	keysOnly := te.shareRoute(t, sbxA, 8082, "") // a sandbox made before share tokens
+	garbled := te.garbledRoute(t, sbxA, 8083, tokA)
+	asleep := te.shareRoute(t, sbxC, 8080, tokC)
 	for _, proto := range []string{"h2", "http/1.1"} {
 		t.Run(proto, func(t *testing.T) {
 			c := te.client(proto)
@@ -76,13 +132,17 @@ func TestShareToken(t *testing.T) {
 				{"a wrong token next to a valid API key", a + "/", []string{ShareTokenHeader, "nope", "Authorization", "Bearer key-a"}, 401, ""},
 				{"a token where the sandbox has none", keysOnly + "/", []string{ShareTokenHeader, tokA}, 401, ""},
 				{"an API key where the sandbox has none", keysOnly + "/?" + ShareTokenParam + "=" + tokA + "&q", []string{"Authorization", "Bearer key-a"}, 401, ""},
+				// Requests the edge logs, each with tokens wherever a request can carry them.
+				{"another org's API key, a token in the cookie and the path", keysOnly + "/" + tokA, []string{"Authorization", "Bearer key-b", "Cookie", "t=" + tokA}, 403, ""},
+				{"a sandbox that answers no HTTP", garbled + "/" + tokA + "?" + ShareTokenParam + "=" + tokA + "&x=" + tokB, []string{ShareTokenHeader, tokA, "Cookie", "t=" + tokB}, 502, ""},
+				{"a sandbox that cannot be woken", asleep + "/" + tokC + "?" + ShareTokenParam + "=" + tokC, []string{ShareTokenHeader, tokC}, 503, ""},
 			} {
 				res, body := do(t, c, http.MethodGet, tc.url, nil, tc.header...) //nolint:bodyclose // do closes
 				if res.StatusCode != tc.code {
 					t.Errorf("%s: %s %q, want %d", tc.name, res.Status, body, tc.code)
 					continue
 				}
-				if strings.Contains(body, "tokA") || strings.Contains(body, "tokB") || strings.Contains(body, "key-a") {
+				if strings.Contains(body, "tokA") || strings.Contains(body, "tokB") || strings.Contains(body, "tokC") || strings.Contains(body, "key-a") {
 					t.Errorf("%s: a credential came back or reached the sandbox: %q", tc.name, body)
 				}
 				if tc.code == 200 && !strings.HasPrefix(body, "target="+tc.target+" share= auth= ") {
@@ -91,8 +151,16 @@ func TestShareToken(t *testing.T) {
 			}
 		})
 	}
-	if l := logs.String(); strings.Contains(l, "tokA") || strings.Contains(l, "tokB") {
-		t.Errorf("the edge logged a share token:\n%s", l)
+	l := logs.String()
+	for _, line := range []string{"token refused", "proxy error", "sandbox not woken"} {
+		if strings.Count(l, line) < 2 { // once per protocol
+			t.Errorf("the edge did not log %q for each protocol (this test could not see a token in it):\n%s", line, l)
+		}
+	}
+	for _, part := range []string{"tokA-", "tokB-", "tokC-", "0123456789abcdefghijklmnopqrstuvwxyzABC"} { // any part of one
+		if strings.Contains(l, part) {
+			t.Errorf("the edge logged (part of) a share token, %q:\n%s", part, l)
+		}
 	}
 }
 
