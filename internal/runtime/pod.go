@@ -34,7 +34,9 @@ const GVisorPodAnnotationPrefix = "dev.gvisor."
 // ShimPodAnnotationPrefix is the prefix of the Pod annotations sandboxd's patched gVisor
 // shim reads (scripts/build-runsc-shim.sh): RestoreCheckpointAnnotation. Pod annotations
 // from a policy may not use it: one would restore a Pod from a checkpoint of another
-// sandbox on its node.
+// sandbox on its node. On the cluster's side the runner chart's ValidatingAdmissionPolicy
+// (templates/shim-admission.yaml, with the node agent) refuses every key under it from
+// anyone but the runner's service account, in every namespace.
 const ShimPodAnnotationPrefix = "dev.sandboxd."
 
 // RestoreCheckpointAnnotation on a Pod of the patched gVisor shim restores its containers

@@ -33,6 +33,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 	"github.com/sandboxd/sandboxd/internal/stack"
 )
@@ -58,7 +59,9 @@ const gvisorNodeLabel = "sandboxd.dev/gvisor"
 // one checkpoint listed by the agent), still PAUSED a second later, resumed (RUNNING, the
 // same value, the counter going on from where it was, the file intact), deleted
 // (TERMINATED; the agent lists no checkpoint), and the release uninstalled (no DaemonSet,
-// no ClusterRole left).
+// no ClusterRole left). The chart's shim annotation policy is on (the node agent's
+// default): the runner's resumed Pod with the restore annotation passes it, and the
+// uninstall removes it.
 func TestChartPauseResume(t *testing.T) {
 	c := needCluster(t)
 	helm := needHelm(t)
@@ -176,6 +179,12 @@ func TestChartPauseResume(t *testing.T) {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
 	start := time.Now()
+	// The shim annotation policy is on with the node agent (TestSecurityRestoreAnnotation):
+	// the resume below passes it as the runner's service account.
+	shimPolicy := release + "-" + ns + "-shim-annotations"
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, shimPolicy, metav1.GetOptions{}); err != nil {
+		t.Errorf("the shim annotation policy: %v", err)
+	}
 
 	// The agent's Pod: Ready on the labelled node.
 	agentSel := "app.kubernetes.io/name=sandboxd-node-agent,app.kubernetes.io/instance=" + release
@@ -309,6 +318,9 @@ func TestChartPauseResume(t *testing.T) {
 	}
 	tResume := time.Since(t0)
 	t.Logf("resume: %s", tResume.Round(time.Millisecond))
+	if p, err := pods.Get(ctx, "sbx-"+id, metav1.GetOptions{}); err != nil || p.Annotations[runtime.RestoreCheckpointAnnotation] == "" {
+		t.Errorf("the resumed sandbox's Pod: %v, want it made with %s (the runner, through the policy)", err, runtime.RestoreCheckpointAnnotation)
+	}
 	waitPublicState(t, ctx, api, id, sandboxv1.State_STATE_RUNNING)
 	if out := execOK(t, ctx, api, id, "cat", "/tmp/f"); out != "kept\n" {
 		t.Errorf("/tmp/f after the resume: %q", out)
@@ -351,6 +363,9 @@ func TestChartPauseResume(t *testing.T) {
 	}
 	if _, err := admin.RbacV1().ClusterRoles().Get(ctx, release+"-"+ns+"-nodes", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the runner's ClusterRole after helm uninstall: %v, want NotFound", err)
+	}
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, shimPolicy, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the shim annotation policy after helm uninstall: %v, want NotFound", err)
 	}
 }
 

@@ -18,7 +18,9 @@ import (
 // takes the claim's time as the sandbox's start). The policy check refuses such keys,
 // but a policy stored before it may hold them: a Create with such Pod settings never
 // puts one on the Pod it makes (here against a fake cluster whose Pods never run: the
-// Create fails, the Pod it created is what counts).
+// Create fails, the Pod it created is what counts). The cluster's side of the restore
+// trigger (anyone else setting it on a Pod of their own) is test/k8s
+// TestSecurityRestoreAnnotation: this suite has no cluster.
 func TestK8sPolicyForgesNoPodState(t *testing.T) {
 	cs := fake.NewSimpleClientset()
 	made := recordPods(cs)

@@ -276,5 +276,35 @@ naming the value. Off, only that it is a map with a boolean enabled. */ -}}
 {{- if not (kindIs "map" $n.resources) -}}
 {{- fail (printf "nodeAgent.resources: want container resources (requests, limits), got %v" $n.resources) -}}
 {{- end -}}
+{{- $a := $n.admissionPolicy -}}
+{{- if not (and (kindIs "map" $a) (kindIs "bool" $a.enabled)) -}}
+{{- fail (printf "nodeAgent.admissionPolicy: want a map with enabled true or false (and allowedUsers), got %v" $a) -}}
 {{- end -}}
+{{- if not (kindIs "slice" $a.allowedUsers) -}}
+{{- fail (printf "nodeAgent.admissionPolicy.allowedUsers: want a list of user names, got %v" $a.allowedUsers) -}}
+{{- end -}}
+{{- if gt (len $a.allowedUsers) 16 -}}
+{{- fail (printf "nodeAgent.admissionPolicy.allowedUsers: %d users, want at most 16" (len $a.allowedUsers)) -}}
+{{- end -}}
+{{- /* Rendered into CEL string literals: no quote, backslash, space or newline. */ -}}
+{{- range $a.allowedUsers -}}
+{{- if not (and (kindIs "string" .) (regexMatch "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$" (toString .))) -}}
+{{- fail (printf "nodeAgent.admissionPolicy.allowedUsers: %q: want a Kubernetes user name (letters, digits, '.', '_', ':', '@', '-'; e.g. system:serviceaccount:NAMESPACE:NAME)" (toString .)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The admission policy that keeps dev.sandboxd.* Pod annotations to the runner
+(nodeAgent.admissionPolicy; templates/shim-admission.yaml) and its binding: cluster-scoped,
+so named after the release's namespace too. */ -}}
+{{- define "sandboxd-runner.shimPolicyName" -}}
+{{- printf "%s-%s-shim-annotations" (include "sandboxd-runner.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- /* The users the policy lets set them, as a JSON list: the runner's service account
+first, then nodeAgent.admissionPolicy.allowedUsers. */ -}}
+{{- define "sandboxd-runner.shimPolicyUsers" -}}
+{{- $runner := printf "system:serviceaccount:%s:%s" .Release.Namespace (include "sandboxd-runner.fullname" .) -}}
+{{- prepend (without .Values.nodeAgent.admissionPolicy.allowedUsers $runner) $runner | toJson -}}
 {{- end -}}
