@@ -336,6 +336,45 @@ func TestIssuerRace(t *testing.T) {
 	}
 }
 
+// TestDialerIssue: DialConfig with Issue (--node-agent-issue-secrets) makes the Secrets
+// through the client it is given, and its dialer checkpoints through a real agent served
+// from the server Secret's files, with the runner's in-memory certificate.
+func TestDialerIssue(t *testing.T) {
+	cs := fake.NewClientset()
+	cfg := issueCfg
+	// Validate refuses Issue with TLSDir, and without a client there is nothing to keep
+	// the Secrets in.
+	if err := (nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": "127.0.0.1:1"}, Issue: &cfg, TLSDir: "/x"}).Validate(); err == nil {
+		t.Error("Issue with TLSDir accepted")
+	}
+	if _, err := (nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": "127.0.0.1:1"}, Issue: &cfg, RunnerID: joinRunner}).Dialer(t.Context(), nil); err == nil {
+		t.Error("Issue without a Kubernetes client accepted")
+	}
+	// The runner's start issues; the agent then serves the Secret the DaemonSet mounts.
+	is := &nodeagentdial.Issuer{Client: cs, Config: cfg, RunnerID: joinRunner}
+	if _, err := is.Ensure(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for k, v := range getSecret(t, cs, "na-server").Data {
+		if err := os.WriteFile(filepath.Join(dir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := serveJoinAgentTLS(t, dir)
+	d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": j.addr}, Issue: &cfg, RunnerID: joinRunner}.Dialer(t.Context(), cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.Agent(t.Context(), "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp, err := a.Checkpoint(t.Context(), joinReq(false)); err != nil || cp.Node != "node-1" {
+		t.Fatalf("checkpoint with the issued certificates: %+v %v", cp, err)
+	}
+}
+
 // TestIssueConfigValidate: bad names are refused naming them.
 func TestIssueConfigValidate(t *testing.T) {
 	for _, c := range []nodeagentdial.IssueConfig{
