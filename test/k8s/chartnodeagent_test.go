@@ -117,10 +117,15 @@ func chartPauseResume(t *testing.T, issued bool) {
 		}
 	}
 	dataDir := env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s")
+	agentStarted := false
 	t.Cleanup(func() {
 		// After the uninstall (cleanups run last first): the agent's state directory of
-		// this test's runner ID on the node (this host), which no agent uses again.
+		// this test's runner ID on the node (this host), which no agent uses again. Once
+		// the agent ran it must be there (else this removes the wrong path).
 		dir := filepath.Join(dataDir, "node-agent", runnerID)
+		if _, err := os.Stat(dir); agentStarted && err != nil {
+			t.Errorf("the agent's state directory %s: %v, want the one the agent made", dir, err)
+		}
 		if err := os.RemoveAll(dir); err != nil {
 			t.Errorf("removing the agent's state directory %s: %v", dir, err)
 		}
@@ -219,6 +224,7 @@ func chartPauseResume(t *testing.T, issued bool) {
 	if agentPod.Spec.NodeName != node || !agentPod.Spec.HostNetwork {
 		t.Errorf("agent Pod %s on node %q, hostNetwork %v: want node %s, hostNetwork", agentPod.Name, agentPod.Spec.NodeName, agentPod.Spec.HostNetwork, node)
 	}
+	agentStarted = true
 	t.Logf("node agent Pod %s Ready %s after helm install", agentPod.Name, time.Since(start).Round(time.Millisecond))
 	// It answers the runner's certificate on the node's InternalIP, as the runner dials it.
 	if !issued {
