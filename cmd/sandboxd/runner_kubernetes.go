@@ -52,6 +52,7 @@ type kubernetesFlags struct {
 	// The node agents (--node-agent-*): see nodeAgents().
 	nodeAgentPort                   int
 	nodeAgentAddrs, nodeAgentTLSDir string
+	nodeAgentIssueSecrets           string
 	nodeAgentNodeGoneAfter          time.Duration
 }
 
@@ -85,6 +86,7 @@ func (k *kubernetesFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.nodeAgentAddrs, "node-agent-addrs", "", "kubernetes backend: instead of --node-agent-port, a static map of the node agents: comma-separated node=host:port pairs (fixed deployments, tests)")
 	fs.DurationVar(&k.nodeAgentNodeGoneAfter, "node-agent-node-gone-after", 0, "kubernetes backend, with --node-agent-port: a paused sandbox's node that the API server does not know is taken as gone with its checkpoint (the resume ends the sandbox CheckpointLost) only when it is still missing this long after a look first missed it; before, the resume fails and may be retried (0: 5m)")
 	fs.StringVar(&k.nodeAgentTLSDir, "node-agent-tls-dir", "", "kubernetes backend: the runner's mTLS to its node agents: tls.crt and tls.key (its client certificate, naming spiffe://sandboxd/node-agent-client/<runner-id>; re-read when renewed) and ca.crt (the CA of the agents' certificates for "+nodeagent.ServerName+")")
+	fs.StringVar(&k.nodeAgentIssueSecrets, "node-agent-issue-secrets", "", "kubernetes backend: instead of --node-agent-tls-dir, the runner issues its node agents' certificates itself and keeps them in two Secrets of $POD_NAMESPACE (else --namespace): PREFIX-ca (its node-agent CA, only the runner reads it) and PREFIX-server (kubernetes.io/tls with ca.crt: what the agents mount as their --tls-dir), made or loaded and checked at start, re-issued when not this runner's or within 30 days of their end (checked hourly); its own client certificate is issued in memory (needs create on Secrets and get, update on the two)")
 	fs.DurationVar(&k.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "kubernetes backend: how long a Lease lasts without renewal (a new replica takes over after at most this)")
 }
 
@@ -203,6 +205,10 @@ func (k *kubernetesFlags) nodeAgents() (nodeagentdial.DialConfig, error) {
 		return nodeagentdial.DialConfig{}, err
 	}
 	c := nodeagentdial.DialConfig{Port: k.nodeAgentPort, Addrs: addrs, TLSDir: k.nodeAgentTLSDir, NodeGoneAfter: k.nodeAgentNodeGoneAfter}
+	if k.nodeAgentIssueSecrets != "" {
+		ca, server := nodeagentdial.IssueSecretNames(k.nodeAgentIssueSecrets)
+		c.Issue = &nodeagentdial.IssueConfig{Namespace: firstNonEmpty(os.Getenv("POD_NAMESPACE"), k.namespace), CASecret: ca, ServerSecret: server}
+	}
 	if err := c.Validate(); err != nil {
 		return nodeagentdial.DialConfig{}, err
 	}

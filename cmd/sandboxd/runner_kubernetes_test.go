@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/nodeagentdial"
 )
 
 func TestRunnerPeers(t *testing.T) {
@@ -326,11 +327,24 @@ func TestRunnerNodeAgentFlags(t *testing.T) {
 	if c, err := k.nodeAgents(); err != nil || len(c.Addrs) != 2 || c.Addrs["node-2"] != "10.0.0.2:7445" {
 		t.Errorf("addrs: %+v %v", c, err)
 	}
+	// The runner issues the certificates: two Secrets of its own namespace.
+	t.Setenv("POD_NAMESPACE", "sandboxd-r1")
+	k = parse("--node-agent-port", "7445", "--node-agent-issue-secrets", "rel-node-agent")
+	if err := k.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := k.nodeAgents(); err != nil || c.TLSDir != "" || c.Issue == nil ||
+		*c.Issue != (nodeagentdial.IssueConfig{Namespace: "sandboxd-r1", CASecret: "rel-node-agent-ca", ServerSecret: "rel-node-agent-server"}) {
+		t.Errorf("issue: %+v %v", c, err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--node-agent-port", "7445"}, "need --node-agent-tls-dir"},
+		{[]string{"--node-agent-port", "7445", "--node-agent-tls-dir", "/x", "--node-agent-issue-secrets", "p"}, "--node-agent-tls-dir and --node-agent-issue-secrets: give one"},
+		{[]string{"--node-agent-issue-secrets", "p"}, "--node-agent-issue-secrets needs --node-agent-port"},
+		{[]string{"--node-agent-port", "7445", "--node-agent-issue-secrets", "Bad_Name"}, `--node-agent-issue-secrets: node agent certificates: Secret name "Bad_Name-ca"`},
 		{[]string{"--node-agent-addrs", "n=10.0.0.1:1", "--node-agent-tls-dir", "/x", "--node-agent-node-gone-after", "1m"}, "--node-agent-node-gone-after needs --node-agent-port"},
 		{[]string{"--node-agent-tls-dir", "/etc/na"}, "--node-agent-tls-dir needs --node-agent-port or --node-agent-addrs"},
 		{[]string{"--node-agent-port", "99999", "--node-agent-tls-dir", "/x"}, "--node-agent-port 99999: want 1..65535"},

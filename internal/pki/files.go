@@ -20,19 +20,30 @@ func WriteKeyPair(dir, name string, cert tls.Certificate) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("pki: %w", err)
 	}
-	keyPEM, err := encodeKey(cert.PrivateKey)
+	chain, keyPEM, err := EncodeKeyPair(cert)
 	if err != nil {
 		return err
-	}
-	var chain []byte
-	for _, der := range cert.Certificate {
-		chain = append(chain, encodeCert(der)...)
 	}
 	certPath, keyPath := keyPairPaths(dir, name)
 	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
 		return err
 	}
 	return writeFileAtomic(certPath, chain, 0o644)
+}
+
+// EncodeKeyPair is cert's chain and its private key (PKCS#8) in PEM: what WriteKeyPair
+// writes, for a caller that stores them elsewhere (tls.X509KeyPair reads them back).
+func EncodeKeyPair(cert tls.Certificate) (chainPEM, keyPEM []byte, err error) {
+	if len(cert.Certificate) == 0 || cert.PrivateKey == nil {
+		return nil, nil, errors.New("pki: EncodeKeyPair: certificate or key missing")
+	}
+	if keyPEM, err = encodeKey(cert.PrivateKey); err != nil {
+		return nil, nil, err
+	}
+	for _, der := range cert.Certificate {
+		chainPEM = append(chainPEM, encodeCert(der)...)
+	}
+	return chainPEM, keyPEM, nil
 }
 
 // LoadKeyPair loads what WriteKeyPair wrote (Leaf set).

@@ -151,24 +151,44 @@ func loadCA(certPath, keyPath string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
+	return parseCA(certPEM, keyPEM, certPath, keyPath)
+}
+
+// NewCA makes a new CA with common name name (valid CAValidity) in memory and returns
+// it with its private key in PEM (PKCS#8): what a caller that keeps the CA elsewhere than
+// in a directory (a Kubernetes Secret) stores; ParseCA reads it back.
+func NewCA(name string) (*CA, []byte, error) {
+	if name == "" {
+		return nil, nil, errors.New("pki: CA name is required")
+	}
+	return newCA(name)
+}
+
+// ParseCA is the CA of certPEM (its first certificate, which must be a CA) and keyPEM
+// (an ECDSA P-256 key matching it): what NewCA returned, read back.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	return parseCA(certPEM, keyPEM, "the CA certificate", "the CA key")
+}
+
+func parseCA(certPEM, keyPEM []byte, certName, keyName string) (*CA, error) {
 	certs, err := parseCerts(certPEM)
 	if err != nil {
-		return nil, fmt.Errorf("pki: %s: %w", certPath, err)
+		return nil, fmt.Errorf("pki: %s: %w", certName, err)
 	}
 	cert := certs[0]
 	if !cert.IsCA || !cert.BasicConstraintsValid || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return nil, fmt.Errorf("pki: %s is not a CA certificate", certPath)
+		return nil, fmt.Errorf("pki: %s is not a CA certificate", certName)
 	}
 	signer, err := parseKey(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("pki: %s: %w", keyPath, err)
+		return nil, fmt.Errorf("pki: %s: %w", keyName, err)
 	}
 	key, ok := signer.(*ecdsa.PrivateKey)
 	if !ok || key.Curve != elliptic.P256() {
-		return nil, fmt.Errorf("pki: %s: the CA key must be ECDSA P-256", keyPath)
+		return nil, fmt.Errorf("pki: %s: the CA key must be ECDSA P-256", keyName)
 	}
 	if !key.PublicKey.Equal(cert.PublicKey) {
-		return nil, fmt.Errorf("pki: %s does not match %s", keyPath, certPath)
+		return nil, fmt.Errorf("pki: %s does not match %s", keyName, certName)
 	}
 	return &CA{cert: cert, key: key, certPEM: encodeCert(cert.Raw)}, nil
 }

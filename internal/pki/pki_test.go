@@ -530,3 +530,49 @@ func TestRenewing(t *testing.T) {
 		t.Errorf("aged certificate not renewed: %v", err)
 	}
 }
+
+// TestNewParseCA: NewCA's certificate and key read back with ParseCA are the same CA (it
+// issues what verifies against the first's pool); a key of another CA, a leaf certificate
+// and bad PEM are refused naming what is wrong; EncodeKeyPair reads back with
+// tls.X509KeyPair.
+func TestNewParseCA(t *testing.T) {
+	ca, keyPEM, err := NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseCA(ca.CertPEM(), keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := back.IssueServer("s", []string{"s.example"}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Leaf.Verify(x509.VerifyOptions{DNSName: "s.example", Roots: ca.Pool()}); err != nil {
+		t.Errorf("a certificate of the parsed CA: %v", err)
+	}
+	chain, key, err := EncodeKeyPair(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tls.X509KeyPair(chain, key); err != nil {
+		t.Errorf("EncodeKeyPair: %v", err)
+	}
+	_, otherKey, _ := NewCA("other")
+	for _, tc := range []struct {
+		cert, key []byte
+		want      string
+	}{
+		{ca.CertPEM(), otherKey, "the CA key does not match the CA certificate"},
+		{chain, key, "the CA certificate is not a CA certificate"},
+		{[]byte("x"), keyPEM, "the CA certificate: no PEM certificate"},
+		{ca.CertPEM(), []byte("x"), "the CA key: no PEM private key"},
+	} {
+		if _, err := ParseCA(tc.cert, tc.key); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseCA: %v, want %q", err, tc.want)
+		}
+	}
+	if _, _, err := NewCA(""); err == nil {
+		t.Error("NewCA without a name")
+	}
+}

@@ -239,7 +239,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		if na.Log == nil {
 			na.Log = cfg.Logger
 		}
-		if bc.NodeAgents, err = na.Dialer(bc.Client); err != nil {
+		if bc.NodeAgents, err = na.Dialer(ctx, bc.Client); err != nil {
 			return nil, fmt.Errorf("stack: node agents: %w", err)
 		}
 	}

@@ -1,8 +1,10 @@
 package k8s
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -61,8 +63,20 @@ const gvisorNodeLabel = "sandboxd.dev/gvisor"
 // (TERMINATED; the agent lists no checkpoint), and the release uninstalled (no DaemonSet,
 // no ClusterRole left). The chart's shim annotation policy is on (the node agent's
 // default): the runner's resumed Pod with the restore annotation passes it, and the
-// uninstall removes it.
-func TestChartPauseResume(t *testing.T) {
+// uninstall removes it. The agent's state directory on the test node
+// ($DATA/node-agent/<runner-id>) is removed after the uninstall.
+func TestChartPauseResume(t *testing.T) { chartPauseResume(t, false) }
+
+// TestChartPauseResumeIssued: TestChartPauseResume with no certificate Secrets made by the
+// test: the chart's default, the runner issues them (--node-agent-issue-secrets). The
+// runner, through the chart's Role, makes its CA Secret and the agents' server Secret (of
+// the runner's, kubernetes.io/tls, a certificate for node-agent.sandboxd.internal of that
+// CA); the agent's Pod, waiting for its Secret, then starts; it answers a client
+// certificate of that CA naming the runner (the test issues one from the CA Secret, as
+// the runner does in memory), and the pause and resume go through the runner's own.
+func TestChartPauseResumeIssued(t *testing.T) { chartPauseResume(t, true) }
+
+func chartPauseResume(t *testing.T, issued bool) {
 	c := needCluster(t)
 	helm := needHelm(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -105,6 +119,20 @@ func TestChartPauseResume(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	dataDir := env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s")
+	agentStarted := false
+	t.Cleanup(func() {
+		// After the uninstall (cleanups run last first): the agent's state directory of
+		// this test's runner ID on the node (this host), which no agent uses again. Once
+		// the agent ran it must be there (else this removes the wrong path).
+		dir := filepath.Join(dataDir, "node-agent", runnerID)
+		if _, err := os.Stat(dir); agentStarted && err != nil {
+			t.Errorf("the agent's state directory %s: %v, want the one the agent made", dir, err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("removing the agent's state directory %s: %v", dir, err)
+		}
+	})
 	uninstall := func(ctx context.Context) ([]byte, error) {
 		return osexec.CommandContext(ctx, helm, "uninstall", release, "--namespace", ns, "--kubeconfig", c.kubeconfig, "--wait", "--ignore-not-found").CombinedOutput()
 	}
@@ -120,27 +148,32 @@ func TestChartPauseResume(t *testing.T) {
 		}
 	})
 
-	// Two CAs: the agents' (their server certificate; the runner's ca.crt) and the
-	// runner's (its client certificate; the agents' ca.crt).
-	agentsCA, err := pki.LoadOrCreateCA(t.TempDir(), "test node agents' CA of "+runnerID)
-	if err != nil {
-		t.Fatal(err)
+	var secretArgs []string
+	var clientDir string
+	if !issued {
+		// Two CAs: the agents' (their server certificate; the runner's ca.crt) and the
+		// runner's (its client certificate; the agents' ca.crt).
+		agentsCA, err := pki.LoadOrCreateCA(t.TempDir(), "test node agents' CA of "+runnerID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runnerCA, err := pki.LoadOrCreateCA(t.TempDir(), "test runner client CA of "+runnerID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		serverCert, err := agentsCA.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clientCert, err := runnerCA.IssueClient("runner-"+runnerID, []*url.URL{pki.NodeAgentClientURI(runnerID)}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const serverSecret, clientSecret = "sandboxd-node-agent-server", "sandboxd-node-agent-client"
+		createTLSSecret(t, ctx, admin, ns, serverSecret, serverCert, runnerCA.CertPEM())
+		clientDir = createTLSSecret(t, ctx, admin, ns, clientSecret, clientCert, agentsCA.CertPEM())
+		secretArgs = []string{"--set", "nodeAgent.serverSecret=" + serverSecret, "--set", "nodeAgent.clientSecret=" + clientSecret}
 	}
-	runnerCA, err := pki.LoadOrCreateCA(t.TempDir(), "test runner client CA of "+runnerID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverCert, err := agentsCA.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientCert, err := runnerCA.IssueClient("runner-"+runnerID, []*url.URL{pki.NodeAgentClientURI(runnerID)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const serverSecret, clientSecret = "sandboxd-node-agent-server", "sandboxd-node-agent-client"
-	createTLSSecret(t, ctx, admin, ns, serverSecret, serverCert, runnerCA.CertPEM())
-	clientDir := createTLSSecret(t, ctx, admin, ns, clientSecret, clientCert, agentsCA.CertPEM())
 
 	// The agent's port on the node (hostNetwork): one free on this host now, below the
 	// ephemeral range (32768 up by default) so that no outgoing connection takes it
@@ -155,26 +188,24 @@ func TestChartPauseResume(t *testing.T) {
 	if agentPort == 0 {
 		t.Fatal("no free port for the node agent in 20000-32000")
 	}
-	dataDir := env("SANDBOXD_K8S_DIR", "/var/lib/sandboxd-k8s")
 
 	repo, tag, _ := strings.Cut(runnerImage, ":")
 	agentRepo, agentTag, _ := strings.Cut(c.agentImage, ":")
-	install := osexec.CommandContext(ctx, helm, "install", release, chartDir, "--namespace", ns,
+	install := osexec.CommandContext(ctx, helm, append([]string{"install", release, chartDir, "--namespace", ns,
 		"--kubeconfig", c.kubeconfig,
-		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
-		"--set", "agentImage.repository="+agentRepo, "--set", "agentImage.tag="+agentTag, "--set", "sandboxImagePullPolicy=Never",
-		"--set", "controlPlane.address="+cp.addr, "--set", "controlPlane.bootstrapToken="+tok.Msg.GetBootstrapToken(),
-		"--set-file", "controlPlane.caPEM="+cp.caFile,
-		"--set", "persistence.enabled=false", "--set", "sandboxNamespace="+sbxNS,
+		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "agentImage.repository=" + agentRepo, "--set", "agentImage.tag=" + agentTag, "--set", "sandboxImagePullPolicy=Never",
+		"--set", "controlPlane.address=" + cp.addr, "--set", "controlPlane.bootstrapToken=" + tok.Msg.GetBootstrapToken(),
+		"--set-file", "controlPlane.caPEM=" + cp.caFile,
+		"--set", "persistence.enabled=false", "--set", "sandboxNamespace=" + sbxNS,
 		"--set", "runtimeClasses.runc=", "--set", "runtimeClasses.gvisor=gvisor",
-		"--set", "nodeAgent.enabled=true", "--set-string", "nodeAgent.runnerID="+runnerID,
-		"--set", "nodeAgent.serverSecret="+serverSecret, "--set", "nodeAgent.clientSecret="+clientSecret,
-		"--set", "nodeAgent.port="+strconv.Itoa(agentPort),
+		"--set", "nodeAgent.enabled=true", "--set-string", "nodeAgent.runnerID=" + runnerID,
+		"--set", "nodeAgent.port=" + strconv.Itoa(agentPort),
 		// The test cluster's node paths (test/k8s/up.sh), not a stock containerd's.
-		"--set", "nodeAgent.shimRoot="+env("SANDBOXD_K8S_HIBERNATE_DIR", filepath.Join(dataDir, "hib")),
-		"--set", "nodeAgent.checkpointRoot="+testCheckpointRoot(),
-		"--set", "nodeAgent.stateDir="+filepath.Join(dataDir, "node-agent"),
-		"--set", "nodeAgent.criSocket="+env("SANDBOXD_K8S_CONTAINERD", filepath.Join(dataDir, "run", "containerd.sock")))
+		"--set", "nodeAgent.shimRoot=" + env("SANDBOXD_K8S_HIBERNATE_DIR", filepath.Join(dataDir, "hib")),
+		"--set", "nodeAgent.checkpointRoot=" + testCheckpointRoot(),
+		"--set", "nodeAgent.stateDir=" + filepath.Join(dataDir, "node-agent"),
+		"--set", "nodeAgent.criSocket=" + env("SANDBOXD_K8S_CONTAINERD", filepath.Join(dataDir, "run", "containerd.sock"))}, secretArgs...)...)
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
@@ -185,6 +216,16 @@ func TestChartPauseResume(t *testing.T) {
 	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, shimPolicy, metav1.GetOptions{}); err != nil {
 		t.Errorf("the shim annotation policy: %v", err)
 	}
+	var tc *tls.Config
+	if issued {
+		// The runner makes the Secrets at its start; the agent's Pod waits for its own.
+		runnerPod := waitReadyPod(t, ctx, admin, ns, "app.kubernetes.io/name=sandboxd-runner,app.kubernetes.io/instance="+release, "runner")
+		if args := runnerPod.Spec.Containers[0].Args; !slices.Contains(args, "--node-agent-issue-secrets="+release+"-node-agent") {
+			t.Errorf("runner args %q lack --node-agent-issue-secrets=%s-node-agent", args, release)
+		}
+		t.Logf("runner Pod %s Ready %s after helm install", runnerPod.Name, time.Since(start).Round(time.Millisecond))
+		tc = issuedClientTLS(t, ctx, admin, ns, release+"-node-agent", runnerID)
+	}
 
 	// The agent's Pod: Ready on the labelled node.
 	agentSel := "app.kubernetes.io/name=sandboxd-node-agent,app.kubernetes.io/instance=" + release
@@ -192,11 +233,13 @@ func TestChartPauseResume(t *testing.T) {
 	if agentPod.Spec.NodeName != node || !agentPod.Spec.HostNetwork {
 		t.Errorf("agent Pod %s on node %q, hostNetwork %v: want node %s, hostNetwork", agentPod.Name, agentPod.Spec.NodeName, agentPod.Spec.HostNetwork, node)
 	}
+	agentStarted = true
 	t.Logf("node agent Pod %s Ready %s after helm install", agentPod.Name, time.Since(start).Round(time.Millisecond))
 	// It answers the runner's certificate on the node's InternalIP, as the runner dials it.
-	tc, err := nodeagentdial.ClientTLSFromDir(clientDir, runnerID)
-	if err != nil {
-		t.Fatal(err)
+	if !issued {
+		if tc, err = nodeagentdial.ClientTLSFromDir(clientDir, runnerID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dialer := &nodeagentdial.NodeDialer{Client: admin, Port: agentPort, TLS: tc}
 	t.Cleanup(func() {
@@ -367,6 +410,57 @@ func TestChartPauseResume(t *testing.T) {
 	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, shimPolicy, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the shim annotation policy after helm uninstall: %v, want NotFound", err)
 	}
+}
+
+// issuedClientTLS reads the Secrets the runner issued (prefix-ca, prefix-server in ns),
+// checks them — both labelled as runnerID's, the server Secret a kubernetes.io/tls one
+// whose certificate is the CA's for node-agent.sandboxd.internal and whose ca.crt is that
+// CA — and returns a client configuration with a certificate of that CA naming runnerID,
+// as the runner makes its own.
+func issuedClientTLS(t *testing.T, ctx context.Context, admin k8s.Interface, ns, prefix, runnerID string) *tls.Config {
+	t.Helper()
+	caName, serverName := nodeagentdial.IssueSecretNames(prefix)
+	var caS, srvS *corev1.Secret
+	for {
+		var err1, err2 error
+		caS, err1 = admin.CoreV1().Secrets(ns).Get(ctx, caName, metav1.GetOptions{})
+		srvS, err2 = admin.CoreV1().Secrets(ns).Get(ctx, serverName, metav1.GetOptions{})
+		if err1 == nil && err2 == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the runner's issued Secrets %s, %s: %v, %v", caName, serverName, err1, err2)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, s := range []*corev1.Secret{caS, srvS} {
+		if s.Labels[nodeagentdial.LabelRunnerID] != runnerID || s.Labels[nodeagentdial.LabelManagedBy] != "sandboxd-runner" {
+			t.Errorf("Secret %s labels %v: want the runner's", s.Name, s.Labels)
+		}
+	}
+	ca, err := pki.ParseCA(caS.Data[nodeagent.CAFile], caS.Data[nodeagentdial.CAKeyFile])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srvS.Type != corev1.SecretTypeTLS || !bytes.Equal(srvS.Data[nodeagent.CAFile], ca.CertPEM()) {
+		t.Errorf("server Secret %s: type %s, ca.crt the runner's CA %v", serverName, srvS.Type, bytes.Equal(srvS.Data[nodeagent.CAFile], ca.CertPEM()))
+	}
+	kp, err := tls.X509KeyPair(srvS.Data[nodeagent.CertFile], srvS.Data[nodeagent.KeyFile])
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(kp.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: nodeagent.ServerName, Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("the issued server certificate: %v", err)
+	}
+	client, err := ca.IssueClient("test-"+runnerID, []*url.URL{pki.NodeAgentClientURI(runnerID)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodeagent.ClientTLSConfig(&client, nil, ca.Pool())
 }
 
 // createTLSSecret stores cert and caPEM as the kubernetes.io/tls Secret name in ns (the

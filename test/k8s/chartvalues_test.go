@@ -736,8 +736,10 @@ func npPort(proto corev1.Protocol, port int32) networkingv1.NetworkPolicyPort {
 func TestChartNodeAgent(t *testing.T) {
 	helm := chartHelm(t)
 	base := "nodeAgent.enabled=true,nodeAgent.runnerID=runner-1,nodeAgent.serverSecret=na-server,nodeAgent.clientSecret=na-client"
-	if out, err := osexec.Command(helm, "lint", "--strict", chartDir, "--set", base).CombinedOutput(); err != nil {
-		t.Errorf("helm lint %s: %v\n%s", base, err, out)
+	for _, set := range []string{base, "nodeAgent.enabled=true,nodeAgent.runnerID=runner-1"} {
+		if out, err := osexec.Command(helm, "lint", "--strict", chartDir, "--set", set).CombinedOutput(); err != nil {
+			t.Errorf("helm lint %s: %v\n%s", set, err, out)
+		}
 	}
 	nodeGet := func(r renderedChart) bool {
 		t.Helper()
@@ -805,6 +807,9 @@ func TestChartNodeAgent(t *testing.T) {
 		prepullOff    bool
 		extraArgs     []string
 		runnerExtra   []string
+		// issued: no Secrets named, the runner issues the certificates and keeps them in
+		// <issuePrefix>-ca and <issuePrefix>-server.
+		issuePrefix string
 	}{
 		{name: "defaults", release: "sandboxd-runner", set: []string{"--set", base + ",namespace.create=true"}, sandboxNS: "sandboxd", port: 7445,
 			selector: map[string]string{"sandboxd.dev/gvisor": "true"},
@@ -818,6 +823,10 @@ func TestChartNodeAgent(t *testing.T) {
 			paths:       [4]string{"/data/hib", "/data/checkpoints", "/data/na", "/data/run/containerd.sock"},
 			extraArgs:   []string{"--quota-bytes=1073741824"},
 			runnerExtra: []string{"--node-agent-node-gone-after=10m"}},
+		{name: "issued", release: "issued", set: []string{"--set", "nodeAgent.enabled=true,nodeAgent.runnerID=runner-1"}, sandboxNS: "sandboxd", port: 7445,
+			selector:    map[string]string{"sandboxd.dev/gvisor": "true"},
+			paths:       [4]string{"/run/containerd/runsc", "/var/lib/sandboxd/checkpoints", "/var/lib/sandboxd/node-agent", "/run/containerd/containerd.sock"},
+			issuePrefix: "issued-sandboxd-runner-node-agent"},
 	} {
 		r, err := renderChart(t, helm, tc.release, tc.set...)
 		if err != nil {
@@ -825,16 +834,46 @@ func TestChartNodeAgent(t *testing.T) {
 			continue
 		}
 		d, c := runner(r)
-		wantArgs := append([]string{fmt.Sprintf("--node-agent-port=%d", tc.port), "--node-agent-tls-dir=/etc/sandboxd/node-agent-tls"}, tc.runnerExtra...)
+		tlsArg, serverSecret := "--node-agent-tls-dir=/etc/sandboxd/node-agent-tls", "na-server"
+		if tc.issuePrefix != "" {
+			tlsArg, serverSecret = "--node-agent-issue-secrets="+tc.issuePrefix, tc.issuePrefix+"-server"
+		}
+		wantArgs := append([]string{fmt.Sprintf("--node-agent-port=%d", tc.port), tlsArg}, tc.runnerExtra...)
 		if got := withPrefix(c.Args, "--node-agent"); !slices.Equal(got, wantArgs) {
 			t.Errorf("%s: runner args %q, want %q", tc.name, got, wantArgs)
 		}
-		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		mountsClient := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
 			return m.MountPath == "/etc/sandboxd/node-agent-tls" && m.ReadOnly && slices.ContainsFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
 				return v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == "na-client"
 			})
-		}) {
-			t.Errorf("%s: the runner mounts no Secret na-client at /etc/sandboxd/node-agent-tls: %+v", tc.name, c.VolumeMounts)
+		})
+		if mountsClient != (tc.issuePrefix == "") {
+			t.Errorf("%s: the runner mounts the Secret na-client at /etc/sandboxd/node-agent-tls: %v, want %v: %+v", tc.name, mountsClient, tc.issuePrefix == "", c.VolumeMounts)
+		}
+		if tc.issuePrefix != "" && slices.ContainsFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return strings.Contains(v.Name, "node-agent") }) {
+			t.Errorf("%s: the runner has a node-agent volume: %+v", tc.name, d.Spec.Template.Spec.Volumes)
+		}
+		// Secrets in the runner's own Role: with issued certificates, create (no name can
+		// be given) and get, update on the two Secrets only; else none.
+		var self rbacv1.Role
+		if !r.get(t, "Role/"+d.Name+"-self", &self) {
+			t.Fatalf("%s: no Role %s-self in %v", tc.name, d.Name, r.keys())
+		}
+		var secretRules []rbacv1.PolicyRule
+		for _, rule := range self.Rules {
+			if slices.Contains(rule.Resources, "secrets") {
+				secretRules = append(secretRules, rule)
+			}
+		}
+		var wantSecretRules []rbacv1.PolicyRule
+		if tc.issuePrefix != "" {
+			wantSecretRules = []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create"}},
+				{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{tc.issuePrefix + "-ca", tc.issuePrefix + "-server"}, Verbs: []string{"get", "update"}},
+			}
+		}
+		if !reflect.DeepEqual(secretRules, wantSecretRules) {
+			t.Errorf("%s: the runner's own Role's Secret rules %+v, want %+v", tc.name, secretRules, wantSecretRules)
 		}
 		if !nodeGet(r) {
 			t.Errorf("%s: no ClusterRole grants get on nodes", tc.name)
@@ -911,7 +950,7 @@ func TestChartNodeAgent(t *testing.T) {
 			secret   string
 			readOnly bool
 		}{
-			"/etc/sandboxd/node-agent-tls": {secret: "na-server", readOnly: true},
+			"/etc/sandboxd/node-agent-tls": {secret: serverSecret, readOnly: true},
 			tc.paths[0]:                    {hostPath: tc.paths[0], typ: corev1.HostPathDirectory},
 			tc.paths[1]:                    {hostPath: tc.paths[1], typ: corev1.HostPathDirectoryOrCreate},
 			tc.paths[2]:                    {hostPath: tc.paths[2], typ: corev1.HostPathDirectoryOrCreate},
@@ -952,8 +991,9 @@ func TestChartNodeAgent(t *testing.T) {
 		{"nodeAgent.port=0", "nodeAgent.port: want a port 1-65535, got 0"},
 		{"nodeAgent.port=65536", "nodeAgent.port: want a port 1-65535"},
 		{"nodeAgent.port=abc", "nodeAgent.port: want a port 1-65535"},
-		{"nodeAgent.serverSecret=", `nodeAgent.serverSecret: want the name of a kubernetes.io/tls Secret`},
-		{"nodeAgent.clientSecret=", `nodeAgent.clientSecret: want the name of a kubernetes.io/tls Secret`},
+		{"nodeAgent.serverSecret=", `nodeAgent.serverSecret "" and nodeAgent.clientSecret "na-client": name both (certificates you made) or neither`},
+		{"nodeAgent.clientSecret=", `nodeAgent.serverSecret "na-server" and nodeAgent.clientSecret "": name both`},
+		{"nodeAgent.serverSecret=1", `nodeAgent.serverSecret: want the name of a kubernetes.io/tls Secret (with ca.crt) in the release namespace, or ""`},
 		{"nodeAgent.clientSecret=Bad_Name", `nodeAgent.clientSecret "Bad_Name": want a Secret name`},
 		{"nodeAgent.clientSecret=na-server", "nodeAgent.serverSecret and nodeAgent.clientSecret: both"},
 		{"nodeAgent.nodeSelector=null", "nodeAgent.nodeSelector: want a non-empty map"},

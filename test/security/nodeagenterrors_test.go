@@ -94,7 +94,7 @@ func TestSecurityNodeAgentErrorsHidden(t *testing.T) {
 	} {
 		_, h := nodeagentv1connect.NewNodeAgentServiceHandler(leakyAgent{code: tc.code})
 		addr := serveAgentHandler(t, server, h)
-		d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": addr}, TLSDir: dir, RunnerID: "runner-a"}.Dialer(nil)
+		d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": addr}, TLSDir: dir, RunnerID: "runner-a"}.Dialer(t.Context(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

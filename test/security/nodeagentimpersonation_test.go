@@ -96,7 +96,7 @@ func TestSecurityNodeAgentImpersonation(t *testing.T) {
 		if err := nodeagent.WriteTLSDir(dir, ccert, caPEM); err != nil {
 			t.Fatal(err)
 		}
-		d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": addr}, TLSDir: dir, RunnerID: "runner-a"}.Dialer(nil)
+		d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": addr}, TLSDir: dir, RunnerID: "runner-a"}.Dialer(t.Context(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- /* The node agent's Pods: not the runner's selector labels (the runner's Service,
 NetworkPolicies and --runner-peer-pods select those). */ -}}
+{{- /* nodeAgentIssue: "true" when the runner issues the node agents' certificates
+(nodeAgent.serverSecret and nodeAgent.clientSecret both empty), else "". */ -}}
+{{- define "sandboxd-runner.nodeAgentIssue" -}}
+{{- include "sandboxd-runner.nodeAgentCheck" . -}}
+{{- if and .Values.nodeAgent.enabled (not .Values.nodeAgent.serverSecret) (not .Values.nodeAgent.clientSecret) -}}true{{- end -}}
+{{- end -}}
+{{- /* nodeAgentIssuePrefix: the runner's --node-agent-issue-secrets; it keeps the CA in
+<prefix>-ca and the agents' certificate in <prefix>-server. */ -}}
+{{- define "sandboxd-runner.nodeAgentIssuePrefix" -}}
+{{- include "sandboxd-runner.fullname" . | trunc 52 | trimSuffix "-" }}-node-agent
+{{- end -}}
+{{- /* nodeAgentServerSecret: the Secret the agents mount as their --tls-dir. */ -}}
+{{- define "sandboxd-runner.nodeAgentServerSecret" -}}
+{{- if include "sandboxd-runner.nodeAgentIssue" . -}}
+{{- include "sandboxd-runner.nodeAgentIssuePrefix" . }}-server
+{{- else -}}
+{{- .Values.nodeAgent.serverSecret -}}
+{{- end -}}
+{{- end -}}
 {{- define "sandboxd-runner.nodeAgentSelectorLabels" -}}
 app.kubernetes.io/name: sandboxd-node-agent
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -222,14 +241,22 @@ naming the value. Off, only that it is a map with a boolean enabled. */ -}}
 {{- end -}}
 {{- range $k := list "serverSecret" "clientSecret" -}}
 {{- $v := index $n $k -}}
-{{- if not (and (kindIs "string" $v) $v) -}}
-{{- fail (printf "nodeAgent.%s: want the name of a kubernetes.io/tls Secret (with ca.crt) in the release namespace, got %q (deploy/README.md \"The node agent\")" $k (toString $v)) -}}
+{{- if not (kindIs "string" $v) -}}
+{{- fail (printf "nodeAgent.%s: want the name of a kubernetes.io/tls Secret (with ca.crt) in the release namespace, or \"\" (the runner issues the certificates), got %v (deploy/README.md \"The node agent\")" $k $v) -}}
 {{- end -}}
+{{- end -}}
+{{- if and (or $n.serverSecret $n.clientSecret) (not (and $n.serverSecret $n.clientSecret)) -}}
+{{- fail (printf "nodeAgent.serverSecret %q and nodeAgent.clientSecret %q: name both (certificates you made) or neither (the runner issues them, deploy/README.md \"The node agent\")" $n.serverSecret $n.clientSecret) -}}
+{{- end -}}
+{{- range $k := list "serverSecret" "clientSecret" -}}
+{{- $v := index $n $k -}}
+{{- if $v -}}
 {{- if or (gt (len $v) 253) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $v)) -}}
 {{- fail (printf "nodeAgent.%s %q: want a Secret name (a DNS subdomain)" $k $v) -}}
 {{- end -}}
 {{- end -}}
-{{- if eq $n.serverSecret $n.clientSecret -}}
+{{- end -}}
+{{- if and $n.serverSecret (eq $n.serverSecret $n.clientSecret) -}}
 {{- fail (printf "nodeAgent.serverSecret and nodeAgent.clientSecret: both %q: the agents' server certificate and the runner's client certificate are two Secrets" $n.serverSecret) -}}
 {{- end -}}
 {{- if not (and (kindIs "map" $n.nodeSelector) $n.nodeSelector) -}}

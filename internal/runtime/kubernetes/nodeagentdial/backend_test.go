@@ -107,6 +107,13 @@ type joined struct {
 
 func serveJoinAgent(t *testing.T) joined {
 	t.Helper()
+	return serveJoinAgentTLS(t, "")
+}
+
+// serveJoinAgentTLS is serveJoinAgent with the agent's TLS directory tlsDir ("": one of a
+// new CA, joined.ca).
+func serveJoinAgentTLS(t *testing.T, tlsDir string) joined {
+	t.Helper()
 	d := t.TempDir()
 	root := filepath.Join(d, "root")
 	if err := os.Mkdir(root, 0o700); err != nil {
@@ -122,6 +129,10 @@ func serveJoinAgent(t *testing.T) joined {
 	srv, err := nodeagent.NewServer(nodeagent.Config{Node: "node-1", RunnerID: joinRunner, Resolver: res, Checkpointer: ck, Store: st})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tlsDir != "" {
+		addr := serveAgentTLSDir(t, srv.HTTPServer, tlsDir)
+		return joined{addr: addr, res: res, ck: ck, root: root}
 	}
 	addr, ca := serveAgentTLS(t, srv.HTTPServer)
 	return joined{addr: addr, ca: ca, res: res, ck: ck, root: root}
@@ -144,6 +155,12 @@ func serveAgentTLS(t *testing.T, newServer func(*tls.Config) *http.Server) (stri
 	if err := nodeagent.WriteTLSDir(dir, cert, ca.CertPEM()); err != nil {
 		t.Fatal(err)
 	}
+	return serveAgentTLSDir(t, newServer, dir), ca
+}
+
+// serveAgentTLSDir is serveAgentTLS with the agent's TLS directory dir.
+func serveAgentTLSDir(t *testing.T, newServer func(*tls.Config) *http.Server, dir string) string {
+	t.Helper()
 	tc, err := nodeagent.ServerTLSConfig(dir, joinRunner)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +172,7 @@ func serveAgentTLS(t *testing.T, newServer func(*tls.Config) *http.Server) (stri
 	hs := newServer(tc)
 	go func() { _ = hs.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = hs.Close() })
-	return ln.Addr().String(), ca
+	return ln.Addr().String()
 }
 
 // runnerCert is joinRunner's client certificate of ca (the agents' CA).

@@ -47,7 +47,10 @@ type DialConfig struct {
 	// certificates (ServerName) chain to — the layout of a kubernetes.io/tls Secret with
 	// ca.crt. That CA must issue only this runner's agents' certificates: a shared issuer
 	// lets whoever else it serves mint the agents' name (docs/nodeagent.md).
-	TLSDir   string
+	TLSDir string
+	// Issue, instead of TLSDir: the runner issues the certificates itself and keeps them
+	// in these Secrets (Issuer; needs a Kubernetes client).
+	Issue    *IssueConfig
 	RunnerID string
 	// NodeGoneAfter (with Port): how long a node must stay missing from the API server
 	// before it is taken as gone with its checkpoints (NodeDialer.GoneAfter; 0: the
@@ -72,20 +75,30 @@ func (c DialConfig) Validate() error {
 		if c.TLSDir != "" {
 			return errors.New("--node-agent-tls-dir needs --node-agent-port or --node-agent-addrs")
 		}
+		if c.Issue != nil {
+			return errors.New("--node-agent-issue-secrets needs --node-agent-port or --node-agent-addrs")
+		}
 		if c.NodeGoneAfter != 0 {
 			return errors.New("--node-agent-node-gone-after needs --node-agent-port: it says when a node's agent is taken as gone, and no node agent is configured")
 		}
 		return nil
 	case c.Port < 0 || c.Port > 65535:
 		return fmt.Errorf("--node-agent-port %d: want 1..65535", c.Port)
-	case c.TLSDir == "":
-		return errors.New("--node-agent-port/--node-agent-addrs need --node-agent-tls-dir: the runner's client certificate for its node agents and their CA")
+	case c.TLSDir != "" && c.Issue != nil:
+		return errors.New("--node-agent-tls-dir and --node-agent-issue-secrets: give one (certificates you made, or the runner issues them)")
+	case c.TLSDir == "" && c.Issue == nil:
+		return errors.New("--node-agent-port/--node-agent-addrs need --node-agent-tls-dir (the runner's client certificate for its node agents and their CA) or --node-agent-issue-secrets (the runner issues them)")
 	case c.NodeGoneAfter < 0:
 		return fmt.Errorf("--node-agent-node-gone-after %v: want a duration ≥ 0", c.NodeGoneAfter)
 	case c.NodeGoneAfter != 0 && c.Port == 0:
 		return errors.New("--node-agent-node-gone-after needs --node-agent-port (a static map never takes a node for gone)")
 	case len(c.Addrs) > MaxStaticAgents:
 		return fmt.Errorf("--node-agent-addrs: %d agents, at most %d", len(c.Addrs), MaxStaticAgents)
+	}
+	if c.Issue != nil {
+		if err := c.Issue.Validate(); err != nil {
+			return fmt.Errorf("--node-agent-issue-secrets: %w", err)
+		}
 	}
 	nodes := make([]string, 0, len(c.Addrs))
 	for n := range c.Addrs {
@@ -145,8 +158,10 @@ func ParseAddrs(s string) (map[string]string, error) {
 }
 
 // Dialer is the backend's dialer of c's agents (nil, nil when none is configured):
-// client is what NodeDialer reads Nodes with.
-func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, error) {
+// client is what NodeDialer reads Nodes with and Issue's Secrets are kept with. With
+// Issue, the certificates are created or loaded here (Issuer.Ensure) and the server
+// Secret is checked every RenewCheckInterval until ctx ends.
+func (c DialConfig) Dialer(ctx context.Context, client k8s.Interface) (kubernetes.NodeAgentDialer, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -156,8 +171,24 @@ func (c DialConfig) Dialer(client k8s.Interface) (kubernetes.NodeAgentDialer, er
 	if c.RunnerID == "" {
 		return nil, errors.New("nodeagentdial: node agents need the runner's ID (its client certificate must name it)")
 	}
-	tc, err := ClientTLSFromDirLog(c.TLSDir, c.RunnerID, c.Log)
-	if err != nil {
+	var (
+		tc  *tls.Config
+		err error
+	)
+	if c.Issue != nil {
+		if client == nil {
+			return nil, errors.New("nodeagentdial: a Kubernetes client to keep the node agents' certificates in Secrets")
+		}
+		is := &Issuer{Client: client, Config: *c.Issue, RunnerID: c.RunnerID, Log: c.Log}
+		ca, err := is.Ensure(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if tc, err = is.ClientTLS(ca); err != nil {
+			return nil, err
+		}
+		go is.Maintain(ctx, ca, RenewCheckInterval)
+	} else if tc, err = ClientTLSFromDirLog(c.TLSDir, c.RunnerID, c.Log); err != nil {
 		return nil, err
 	}
 	if len(c.Addrs) > 0 {

@@ -131,7 +131,7 @@ func TestClientTLSFromDir(t *testing.T) {
 	}
 	dir := clientTLSDir(t, j.ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
 	c := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": j.addr}, TLSDir: dir, RunnerID: joinRunner}
-	d, err := c.Dialer(nil)
+	d, err := c.Dialer(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestClientTLSFromDir(t *testing.T) {
 		if err := nodeagent.WriteTLSDir(dir, ccert, caPEM); err != nil {
 			t.Fatal(err)
 		}
-		d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": addr}, TLSDir: dir, RunnerID: joinRunner}.Dialer(nil)
+		d, err := nodeagentdial.DialConfig{Addrs: map[string]string{"node-1": addr}, TLSDir: dir, RunnerID: joinRunner}.Dialer(t.Context(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,10 +200,10 @@ func TestClientTLSFromDir(t *testing.T) {
 	if err := checkpointVia(impostor(t, clientCertNamed(t, j.ca, nodeagent.ServerName)), j.ca.CertPEM()); !errors.As(err, &invalid) || invalid.Reason != x509.IncompatibleUsage {
 		t.Errorf("clientAuth certificate naming the agents as the server's: %v, want x509 IncompatibleUsage", err)
 	}
-	if _, err := (nodeagentdial.DialConfig{Addrs: c.Addrs, TLSDir: dir}).Dialer(nil); err == nil || !strings.Contains(err.Error(), "runner's ID") {
+	if _, err := (nodeagentdial.DialConfig{Addrs: c.Addrs, TLSDir: dir}).Dialer(t.Context(), nil); err == nil || !strings.Contains(err.Error(), "runner's ID") {
 		t.Errorf("no runner ID: %v", err)
 	}
-	if d, err := (nodeagentdial.DialConfig{}).Dialer(nil); d != nil || err != nil {
+	if d, err := (nodeagentdial.DialConfig{}).Dialer(t.Context(), nil); d != nil || err != nil {
 		t.Errorf("no agents: %v %v, want nil, nil", d, err)
 	}
 }
@@ -226,7 +226,7 @@ func TestNodeDialer(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRedirect(map[string]string{net.JoinHostPort("192.0.2.10", port): j.addr})
-	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner, ClientOptions: nodeagent.ClientOptions{DialContext: r.dial}}.Dialer(client)
+	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner, ClientOptions: nodeagent.ClientOptions{DialContext: r.dial}}.Dialer(t.Context(), client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +250,7 @@ func TestNodeDialer(t *testing.T) {
 	if _, err := d.Agent(t.Context(), "../x"); err == nil || apierrors.IsNotFound(err) {
 		t.Errorf("bad node name: %v", err)
 	}
-	if _, err := (nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}).Dialer(nil); err == nil {
+	if _, err := (nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner}).Dialer(t.Context(), nil); err == nil {
 		t.Error("--node-agent-port without a Kubernetes client: no error")
 	}
 }
@@ -274,7 +274,7 @@ func TestNodeDialerRefusedAddresses(t *testing.T) {
 	r := newRedirect(map[string]string{net.JoinHostPort("192.0.2.10", port): j.addr,
 		net.JoinHostPort("127.0.0.1", port): j.addr, net.JoinHostPort("::1", port): j.addr})
 	dir := clientTLSDir(t, j.ca, []*url.URL{pki.NodeAgentClientURI(joinRunner)}, time.Hour)
-	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner, ClientOptions: nodeagent.ClientOptions{DialContext: r.dial}}.Dialer(fake.NewClientset(nodes...))
+	d, err := nodeagentdial.DialConfig{Port: p, TLSDir: dir, RunnerID: joinRunner, ClientOptions: nodeagent.ClientOptions{DialContext: r.dial}}.Dialer(t.Context(), fake.NewClientset(nodes...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,352 @@
+package nodeagentdial
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	k8s "k8s.io/client-go/kubernetes"
+
+	"github.com/sandboxd/sandboxd/internal/nodeagent"
+	"github.com/sandboxd/sandboxd/internal/pki"
+)
+
+// The runner issues its node agents' certificates itself (--node-agent-issue-secrets,
+// docs/nodeagent.md "Certificates the runner issues"): a CA of its own, dedicated to this
+// runner's node agents, kept in one Secret only the runner reads, and the agents' server
+// certificate in a kubernetes.io/tls Secret (with ca.crt) that the agents' DaemonSet
+// mounts. The runner's client certificate is never stored: it is issued in memory from the
+// CA (ClientCertTTL, renewed at half its life).
+
+const (
+	// ServerCertTTL is the lifetime of an issued server certificate of the agents.
+	ServerCertTTL = 90 * 24 * time.Hour
+	// ClientCertTTL is the lifetime of the runner's in-memory client certificate (renewed
+	// at half its life).
+	ClientCertTTL = 7 * 24 * time.Hour
+	// RenewBefore: a server certificate (at start and on each check) or the CA (at start)
+	// valid for less than this is issued anew.
+	RenewBefore = 30 * 24 * time.Hour
+	// RenewCheckInterval is how often a running runner checks the server Secret.
+	RenewCheckInterval = time.Hour
+	// MaxSecretValueBytes bounds each value read from the two Secrets (a PEM certificate
+	// or key is ~1 KiB): a larger one is refused before it is parsed.
+	MaxSecretValueBytes = 16 << 10
+
+	// CAKeyFile is the CA Secret's private key (its certificate is nodeagent.CAFile).
+	CAKeyFile = "ca.key"
+
+	// LabelManagedBy marks the Secrets a runner issued; LabelRunnerID names the runner.
+	// A Secret of the configured name without LabelManagedBy is never overwritten.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	managedByValue = "sandboxd-runner"
+	LabelRunnerID  = "sandboxd.io/runner-id"
+)
+
+// caCommonName is the common name of a runner's node-agent CA.
+const caCommonName = "sandboxd node-agent CA"
+
+// IssueConfig names the two Secrets, in Namespace, that the runner keeps its node agents'
+// certificates in: CASecret (Opaque: ca.crt, ca.key; only the runner reads it) and
+// ServerSecret (kubernetes.io/tls: tls.crt, tls.key for nodeagent.ServerName, and ca.crt:
+// what the agents' --tls-dir holds).
+type IssueConfig struct {
+	Namespace, CASecret, ServerSecret string
+}
+
+// IssueSecretNames are the Secrets --node-agent-issue-secrets=prefix names: prefix-ca and
+// prefix-server.
+func IssueSecretNames(prefix string) (ca, server string) {
+	return prefix + "-ca", prefix + "-server"
+}
+
+// Validate checks the names (pure).
+func (c IssueConfig) Validate() error {
+	if errs := validation.IsDNS1123Label(c.Namespace); len(errs) > 0 {
+		return fmt.Errorf("node agent certificates: namespace %q: %v", c.Namespace, errs)
+	}
+	for _, n := range []string{c.CASecret, c.ServerSecret} {
+		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+			return fmt.Errorf("node agent certificates: Secret name %q: %v", n, errs)
+		}
+	}
+	if c.CASecret == c.ServerSecret {
+		return fmt.Errorf("node agent certificates: the CA and the server certificate are two Secrets, both named %q", c.CASecret)
+	}
+	return nil
+}
+
+// Issuer creates or loads the Secrets of an IssueConfig for RunnerID.
+type Issuer struct {
+	Client   k8s.Interface
+	Config   IssueConfig
+	RunnerID string
+	Log      *slog.Logger
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+}
+
+func (is *Issuer) now() time.Time {
+	if is.Now != nil {
+		return is.Now()
+	}
+	return time.Now()
+}
+
+func (is *Issuer) log() *slog.Logger {
+	if is.Log != nil {
+		return is.Log
+	}
+	return slog.Default()
+}
+
+func (is *Issuer) secrets() interface {
+	Get(context.Context, string, metav1.GetOptions) (*corev1.Secret, error)
+	Create(context.Context, *corev1.Secret, metav1.CreateOptions) (*corev1.Secret, error)
+	Update(context.Context, *corev1.Secret, metav1.UpdateOptions) (*corev1.Secret, error)
+} {
+	return is.Client.CoreV1().Secrets(is.Config.Namespace)
+}
+
+// Ensure makes both Secrets what they must be and returns the CA: the CA Secret is loaded
+// when it holds a valid CA of this runner, valid for RenewBefore at least, and issued anew
+// otherwise; then EnsureServer. A Secret of either name that the runner did not make (no
+// LabelManagedBy) is an error, never overwritten; one it made that cannot be used (another
+// runner's, bad data, expiring) is replaced, with a warning saying why.
+func (is *Issuer) Ensure(ctx context.Context) (*pki.CA, error) {
+	if err := is.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if is.RunnerID == "" {
+		return nil, errors.New("node agent certificates: the runner's ID")
+	}
+	ca, err := is.ensureCA(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := is.EnsureServer(ctx, ca); err != nil {
+		return nil, err
+	}
+	return ca, nil
+}
+
+func (is *Issuer) ensureCA(ctx context.Context) (*pki.CA, error) {
+	for attempt := 0; ; attempt++ {
+		cur, err := is.get(ctx, is.Config.CASecret)
+		if err != nil {
+			return nil, err
+		}
+		if cur != nil {
+			ca, why := is.checkCA(cur)
+			if why == "" {
+				return ca, nil
+			}
+			is.log().Warn("node agent certificates: issuing a new CA", "secret", is.Config.Namespace+"/"+is.Config.CASecret, "reason", why)
+		}
+		ca, keyPEM, err := pki.NewCA(caCommonName)
+		if err != nil {
+			return nil, fmt.Errorf("node agent certificates: %w", err)
+		}
+		data := map[string][]byte{nodeagent.CAFile: ca.CertPEM(), CAKeyFile: keyPEM}
+		err = is.put(ctx, cur, is.Config.CASecret, corev1.SecretTypeOpaque, data)
+		if err == nil {
+			return ca, nil
+		}
+		if attempt == 0 && (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) {
+			continue // another replica wrote it first: load that one
+		}
+		return nil, err
+	}
+}
+
+// EnsureServer makes the server Secret hold a certificate of ca for nodeagent.ServerName
+// valid for RenewBefore at least, and ca's certificate as ca.crt.
+func (is *Issuer) EnsureServer(ctx context.Context, ca *pki.CA) error {
+	for attempt := 0; ; attempt++ {
+		cur, err := is.get(ctx, is.Config.ServerSecret)
+		if err != nil {
+			return err
+		}
+		if cur != nil {
+			why := is.checkServer(cur, ca)
+			if why == "" {
+				return nil
+			}
+			is.log().Warn("node agent certificates: issuing a new server certificate", "secret", is.Config.Namespace+"/"+is.Config.ServerSecret, "reason", why)
+		}
+		cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, ServerCertTTL)
+		if err != nil {
+			return fmt.Errorf("node agent certificates: %w", err)
+		}
+		chain, keyPEM, err := pki.EncodeKeyPair(cert)
+		if err != nil {
+			return fmt.Errorf("node agent certificates: %w", err)
+		}
+		data := map[string][]byte{nodeagent.CertFile: chain, nodeagent.KeyFile: keyPEM, nodeagent.CAFile: ca.CertPEM()}
+		err = is.put(ctx, cur, is.Config.ServerSecret, corev1.SecretTypeTLS, data)
+		if err == nil {
+			return nil
+		}
+		if attempt == 0 && (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) {
+			continue
+		}
+		return err
+	}
+}
+
+// get reads Secret name (nil, nil: there is none); one the runner did not make is an error.
+func (is *Issuer) get(ctx context.Context, name string) (*corev1.Secret, error) {
+	s, err := is.secrets().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node agent certificates: read Secret %s/%s: %w", is.Config.Namespace, name, err)
+	}
+	if s.Labels[LabelManagedBy] != managedByValue {
+		return nil, fmt.Errorf("node agent certificates: Secret %s/%s exists and the runner did not make it (no label %s=%s): it is never overwritten; delete it, or name both Secrets yourself (--node-agent-tls-dir, the chart's nodeAgent.serverSecret and nodeAgent.clientSecret)",
+			is.Config.Namespace, name, LabelManagedBy, managedByValue)
+	}
+	return s, nil
+}
+
+// put creates Secret name (cur nil) or replaces cur's data.
+func (is *Issuer) put(ctx context.Context, cur *corev1.Secret, name string, typ corev1.SecretType, data map[string][]byte) error {
+	labels := map[string]string{LabelManagedBy: managedByValue, LabelRunnerID: is.RunnerID}
+	if cur == nil {
+		_, err := is.secrets().Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: is.Config.Namespace, Labels: labels},
+			Type:       typ, Data: data,
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("node agent certificates: create Secret %s/%s: %w", is.Config.Namespace, name, err)
+		}
+		return nil
+	}
+	if cur.Type != typ {
+		// A Secret's type cannot change: not the runner's doing, never deleted here.
+		return fmt.Errorf("node agent certificates: Secret %s/%s is of type %s, want %s: delete it (the runner makes it anew)", is.Config.Namespace, name, cur.Type, typ)
+	}
+	s := cur.DeepCopy()
+	if s.Labels == nil {
+		s.Labels = map[string]string{}
+	}
+	for k, v := range labels {
+		s.Labels[k] = v
+	}
+	s.Data = data
+	if _, err := is.secrets().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("node agent certificates: update Secret %s/%s: %w", is.Config.Namespace, name, err)
+	}
+	return nil
+}
+
+// values reads the keys of s, each present and at most MaxSecretValueBytes ("" or why not).
+func values(s *corev1.Secret, keys ...string) ([][]byte, string) {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		v, ok := s.Data[k]
+		switch {
+		case !ok || len(v) == 0:
+			return nil, fmt.Sprintf("it has no %s", k)
+		case len(v) > MaxSecretValueBytes:
+			return nil, fmt.Sprintf("its %s is %d bytes, at most %d", k, len(v), MaxSecretValueBytes)
+		}
+		out[i] = v
+	}
+	return out, ""
+}
+
+// checkCA is the CA in s, or why it is not to be used ("" with a CA).
+func (is *Issuer) checkCA(s *corev1.Secret) (*pki.CA, string) {
+	if id := s.Labels[LabelRunnerID]; id != is.RunnerID {
+		return nil, fmt.Sprintf("it is the CA of runner %q, this runner is %q", id, is.RunnerID)
+	}
+	v, why := values(s, nodeagent.CAFile, CAKeyFile)
+	if why != "" {
+		return nil, why
+	}
+	ca, err := pki.ParseCA(v[0], v[1])
+	if err != nil {
+		return nil, err.Error()
+	}
+	if left := ca.Certificate().NotAfter.Sub(is.now()); left < RenewBefore {
+		return nil, fmt.Sprintf("the CA expires at %s, within %s", ca.Certificate().NotAfter.UTC().Format(time.RFC3339), RenewBefore)
+	}
+	return ca, ""
+}
+
+// checkServer: why s does not hold a usable server certificate of ca ("": it does).
+func (is *Issuer) checkServer(s *corev1.Secret, ca *pki.CA) string {
+	if id := s.Labels[LabelRunnerID]; id != is.RunnerID {
+		return fmt.Sprintf("it is runner %q's, this runner is %q", id, is.RunnerID)
+	}
+	v, why := values(s, nodeagent.CertFile, nodeagent.KeyFile, nodeagent.CAFile)
+	if why != "" {
+		return why
+	}
+	if !bytes.Equal(v[2], ca.CertPEM()) {
+		return "its ca.crt is not the runner's node-agent CA"
+	}
+	kp, err := tls.X509KeyPair(v[0], v[1])
+	if err != nil {
+		return fmt.Sprintf("tls.crt and tls.key: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(kp.Certificate[0])
+	if err != nil {
+		return fmt.Sprintf("tls.crt: %v", err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		DNSName: nodeagent.ServerName, Roots: ca.Pool(), CurrentTime: is.now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}); err != nil {
+		return fmt.Sprintf("tls.crt is no server certificate of the CA for %s: %v", nodeagent.ServerName, err)
+	}
+	if left := leaf.NotAfter.Sub(is.now()); left < RenewBefore {
+		return fmt.Sprintf("tls.crt expires at %s, within %s", leaf.NotAfter.UTC().Format(time.RFC3339), RenewBefore)
+	}
+	return ""
+}
+
+// ClientTLS is the runner's TLS configuration for its agents from ca: a client
+// certificate naming RunnerID (pki.NodeAgentClientURI), issued in memory and renewed at
+// half its life (ClientCertTTL), and ca as the only root for the agents' certificates.
+func (is *Issuer) ClientTLS(ca *pki.CA) (*tls.Config, error) {
+	issue := func() (tls.Certificate, error) {
+		return ca.IssueClient("runner-"+is.RunnerID, []*url.URL{pki.NodeAgentClientURI(is.RunnerID)}, ClientCertTTL)
+	}
+	get := pki.Renewing(issue)
+	if _, err := get(); err != nil {
+		return nil, fmt.Errorf("node agent certificates: %w", err)
+	}
+	return nodeagent.ClientTLSConfig(nil, get, ca.Pool()), nil
+}
+
+// Maintain re-checks the server Secret every interval until ctx ends (EnsureServer: a
+// certificate within RenewBefore of its end, or a Secret changed or deleted, is issued
+// anew; the agents re-read their files when the kubelet updates the Secret's volume). A
+// failure is logged and tried again at the next check.
+func (is *Issuer) Maintain(ctx context.Context, ca *pki.CA, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := is.EnsureServer(ctx, ca); err != nil && ctx.Err() == nil {
+			is.log().Error("node agent certificates: the server Secret's check failed; tried again in "+interval.String(), "err", err)
+		}
+	}
+}
