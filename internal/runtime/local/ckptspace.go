@@ -30,6 +30,12 @@ import (
 // A refusal is runtime.ErrCheckpointSpaceExhausted with a fixed message naming the
 // limit; the sandbox is left as it was (running, or frozen).
 
+// The refusals (fixed sentences naming the limit; the numbers are in the runner's log).
+var (
+	ErrCheckpointQuota   = fmt.Errorf("%w: the runner's checkpoint images would exceed its checkpoint quota (--checkpoint-quota-bytes)", runtime.ErrCheckpointSpaceExhausted)
+	ErrCheckpointMinFree = fmt.Errorf("%w: the checkpoint would leave less free space on the runner's checkpoint file system than it keeps (--checkpoint-min-free-bytes)", runtime.ErrCheckpointSpaceExhausted)
+)
+
 // defaultCheckpointEstimate is the estimate of a sandbox whose memory is unknown (no
 // cgroup reading, no memory limit), as the node agent's default.
 const defaultCheckpointEstimate = 1 << 30
@@ -106,10 +112,10 @@ func (b *Backend) reserveCheckpoint(s *sandbox, fork bool) (release func(), err 
 	switch v {
 	case ckptspace.OverQuota:
 		b.log.Info("checkpoint refused: over the checkpoint quota", "sandbox", s.id, "estimate", est, "quota", b.ckpt.QuotaBytes)
-		return nil, fmt.Errorf("%w: the runner's checkpoint images would exceed its checkpoint quota (--checkpoint-quota-bytes)", runtime.ErrCheckpointSpaceExhausted)
+		return nil, ErrCheckpointQuota
 	case ckptspace.UnderMinFree:
 		b.log.Info("checkpoint refused: too little free space", "sandbox", s.id, "estimate", est, "min_free", b.ckpt.MinFreeBytes)
-		return nil, fmt.Errorf("%w: the checkpoint would leave less free space on the runner's checkpoint file system than it keeps (--checkpoint-min-free-bytes)", runtime.ErrCheckpointSpaceExhausted)
+		return nil, ErrCheckpointMinFree
 	}
 	return release, nil
 }
