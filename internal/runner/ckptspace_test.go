@@ -18,7 +18,8 @@ import (
 // (over --checkpoint-quota-bytes, under --checkpoint-min-free-bytes), as its Pause
 // returns them, reach the API as RESOURCE_EXHAUSTED CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED
 // without RetryInfo, the message naming the limit, and the sandbox stays RUNNING; once
-// the backend admits the checkpoint the pause succeeds.
+// the backend admits the checkpoint the pause succeeds. A fork refused so lists each fork
+// failed with the same reason.
 func TestPauseRefusedCheckpointSpaceLocal(t *testing.T) {
 	be := newPauseFake(checkpointing)
 	l := pauseLocal(t, be, "")
@@ -56,6 +57,24 @@ func TestPauseRefusedCheckpointSpaceLocal(t *testing.T) {
 	be.mu.Lock()
 	be.refuse = nil
 	be.mu.Unlock()
+	// A fork refused so: each fork failed with the refusal, mapped the same way.
+	refusal := fmt.Errorf("fork %s: %w", sb.ID, local.ErrCheckpointQuota) // as local.Backend.Fork wraps it
+	be.mu.Lock()
+	be.forkFail["cks-f1"], be.forkFail["cks-f2"] = refusal, refusal
+	be.mu.Unlock()
+	res, err := l.Fork(ctx, sb.ID, []ForkTarget{{ID: "cks-f1"}, {ID: "cks-f2"}})
+	if err != nil || len(res) != 2 {
+		t.Fatalf("fork: %d results, %v", len(res), err)
+	}
+	for _, r := range res {
+		ae := APIError(r.Sandbox.ID, r.Err, "")
+		if apierr.Reason(ae) != apierr.CheckpointSpaceExhausted || !strings.Contains(ae.Error(), "--checkpoint-quota-bytes") {
+			t.Errorf("fork %s: %v (%s)", r.Sandbox.ID, ae, apierr.Reason(ae))
+		}
+	}
+	if got, _ := l.Get(ctx, sb.ID); got.State != StateRunning {
+		t.Errorf("after the refused fork: the source is %s, want RUNNING", got.State)
+	}
 	if _, err := l.Pause(ctx, sb.ID, PauseOptions{}); err != nil {
 		t.Fatal(err)
 	}
