@@ -93,3 +93,32 @@ func TestOCIRuntimeFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointSpaceFlags: --checkpoint-quota-bytes and --checkpoint-min-free-bytes
+// reach the stack's configuration (defaults 20 GiB and 2 GiB: a runner bounds its
+// checkpoints unless told not to) and refuse negative sizes naming the flag.
+func TestCheckpointSpaceFlags(t *testing.T) {
+	for _, tc := range []struct {
+		flag, arg      string
+		quota, minFree int64
+		ok             bool
+	}{
+		{"--checkpoint-quota-bytes", "", 20 << 30, 2 << 30, true},
+		{"--checkpoint-quota-bytes", "1048576", 1 << 20, 2 << 30, true},
+		{"--checkpoint-quota-bytes", "0", 0, 2 << 30, true},
+		{"--checkpoint-min-free-bytes", "0", 20 << 30, 0, true},
+		{"--checkpoint-quota-bytes", "-1", 0, 0, false},
+		{"--checkpoint-min-free-bytes", "-5", 0, 0, false},
+	} {
+		cfg, err, verr := applyHardeningFlag(t, tc.flag, tc.arg)
+		if (verr == nil) != tc.ok {
+			t.Errorf("%s=%q: validate %v", tc.flag, tc.arg, verr)
+		}
+		switch {
+		case tc.ok && (err != nil || cfg.CheckpointQuotaBytes != tc.quota || cfg.CheckpointMinFreeBytes != tc.minFree):
+			t.Errorf("%s=%q: quota %d min free %d, %v; want %d %d", tc.flag, tc.arg, cfg.CheckpointQuotaBytes, cfg.CheckpointMinFreeBytes, err, tc.quota, tc.minFree)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), tc.flag)):
+			t.Errorf("%s=%q: %v, want a refusal naming the flag", tc.flag, tc.arg, err)
+		}
+	}
+}

@@ -57,11 +57,13 @@ var (
 	// ErrCheckpointSpaceExhausted: the checkpoint store has no room for the checkpoint a
 	// pause releasing resources or a fork needs. Every backend that limits its
 	// checkpoints says it with this, so the API answers one RESOURCE_EXHAUSTED
-	// CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED for all; so far the Kubernetes backend: the
+	// CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED for all: the Kubernetes backend when the
 	// node agent refused the checkpoint RESOURCE_EXHAUSTED, over its --quota-bytes or
-	// under its --min-free-bytes (that error is ErrNodeAgentRefused too). The local
-	// backend sets no limit of its own. The sandbox is left as it was; the call can
-	// succeed once checkpoints are deleted (sandboxes resumed or ended).
+	// under its --min-free-bytes (that error is ErrNodeAgentRefused too); the local
+	// backend when the checkpoint's estimate does not fit the runner's
+	// --checkpoint-quota-bytes or --checkpoint-min-free-bytes (local.Config). The
+	// sandbox is left as it was; the call can succeed once checkpoints are deleted
+	// (sandboxes resumed or ended).
 	ErrCheckpointSpaceExhausted = errors.New("no space is left for the checkpoint")
 )
 

@@ -68,6 +68,9 @@ type Config struct {
 	NoUserNS bool
 	// ForkSentries bounds the forks' sandboxes not restored yet (local.Config.ForkSentries).
 	ForkSentries int
+	// CheckpointQuotaBytes and CheckpointMinFreeBytes bound the gVisor checkpoints in the
+	// data dir (local.Config's).
+	CheckpointQuotaBytes, CheckpointMinFreeBytes int64
 	// OCIRuntime runs the runc class with runc ("", "runc") or crun
 	// (local.Config.OCIRuntime).
 	OCIRuntime string
@@ -172,6 +175,9 @@ func NewLocal(ctx context.Context, cfg Config) (*Stack, error) {
 		NoUserNS:     cfg.NoUserNS,
 		ForkSentries: cfg.ForkSentries,
 		OCIRuntime:   cfg.OCIRuntime,
+
+		CheckpointQuotaBytes:   cfg.CheckpointQuotaBytes,
+		CheckpointMinFreeBytes: cfg.CheckpointMinFreeBytes,
 
 		EgressRootsFile: cfg.EgressRootsFile,
 	})

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/atomicfile"
+	"github.com/sandboxd/sandboxd/internal/ckptspace"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
 )
 
@@ -173,7 +174,7 @@ func Open(cfg Config) (*Store, error) {
 		cfg.Dirs = HibernateDirs{}
 	}
 	if cfg.Free == nil {
-		cfg.Free = statfsFree
+		cfg.Free = ckptspace.StatfsFree
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -308,6 +309,10 @@ func (s *Store) Quota() (quota, minFree int64) {
 	return s.cfg.QuotaBytes, s.cfg.MinFreeBytes
 }
 
+func (s *Store) limits() ckptspace.Limits {
+	return ckptspace.Limits{QuotaBytes: s.cfg.QuotaBytes, MinFreeBytes: s.cfg.MinFreeBytes}
+}
+
 // Free is the free bytes of the root's file system.
 func (s *Store) Free() (int64, error) { return s.cfg.Free(s.cfg.Root) }
 
@@ -316,7 +321,7 @@ func (s *Store) fitsLocked(extra int64, exclude string) error {
 	if e := s.entries[exclude]; e != nil {
 		total -= e.Bytes
 	}
-	if total+extra > s.cfg.QuotaBytes {
+	if s.limits().OverQuota(total + extra) {
 		return fmt.Errorf("%w: this agent's checkpoint images would exceed its quota", ErrQuota)
 	}
 	return nil
@@ -346,11 +351,11 @@ func (s *Store) Begin(e Entry, estimate int64) (id, dir string, err error) {
 			reserved += f.Bytes
 		}
 	}
-	if free-reserved-estimate < s.cfg.MinFreeBytes {
+	switch s.limits().Admit(s.usageLocked(), reserved, free, estimate) {
+	case ckptspace.UnderMinFree:
 		return "", "", fmt.Errorf("%w: not enough free space on the checkpoint file system for an image of this Pod", ErrQuota)
-	}
-	if err := s.fitsLocked(estimate, ""); err != nil {
-		return "", "", err
+	case ckptspace.OverQuota:
+		return "", "", fmt.Errorf("%w: this agent's checkpoint images would exceed its quota", ErrQuota)
 	}
 	e.ID = NewID(e.Owner)
 	e.Bytes = estimate
@@ -674,14 +679,6 @@ func dirSize(dir string) (int64, error) {
 		return 0, fmt.Errorf("store: size of %s: %w", dir, err)
 	}
 	return size, nil
-}
-
-func statfsFree(root string) (int64, error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(root, &st); err != nil {
-		return 0, err
-	}
-	return int64(st.Bavail) * st.Bsize, nil
 }
 
 // PlainDirs make and complete image directories without hibernate's root-ownership

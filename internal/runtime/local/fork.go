@@ -148,6 +148,12 @@ func (b *Backend) Fork(ctx context.Context, src string, specs []*runtime.Spec) (
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	if m := b.pausedOf(s); m == nil || !m.Released {
+		// One checkpoint for all the forks, removed once they are made (ckptspace.go).
+		release, err := b.reserveCheckpoint(s, true)
+		if err != nil {
+			return failAll(fmt.Errorf("fork %s: %w", src, err))
+		}
+		defer release()
 		return b.forkRunning(ctx, s, specs, infos, errs)
 	}
 	fp, cleanup, cont, err := b.forkSource(ctx, s)

@@ -45,6 +45,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/agent"
 	"github.com/sandboxd/sandboxd/internal/agentconfig"
+	"github.com/sandboxd/sandboxd/internal/ckptspace"
 	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/failpoint"
@@ -143,6 +144,15 @@ type Config struct {
 	// (coldgate.go, forkSentry). 0 means max(4, 2×GOMAXPROCS); negative: no bound; at
 	// most MaxForkSentries.
 	ForkSentries int
+	// CheckpointQuotaBytes bounds the bytes of the gVisor checkpoint images in StateDir
+	// (paused sandboxes' and those being written, a pause's or a fork's): a checkpoint
+	// whose estimate does not fit is refused with runtime.ErrCheckpointSpaceExhausted
+	// before the sandbox is touched (ckptspace.go). 0: no quota.
+	CheckpointQuotaBytes int64
+	// CheckpointMinFreeBytes is what a checkpoint must leave free on StateDir's file
+	// system after the checkpoints in flight. With CheckpointQuotaBytes 0 too, free
+	// space is not checked; otherwise an estimate must at least fit it.
+	CheckpointMinFreeBytes int64
 }
 
 // MaxForkSentries is the largest Config.ForkSentries.
@@ -168,10 +178,11 @@ type Backend struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 
-	pool    *pool      // nil: no warm pool
-	cold    *coldGate  // cold starts' admission (nil: no bound)
-	forks   *coldGate  // forks' sandboxes not restored yet (nil: no bound)
-	prepull *prepuller // nil: no image pre-pull (Config.MaxPrepull < 0)
+	ckpt    *ckptspace.Gate // checkpoint space (ckptspace.go); nil: no bound
+	pool    *pool           // nil: no warm pool
+	cold    *coldGate       // cold starts' admission (nil: no bound)
+	forks   *coldGate       // forks' sandboxes not restored yet (nil: no bound)
+	prepull *prepuller      // nil: no image pre-pull (Config.MaxPrepull < 0)
 
 	ids *idAllocator // user namespace ranges; nil with Config.NoUserNS
 
@@ -327,6 +338,10 @@ func New(cfg Config) (*Backend, error) {
 	if err := validateForkSentries(cfg.ForkSentries); err != nil {
 		return nil, err
 	}
+	ckpt, err := newCheckpointGate(cfg)
+	if err != nil {
+		return nil, err
+	}
 	if len(cfg.Runtimes) == 0 {
 		cfg.Runtimes = DefaultRuntimes()
 	}
@@ -352,6 +367,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b := &Backend{
 		cfg:       cfg,
+		ckpt:      ckpt,
 		runtimes:  map[string]*ociRuntime{},
 		seccomp:   sc,
 		scache:    newSeccompCache(cfg.StateDir),

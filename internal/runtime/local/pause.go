@@ -193,6 +193,12 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 		b.setPaused(s, m)
 		return runtime.PauseInfo{Took: time.Since(start)}, nil
 	}
+	unreserve, err := b.reserveCheckpoint(s, false)
+	if err != nil {
+		return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	// Held until the image is counted as s's (its pause marker) or removed.
+	defer unreserve()
 	size, err := b.checkpoint(ctx, s)
 	if err != nil {
 		return runtime.PauseInfo{}, fmt.Errorf("pause %s: %w", id, err)
