@@ -57,6 +57,8 @@ type installPlane struct {
 	runners  controlplanev1connect.RunnerManagementServiceClient
 	clusters controlplanev1connect.ClusterServiceClient
 	stop     func() // ends it (before its cleanup): a restart
+	// waitInstalls waits for its running installs (and re-applies) to end by themselves.
+	waitInstalls func()
 }
 
 func startInstallPlane(t *testing.T, ctx context.Context, host string, cfg controlplane.InstallConfig) *installPlane {
@@ -134,7 +136,7 @@ func startInstallPlaneIn(t *testing.T, ctx context.Context, dir, host string, cf
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), host), ForceAttemptHTTP2: true}}
 	base, ic := "https://"+ln.Addr().String(), connect.WithInterceptors(connecttest.Bearer(adminKey))
 	return &installPlane{ca: ca, runners: controlplanev1connect.NewRunnerManagementServiceClient(hc, base, ic),
-		clusters: controlplanev1connect.NewClusterServiceClient(hc, base, ic), stop: stopAll}
+		clusters: controlplanev1connect.NewClusterServiceClient(hc, base, ic), stop: stopAll, waitInstalls: svc.WaitInstalls}
 }
 
 // testWriter logs the control plane's lines into the test's output.

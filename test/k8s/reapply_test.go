@@ -98,7 +98,10 @@ func TestInstalledRunnerReapply(t *testing.T) {
 	}
 	generation := deploy.Generation
 
-	// Restarted with --install-egress: nothing is applied until the update.
+	// Restarted with --install-egress: nothing is applied until the update. (The install
+	// records INSTALLED at its next look after the heartbeat: a restart before would resume
+	// it, with the new flags.)
+	cp.waitInstalls()
 	cp.stop()
 	on := cfg
 	on.Egress = true
@@ -116,6 +119,7 @@ func TestInstalledRunnerReapply(t *testing.T) {
 	}
 
 	// Off again, back to dev: the update deletes the egress objects and drops the args.
+	cp.waitInstalls()
 	cp.stop()
 	cp = startInstallPlaneIn(t, ctx, dir, host, cfg, map[string]string{store.ChannelStable: "dev"})
 	updateAndWait(t, ctx, cp, admin, ns, runnerID, "dev")
