@@ -59,17 +59,19 @@ type installPlane struct {
 	stop     func() // ends it (before its cleanup): a restart
 	// waitInstalls waits for its running installs (and re-applies) to end by themselves.
 	waitInstalls func()
+	addr         string // where it listens (the installed runners' control plane address)
 }
 
 func startInstallPlane(t *testing.T, ctx context.Context, host string, cfg controlplane.InstallConfig) *installPlane {
 	t.Helper()
-	return startInstallPlaneIn(t, ctx, t.TempDir(), host, cfg, nil)
+	return startInstallPlaneIn(t, ctx, t.TempDir(), net.JoinHostPort(host, "0"), cfg, nil)
 }
 
-// startInstallPlaneIn starts the control plane on the store, CA and keys in dir (made by
-// the first start; a later one is the same control plane restarted with other flags),
-// offering the channel targets targets. The returned stop ends it (also at cleanup).
-func startInstallPlaneIn(t *testing.T, ctx context.Context, dir, host string, cfg controlplane.InstallConfig, targets map[string]string) *installPlane {
+// startInstallPlaneIn starts the control plane listening on addr (HOST:PORT; port 0: any)
+// on the store, CA and keys in dir (made by the first start; a later one, on the first
+// one's addr, is the same control plane restarted with other flags), offering the channel
+// targets targets. Its stop ends it (also at cleanup).
+func startInstallPlaneIn(t *testing.T, ctx context.Context, dir, addr string, cfg controlplane.InstallConfig, targets map[string]string) *installPlane {
 	t.Helper()
 	st, err := store.Open(ctx, filepath.Join(dir, "sandboxd.db"))
 	if err != nil {
@@ -111,7 +113,11 @@ func startInstallPlaneIn(t *testing.T, ctx context.Context, dir, host string, cf
 	}
 	authn := auth.NewStoreAuthenticator(st, nil)
 	stops = append(stops, authn.Wait)
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +142,8 @@ func startInstallPlaneIn(t *testing.T, ctx context.Context, dir, host string, cf
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), host), ForceAttemptHTTP2: true}}
 	base, ic := "https://"+ln.Addr().String(), connect.WithInterceptors(connecttest.Bearer(adminKey))
 	return &installPlane{ca: ca, runners: controlplanev1connect.NewRunnerManagementServiceClient(hc, base, ic),
-		clusters: controlplanev1connect.NewClusterServiceClient(hc, base, ic), stop: stopAll, waitInstalls: svc.WaitInstalls}
+		clusters: controlplanev1connect.NewClusterServiceClient(hc, base, ic), stop: stopAll, waitInstalls: svc.WaitInstalls,
+		addr: ln.Addr().String()}
 }
 
 // testWriter logs the control plane's lines into the test's output.

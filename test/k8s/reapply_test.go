@@ -25,7 +25,8 @@ import (
 )
 
 // TestInstalledRunnerReapply: install settings reach an installed runner at its next
-// update. A runner installed without egress; the control plane restarted with
+// update. A runner installed without egress; the control plane restarted (same store, CA
+// and address: the runner heartbeats on) with
 // --install-egress (InstallConfig.Egress) and a channel offering update-test: nothing
 // changes in the cluster until :applyAvailableUpdate, which re-applies the runner's objects:
 // the egress Service and NetworkPolicy appear, the runner's args carry the --egress-*
@@ -53,7 +54,7 @@ func TestInstalledRunnerReapply(t *testing.T) {
 		ApplyTimeout: time.Minute, HeartbeatTimeout: 3 * time.Minute,
 	}
 	dir := t.TempDir()
-	cp := startInstallPlaneIn(t, ctx, dir, host, cfg, nil)
+	cp := startInstallPlaneIn(t, ctx, dir, net.JoinHostPort(host, "0"), cfg, nil)
 
 	root, err := admin.CoreV1().ConfigMaps(c.namespace).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
 	if err != nil {
@@ -105,7 +106,7 @@ func TestInstalledRunnerReapply(t *testing.T) {
 	cp.stop()
 	on := cfg
 	on.Egress = true
-	cp = startInstallPlaneIn(t, ctx, dir, host, on, map[string]string{store.ChannelStable: target})
+	cp = startInstallPlaneIn(t, ctx, dir, cp.addr, on, map[string]string{store.ChannelStable: target})
 	time.Sleep(2 * time.Second) // what a re-apply at start would need to show
 	if d, err := admin.AppsV1().Deployments(ns).Get(ctx, install.ReleaseName, metav1.GetOptions{}); err != nil || d.Generation != generation {
 		t.Fatalf("a restart with --install-egress changed the Deployment before any update: %v", err)
@@ -121,7 +122,7 @@ func TestInstalledRunnerReapply(t *testing.T) {
 	// Off again, back to dev: the update deletes the egress objects and drops the args.
 	cp.waitInstalls()
 	cp.stop()
-	cp = startInstallPlaneIn(t, ctx, dir, host, cfg, map[string]string{store.ChannelStable: "dev"})
+	cp = startInstallPlaneIn(t, ctx, dir, cp.addr, cfg, map[string]string{store.ChannelStable: "dev"})
 	updateAndWait(t, ctx, cp, admin, ns, runnerID, "dev")
 	checkEgressInstalled(t, ctx, admin, ns, false)
 
