@@ -376,13 +376,15 @@ func (s *Service) reapplyPending(ctx context.Context, r store.Runner) bool {
 	return in.State != store.InstallInstalled
 }
 
-// runnerImage is the image the runner's Deployment gets: ref (--install-runner-image) for a
-// runner that never heartbeated (an install), else ref tagged (as the runner's own
-// self-update tags its image) with the version it is to run: its desired
-// version (the update being applied), else the version it reports.
+// runnerImage is the image the runner's Deployment gets: ref (--install-runner-image)
+// tagged (as the runner's own self-update tags its image) with the version it is to run:
+// its desired version (the update being re-applied), else, for a runner the control plane
+// has updated before (its versions are image tags), the version it reports (a re-apply
+// resumed after its step ended must not move it back to ref's tag); else ref as it is (an
+// install).
 func runnerImage(ref string, r store.Runner) string {
 	v := r.DesiredVersion
-	if v == "" && r.Status.LastHeartbeatAt != nil {
+	if v == "" && r.LastUpdate != nil {
 		v = r.Status.Version
 	}
 	if v == "" {
