@@ -91,9 +91,15 @@ func (c controlPlaneConfig) run() error {
 	if err != nil {
 		return err
 	}
+	// Installs a previous run left INSTALLING go on (they are idempotent).
+	if err := cp.ResumeInstalls(ctx); err != nil {
+		return err
+	}
 	if !c.noRollout {
 		rc := c.rolloutConfig()
-		rc.Store, rc.Targets, rc.Logger = rollout.FromStore(st), cp.ChannelTargets, logger
+		// A step's start re-applies an installed runner's objects (after ResumeInstalls:
+		// its re-apply runs under ctx).
+		rc.Store, rc.Targets, rc.Started, rc.Logger = rollout.FromStore(st), cp.ChannelTargets, cp.UpdateStarted, logger
 		ctl, err := rollout.New(rc)
 		if err != nil {
 			return err
@@ -103,10 +109,6 @@ func (c controlPlaneConfig) run() error {
 	// The audit log of the admin writes (docs/audit.md) is pruned here too: a control plane
 	// with a store of its own has no gateway to do it.
 	go audit.NewRecorder(st.Audit(), audit.Options{Logger: logger}).Run(ctx, audit.Config{Retention: c.auditRetention})
-	// Installs a previous run left INSTALLING go on (they are idempotent).
-	if err := cp.ResumeInstalls(ctx); err != nil {
-		return err
-	}
 	host, _, err := net.SplitHostPort(c.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)

@@ -215,17 +215,18 @@ func TestSealer(t *testing.T) {
 // apply is tested on a cluster, test/k8s). It keeps the namespaces' labels, so tests can
 // put a namespace someone else made in the way.
 type fakeTarget struct {
-	mu         sync.Mutex
-	applied    []string // Kind/name
-	failKind   string
-	failErr    error
-	deleted    []string
-	deleteErr  error
-	namespaces map[string]map[string]string // name -> labels
-	objects    map[string]map[string]string // cluster-scoped Kind/name -> labels
-	objDeleted []string                     // cluster-scoped Kind/name
-	nsDeleted  []string                     // namespaced Kind/namespace/name (DeleteNamespaced)
-	runnerArgs []string                     // the last applied Deployment's runner args
+	mu          sync.Mutex
+	applied     []string // Kind/name
+	failKind    string
+	failErr     error
+	deleted     []string
+	deleteErr   error
+	namespaces  map[string]map[string]string // name -> labels
+	objects     map[string]map[string]string // cluster-scoped Kind/name -> labels
+	objDeleted  []string                     // cluster-scoped Kind/name
+	nsDeleted   []string                     // namespaced Kind/namespace/name (DeleteNamespaced)
+	runnerArgs  []string                     // the last applied Deployment's runner args
+	runnerImage string                       // and its image
 }
 
 func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
@@ -244,6 +245,7 @@ func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
 	}
 	if d, ok := obj.(*appsv1.Deployment); ok {
 		f.runnerArgs = slices.Clone(d.Spec.Template.Spec.Containers[0].Args)
+		f.runnerImage = d.Spec.Template.Spec.Containers[0].Image
 	}
 	f.applied = append(f.applied, kind+"/"+m.GetName())
 	return nil
@@ -343,6 +345,8 @@ func (f *fakeTarget) DeleteNamespace(_ context.Context, name string, _ types.UID
 type clusterBed struct {
 	path     string // the SQLite database
 	st       store.Store
+	ca       *pki.CA
+	mu       sync.Mutex // hosts
 	svc      *controlplane.Service
 	platform context.Context // platform admin
 	tenant   context.Context // tenant admin
@@ -366,31 +370,79 @@ func newClusterBed(t *testing.T, cfg controlplane.InstallConfig, noCA bool) *clu
 		}
 	}
 	b := &clusterBed{path: path, st: st, target: &fakeTarget{}}
-	ca := testCA(t)
-	b.caPEM = string(ca.CertPEM())
+	b.ca = testCA(t)
+	b.caPEM = string(b.ca.CertPEM())
 	if noCA {
-		ca = nil
+		b.ca = nil
 	}
-	var mu sync.Mutex
+	b.restart(t, cfg, nil)
+	b.platform = auth.WithPrincipal(ctx, auth.Principal{KeyID: "k1", Org: "plat", Role: auth.RoleAdmin})
+	b.tenant = auth.WithPrincipal(ctx, auth.Principal{KeyID: "k2", Org: "tenant", Role: auth.RoleAdmin})
+	return b
+}
+
+// restart replaces the bed's control plane by one on the same store, CA and cluster key
+// with install settings cfg and channel targets targets (nil: none), as a control plane
+// restarted with other flags; it resumes the INSTALLING installs.
+func (b *clusterBed) restart(t *testing.T, cfg controlplane.InstallConfig, targets map[string]string) {
+	t.Helper()
 	cfg.NewTarget = func(rc *rest.Config) (install.Target, error) {
-		mu.Lock()
+		b.mu.Lock()
 		b.hosts = append(b.hosts, rc.Host+" "+rc.BearerToken)
-		mu.Unlock()
+		b.mu.Unlock()
 		return b.target, nil
 	}
-	b.svc, err = controlplane.New(controlplane.Config{Store: st, Auth: auth.NewStoreAuthenticator(st, nil), PlatformOrg: "plat",
-		Logger: slog.New(slog.DiscardHandler), CA: ca, ClusterKey: bytes.Repeat([]byte{1}, 32), Install: cfg})
+	svc, err := controlplane.New(controlplane.Config{Store: b.st, Auth: auth.NewStoreAuthenticator(b.st, nil), PlatformOrg: "plat",
+		Logger: slog.New(slog.DiscardHandler), CA: b.ca, ClusterKey: bytes.Repeat([]byte{1}, 32), Install: cfg, TargetVersions: targets})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if b.svc != nil {
+		b.svc.WaitInstalls()
+	}
+	b.svc = svc
 	// Installs run under the test's context: it ends (stopping them) before WaitInstalls.
 	if err := b.svc.ResumeInstalls(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.svc.WaitInstalls)
-	b.platform = auth.WithPrincipal(ctx, auth.Principal{KeyID: "k1", Org: "plat", Role: auth.RoleAdmin})
-	b.tenant = auth.WithPrincipal(ctx, auth.Principal{KeyID: "k2", Org: "tenant", Role: auth.RoleAdmin})
-	return b
+}
+
+// resumeInstalling puts runner id of cluster (registered) into the store with its install
+// record in state, as a control plane that stopped leaves them, resumes the installs and
+// waits until the fake target satisfies done (checked under its lock).
+func (b *clusterBed) resumeInstalling(t *testing.T, id, cluster, state string, done func(*fakeTarget) bool) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := b.st.Runners().Create(ctx, store.Runner{Org: "plat", RunnerID: id, ClusterID: cluster, Zone: "z", ReleaseChannel: store.ChannelStable}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Installs().Put(ctx, store.Install{Org: "plat", RunnerID: id, ClusterID: cluster, State: state, Namespace: install.Namespace("plat", id)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.svc.ResumeInstalls(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTarget(t, done)
+}
+
+// waitTarget waits until the fake target satisfies done (checked under its lock).
+func (b *clusterBed) waitTarget(t *testing.T, done func(*fakeTarget) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.target.mu.Lock()
+		ok := done(b.target)
+		applied := slices.Clone(b.target.applied)
+		b.target.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fake target: applied %v", applied)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (b *clusterBed) add(t *testing.T, id, org string) *controlplanev1.Cluster {
@@ -542,19 +594,7 @@ func TestInstallLifecycle(t *testing.T) {
 	want := []string{"Namespace/" + ns1, "ClusterRole/" + install.NodesRoleName(ns1), "ClusterRoleBinding/" + install.NodesRoleName(ns1), "ServiceAccount/sandboxd-runner", "Secret/sandboxd-runner", "PersistentVolumeClaim/sandboxd-runner",
 		"Role/sandboxd-runner-sandboxes", "RoleBinding/sandboxd-runner-sandboxes", "Role/sandboxd-runner-self", "RoleBinding/sandboxd-runner-self",
 		"Service/sandboxd-runner", "Deployment/sandboxd-runner"}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b.target.mu.Lock()
-		got := slices.Clone(b.target.applied)
-		b.target.mu.Unlock()
-		if slices.Equal(got, want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("applied %v, want %v", got, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	b.waitTarget(t, func(f *fakeTarget) bool { return slices.Equal(f.applied, want) })
 	if st := b.get(t, b.platform, "r1"); st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING {
 		t.Fatalf("before the heartbeat: %v", st)
 	}
@@ -666,28 +706,7 @@ func TestResumeInstalls(t *testing.T) {
 	b.add(t, "c1", "")
 	ctx := t.Context()
 	// As a control plane that stopped mid-install leaves it: a runner INSTALLING.
-	if _, err := b.st.Runners().Create(ctx, store.Runner{Org: "plat", RunnerID: "r1", ClusterID: "c1", Zone: "z"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.st.Installs().Put(ctx, store.Install{Org: "plat", RunnerID: "r1", ClusterID: "c1", State: store.InstallInstalling, Namespace: "sandboxd-r1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.svc.ResumeInstalls(ctx); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b.target.mu.Lock()
-		n := len(b.target.applied)
-		b.target.mu.Unlock()
-		if n == 12 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("resume applied %d objects", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	b.resumeInstalling(t, "r1", "c1", store.InstallInstalling, func(f *fakeTarget) bool { return len(f.applied) == 12 })
 	if err := b.st.Runners().RecordHeartbeat(ctx, "plat", "r1", store.RunnerStatus{Version: "v1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -711,27 +730,16 @@ func TestInstallRuntimeClasses(t *testing.T) {
 			b := newClusterBed(t, cfg, false)
 			b.add(t, "c1", "")
 			b.createRunner(t, b.platform, "r1", "c1")
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				b.target.mu.Lock()
-				args := b.target.runnerArgs
-				b.target.mu.Unlock()
-				if args != nil {
-					var got []string
-					for _, a := range args {
-						if strings.HasPrefix(a, "--runtime-classes") {
-							got = append(got, a)
-						}
-					}
-					if !slices.Equal(got, c.want) {
-						t.Errorf("%v: the runner's %q, want %q", c.classes, got, c.want)
-					}
-					break
+			var args []string
+			b.waitTarget(t, func(f *fakeTarget) bool { args = f.runnerArgs; return args != nil })
+			var got []string
+			for _, a := range args {
+				if strings.HasPrefix(a, "--runtime-classes") {
+					got = append(got, a)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%v: no Deployment applied", c.classes)
-				}
-				time.Sleep(10 * time.Millisecond)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%v: the runner's %q, want %q", c.classes, got, c.want)
 			}
 		})
 	}
@@ -792,41 +800,149 @@ func TestInstallEgress(t *testing.T) {
 	}
 }
 
-// TestInstalledNotReapplied: install flags (here --install-egress) take effect at an
-// install: a control plane started with them resumes the INSTALLING runners (applied, with
-// the egress) and leaves the INSTALLED ones alone, whatever they were installed with.
-func TestInstalledNotReapplied(t *testing.T) {
-	cfg := installCfg
-	cfg.Egress = true
-	b := newClusterBed(t, cfg, false)
-	ctx := t.Context()
-	for id, state := range map[string]string{"done": store.InstallInstalled, "busy": store.InstallInstalling} {
-		b.add(t, "c-"+id, "") // one runner per cluster
-		if _, err := b.st.Runners().Create(ctx, store.Runner{Org: "plat", RunnerID: id, ClusterID: "c-" + id, Zone: "z"}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.st.Installs().Put(ctx, store.Install{Org: "plat", RunnerID: id, ClusterID: "c-" + id, State: state, Namespace: install.Namespace("plat", id)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := b.svc.ResumeInstalls(ctx); err != nil {
+// installedRunner puts runner id of cluster (registered) into the store as an install left
+// it: INSTALLED, heartbeating version (able to update itself), on the stable channel.
+func (b *clusterBed) installedRunner(t *testing.T, id, cluster, version string) {
+	t.Helper()
+	b.resumeInstalling(t, id, cluster, store.InstallInstalled, func(*fakeTarget) bool { return true })
+	if err := b.st.Runners().RecordHeartbeat(t.Context(), "plat", id, store.RunnerStatus{Version: version, Ready: true, SelfUpdate: true}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b.target.mu.Lock()
-		applied, args := slices.Clone(b.target.applied), slices.Clone(b.target.runnerArgs)
-		b.target.mu.Unlock()
-		if slices.Contains(applied, "Deployment/"+install.ReleaseName) {
-			if !slices.Contains(applied, "Namespace/"+install.Namespace("plat", "busy")) || slices.Contains(applied, "Namespace/"+install.Namespace("plat", "done")) ||
-				!slices.Contains(args, "--egress-dns-addr="+install.EgressAddr) {
-				t.Fatalf("applied %v args %q: want the INSTALLING runner only, with egress", applied, args)
-			}
-			break
+}
+
+// update applies runner id's available update (:applyAvailableUpdate) and waits for its
+// re-apply to end; it returns the install record.
+func (b *clusterBed) update(t *testing.T, id string) store.Install {
+	t.Helper()
+	if _, err := b.svc.ApplyAvailableUpdate(b.platform, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: id})); err != nil {
+		t.Fatal(err)
+	}
+	b.svc.WaitInstalls()
+	in, err := b.st.Installs().Get(t.Context(), "plat", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+// desired is the desired version runner id's heartbeat reply carries.
+func (b *clusterBed) desired(t *testing.T, id string) string {
+	t.Helper()
+	out, err := b.svc.Registration().Heartbeat(controlplane.WithRunnerCert(t.Context(), "plat", id),
+		connect.NewRequest(&controlplanev1.HeartbeatRequest{RunnerId: id, Version: "v1", Ready: true, SelfUpdate: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Msg.GetDesiredVersion()
+}
+
+func egressOf(args []string) []string {
+	var out []string
+	for _, a := range args {
+		if strings.HasPrefix(a, "--egress") {
+			out = append(out, a)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("applied %v", applied)
-		}
-		time.Sleep(10 * time.Millisecond)
+	}
+	return out
+}
+
+// TestUpdateReapplies: install flags (here --install-egress and --install-runner-arg)
+// reach an INSTALLED runner at its next update, not before: a control plane restarted
+// with them applies nothing by itself; :applyAvailableUpdate re-applies the whole object
+// set with them and the runner image tagged with the update's version, and the runner's
+// heartbeats carry the desired version only once that is done. Egress off again: the
+// next update drops the args and deletes the egress Service and NetworkPolicy, after the
+// Deployment, as an install does.
+func TestUpdateReapplies(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	b.add(t, "c1", "")
+	ns := install.Namespace("plat", "r1")
+	b.installedRunner(t, "r1", "c1", "v1")
+
+	on := installCfg
+	on.Egress, on.ExtraArgs = true, []string{"--heartbeat-interval=2s"}
+	b.restart(t, on, map[string]string{store.ChannelStable: "v2"})
+	b.svc.WaitInstalls()
+	if b.target.applied != nil {
+		t.Fatalf("a restart with other flags applied %v, want nothing before an update", b.target.applied)
+	}
+	if in := b.update(t, "r1"); in.State != store.InstallInstalled {
+		t.Fatalf("after the update's re-apply: %+v", in)
+	}
+	b.target.mu.Lock()
+	applied, args, image, deleted := slices.Clone(b.target.applied), slices.Clone(b.target.runnerArgs), b.target.runnerImage, b.target.nsDeleted
+	b.target.applied, b.target.nsDeleted = nil, nil
+	b.target.mu.Unlock()
+	wantEgress := []string{"--egress-proxy-listen=:15443", "--egress-dns-listen=:5353",
+		"--egress-proxy-addr=" + install.EgressAddr, "--egress-dns-addr=" + install.EgressAddr}
+	if !slices.Equal(egressOf(args), wantEgress) || args[len(args)-1] != "--heartbeat-interval=2s" || image != "runner:v2" ||
+		!slices.Contains(applied, "Service/"+install.EgressName) || !slices.Contains(applied, "NetworkPolicy/"+install.EgressName) ||
+		!slices.Contains(applied, "Namespace/"+ns) || applied[len(applied)-1] != "Deployment/"+install.ReleaseName || deleted != nil {
+		t.Fatalf("egress on: applied %v args %q image %q deleted %v", applied, args, image, deleted)
+	}
+	if d := b.desired(t, "r1"); d != "v2" {
+		t.Fatalf("heartbeat after the re-apply: desired %q, want v2", d)
+	}
+
+	// Egress off again, at the next update (v3).
+	if err := b.st.Runners().RecordHeartbeat(t.Context(), "plat", "r1", store.RunnerStatus{Version: "v2", Ready: true, SelfUpdate: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.restart(t, installCfg, map[string]string{store.ChannelStable: "v3"})
+	if in := b.update(t, "r1"); in.State != store.InstallInstalled {
+		t.Fatalf("after the second update's re-apply: %+v", in)
+	}
+	b.target.mu.Lock()
+	applied, args, image, deleted = slices.Clone(b.target.applied), slices.Clone(b.target.runnerArgs), b.target.runnerImage, b.target.nsDeleted
+	b.target.mu.Unlock()
+	want := []string{"NetworkPolicy/" + ns + "/" + install.EgressName, "Service/" + ns + "/" + install.EgressName}
+	if egressOf(args) != nil || slices.Contains(args, "--heartbeat-interval=2s") || image != "runner:v3" || !slices.Equal(deleted, want) ||
+		slices.ContainsFunc(applied, func(k string) bool { return strings.HasSuffix(k, "/"+install.EgressName) }) {
+		t.Fatalf("egress off: applied %v args %q image %q deleted %v, want %v", applied, args, image, deleted, want)
+	}
+}
+
+// TestUpdateReapplyFails: a re-apply the cluster refuses is FAILED with its reason and
+// hints (as an install's failure), the Deployment is not touched (it comes last), and the
+// runner is not told its desired version, so it does not move its image alone; the next
+// update re-applies again.
+func TestUpdateReapplyFails(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	b.add(t, "c1", "")
+	b.installedRunner(t, "r1", "c1", "v1")
+	on := installCfg
+	on.Egress = true
+	b.restart(t, on, map[string]string{store.ChannelStable: "v2"})
+	b.target.mu.Lock()
+	b.target.failKind = "NetworkPolicy"
+	b.target.failErr = apierrors.NewForbidden(schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"}, install.EgressName, errors.New("no RBAC"))
+	b.target.mu.Unlock()
+	in := b.update(t, "r1")
+	if in.State != store.InstallFailed || in.Reason != apierr.InstallForbidden || !strings.Contains(in.Message, "no RBAC") ||
+		!strings.Contains(strings.Join(in.Hints, "\n"), "networkpolicies") {
+		t.Fatalf("failed re-apply recorded as %+v", in)
+	}
+	st := b.get(t, b.platform, "r1")
+	if st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED || st.GetInstallError().GetReason() != apierr.InstallForbidden {
+		t.Fatalf("API status after a failed re-apply: %v", st)
+	}
+	b.target.mu.Lock()
+	applied := slices.Clone(b.target.applied)
+	b.target.mu.Unlock()
+	if slices.Contains(applied, "Deployment/"+install.ReleaseName) {
+		t.Fatalf("a failed re-apply applied the Deployment: %v", applied)
+	}
+	if d := b.desired(t, "r1"); d != "" {
+		t.Fatalf("heartbeat after a failed re-apply: desired %q, want none (the runner keeps its version)", d)
+	}
+	// Fixed (the credential gets its RBAC): the next update re-applies.
+	b.target.mu.Lock()
+	b.target.failKind = ""
+	b.target.mu.Unlock()
+	if in := b.update(t, "r1"); in.State != store.InstallInstalled || in.Reason != "" {
+		t.Fatalf("re-apply after the fix: %+v", in)
+	}
+	if d := b.desired(t, "r1"); d != "v2" {
+		t.Fatalf("heartbeat after the fixed re-apply: desired %q, want v2", d)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/apierr"
 	"github.com/sandboxd/sandboxd/internal/install"
+	"github.com/sandboxd/sandboxd/internal/release"
 	"github.com/sandboxd/sandboxd/internal/store"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +26,15 @@ import (
 // Kubernetes error and hints). Every step is bounded (InstallConfig timeouts). The record
 // is in the store, so a restarted control plane re-drives the INSTALLING ones
 // (ResumeInstalls): applying is idempotent (server-side apply).
+//
+// An update of an installed runner (:applyAvailableUpdate, a rollout step: UpdateStarted)
+// re-applies the same way: the record goes INSTALLING again, the goroutine applies the
+// whole object set with the current InstallConfig and the runner image tagged with the
+// update's version (runnerImage), and the record goes INSTALLED (the runner has
+// heartbeated) or FAILED with the reason. While the record is not INSTALLED the runner's
+// heartbeats carry no desired version (Heartbeat), so it does not move its image by itself
+// ahead of (or without) its objects: a failed re-apply leaves it on its version, FAILED,
+// and the update step ends at its deadline.
 
 // InstallConfig configures installs (flags --install-* of `sandboxd controlplane`).
 type InstallConfig struct {
@@ -52,11 +62,11 @@ type InstallConfig struct {
 	RuntimeClasses map[string]string
 	// Egress gives installed runners the egress proxy and DNS (install.Values.Egress: the
 	// chart's egress.enabled): the Service and NetworkPolicy install.EgressName and the
-	// runner's --egress-* args. Off, an install deletes both. It takes effect at an install
-	// (a runner created, or an INSTALLING one resumed at start): runners already
-	// INSTALLED keep what they were installed with; an update (:applyAvailableUpdate, the
-	// rollout) changes only the image. Installs fail with CWSANDBOX_INSTALL_NOT_CONFIGURED
-	// while install.CheckExtraArgs refuses ExtraArgs with it.
+	// runner's --egress-* args. Off, an install deletes both. Like every setting here it
+	// takes effect at an install (a runner created, or an INSTALLING one resumed at start)
+	// and at an installed runner's update (UpdateStarted: :applyAvailableUpdate, a rollout
+	// step re-applies its objects); changing it alone re-applies nothing. Installs fail with
+	// CWSANDBOX_INSTALL_NOT_CONFIGURED while install.CheckExtraArgs refuses ExtraArgs with it.
 	Egress bool
 	// ApplyTimeout bounds applying the objects; default 2 minutes.
 	ApplyTimeout time.Duration
@@ -303,8 +313,15 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		}
 		return err
 	}
+	r, err := in.s.st.Runners().Get(actx, rec.Org, rec.RunnerID)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			in.fail(ctx, rec, apierr.InstallFailed, err.Error(), nil)
+		}
+		return err
+	}
 	v := install.Values{
-		Org: rec.Org, RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: cfg.RunnerImage, AgentImage: cfg.AgentImage,
+		Org: rec.Org, RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: runnerImage(cfg.RunnerImage, r), AgentImage: cfg.AgentImage,
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
 		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs, PrepullImages: cfg.PrepullImages,
@@ -316,6 +333,64 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		return err
 	}
 	return nil
+}
+
+// UpdateStarted re-applies the objects of runner r, whose update step was just started (its
+// desired_version written: ApplyAvailableUpdate, the rollout's Config.Started), with the
+// current install settings: its install record goes INSTALLING (the runner is told its
+// desired version only once it is INSTALLED again) and the installer applies as at an
+// install. A self-managed runner (no install record) is left alone, and so is one whose
+// install or re-apply is already running (it reads the desired version when it applies).
+func (s *Service) UpdateStarted(ctx context.Context, r store.Runner) error {
+	in, err := s.st.Installs().Get(ctx, r.Org, r.RunnerID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("runner %s: read its install: %w", r.RunnerID, err)
+	}
+	if in.State != store.InstallInstalling {
+		in.State, in.Reason, in.Message, in.Hints = store.InstallInstalling, "", "", nil
+		if _, err := s.st.Installs().Put(ctx, in); err != nil {
+			return fmt.Errorf("runner %s: record its re-apply: %w", r.RunnerID, err)
+		}
+	}
+	s.log.Info("runner update: re-applying its objects with the current install settings", "org", r.Org, "runner", r.RunnerID,
+		"cluster", in.ClusterID, "version", r.DesiredVersion)
+	s.inst.start(r.Org, r.RunnerID)
+	return nil
+}
+
+// reapplyPending says whether runner r's install record (if any) is not INSTALLED: an
+// install or an update's re-apply runs, or failed. Unknown (a store error) counts as
+// pending: the runner then keeps its version.
+func (s *Service) reapplyPending(ctx context.Context, r store.Runner) bool {
+	in, err := s.st.Installs().Get(ctx, r.Org, r.RunnerID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false
+	}
+	if err != nil {
+		s.log.Warn("cannot read a runner's install: its desired version is held back", "runner", r.RunnerID, "err", err)
+		return true
+	}
+	return in.State != store.InstallInstalled
+}
+
+// runnerImage is the image the runner's Deployment gets: ref (--install-runner-image)
+// tagged (as the runner's own self-update tags its image) with the version it is to run:
+// its desired version (the update being re-applied), else, for a runner the control plane
+// has updated before (its versions are image tags), the version it reports (a re-apply
+// resumed after its step ended must not move it back to ref's tag); else ref as it is (an
+// install).
+func runnerImage(ref string, r store.Runner) string {
+	v := r.DesiredVersion
+	if v == "" && r.LastUpdate != nil {
+		v = r.Status.Version
+	}
+	if v == "" {
+		return ref
+	}
+	return release.ImageWithTag(ref, v)
 }
 
 // uninstall removes what the control plane installed for r: its namespace, with

@@ -462,15 +462,22 @@ func (g *Registration) Heartbeat(ctx context.Context, req *connect.Request[contr
 	if err != nil {
 		return nil, runnerErr(id, "", err)
 	}
+	// An installed runner is told its desired version only once the update's re-apply of
+	// its objects is done (UpdateStarted): else it would move its image alone, ahead of its
+	// objects, or without them when the re-apply fails.
+	desired := r.DesiredVersion
+	if desired != "" && r.ClusterID != "" && s.reapplyPending(ctx, r) {
+		desired = ""
+	}
 	// A runner that updates itself checks what it downloads against these.
-	sum, agentSum := s.desiredChecksums(ctx, r.DesiredVersion, req.Msg.GetArch())
+	sum, agentSum := s.desiredChecksums(ctx, desired, req.Msg.GetArch())
 	return connect.NewResponse(&controlplanev1.HeartbeatResponse{
 		DesiredSandboxdSha256: sum,
 		DesiredAgentSha256:    agentSum,
 		PolicyJson:            string(r.Policy),
 		PolicyRevision:        r.PolicyRevision,
 		Etag:                  r.Etag,
-		DesiredVersion:        r.DesiredVersion,
+		DesiredVersion:        desired,
 		HeartbeatInterval:     durationpb.New(s.interval),
 	}), nil
 }

@@ -493,6 +493,9 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 		return nil, runnerErr(id, "", err)
 	}
 	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target, "deadline", att.Deadline)
+	if err := s.UpdateStarted(ctx, out); err != nil {
+		return nil, runnerErr(id, "", err)
+	}
 	return s.withHalts(ctx, targets, org, s.withInstall(ctx, s.toProto(ctx, out, targets), org))
 }
 

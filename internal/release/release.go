@@ -173,3 +173,14 @@ func CheckChecksum(sum string) error {
 	}
 	return nil
 }
+
+// ImageWithTag is image reference ref with its tag replaced by tag (a digest is dropped:
+// it pins the old one): how a runner's image follows its version (a Kubernetes runner's
+// self-update, the control plane's re-apply of an installed runner).
+func ImageWithTag(ref, tag string) string {
+	ref, _, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		ref = ref[:i]
+	}
+	return ref + ":" + tag
+}

@@ -112,8 +112,13 @@ type Config struct {
 	// Holder names this controller in the lease; default host name and a random suffix.
 	Holder string
 	// Now is the clock; default time.Now.
-	Now    func() time.Time
-	Logger *slog.Logger
+	Now func() time.Time
+	// Started, when set, is called with each runner (as written) whose step the controller
+	// started: the control plane re-applies an installed runner's objects then
+	// (controlplane.Service.UpdateStarted). Its error fails the tick (logged); the step
+	// stands.
+	Started func(ctx context.Context, r store.Runner) error
+	Logger  *slog.Logger
 }
 
 // Validate checks the configurable values (zero means the default) and says what is
@@ -263,7 +268,7 @@ func (c *Controller) Tick(ctx context.Context) error {
 				continue
 			}
 			att := Attempt(r.Status.Version, t, now, c.cfg.Deadline)
-			_, err := c.cfg.Store.UpdateRunner(ctx, r.Org, r.RunnerID, r.Etag, store.RunnerUpdate{DesiredVersion: &t, LastUpdate: &att})
+			started, err := c.cfg.Store.UpdateRunner(ctx, r.Org, r.RunnerID, r.Etag, store.RunnerUpdate{DesiredVersion: &t, LastUpdate: &att})
 			if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 				continue // changed since read (an admin, another replica): the next tick sees it
 			}
@@ -274,6 +279,11 @@ func (c *Controller) Tick(ctx context.Context) error {
 			inFlight[groupKey(r)]++
 			c.log.Info("runner update started", "org", r.Org, "runner", r.RunnerID, "channel", ch, "from", att.From, "to", t,
 				"deadline", att.Deadline)
+			if c.cfg.Started != nil {
+				if err := c.cfg.Started(ctx, started); err != nil {
+					errs = append(errs, fmt.Errorf("runner %s/%s update started: %w", r.Org, r.RunnerID, err))
+				}
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -3,8 +3,10 @@ package rollout_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -434,4 +436,40 @@ func TestOldPodAfterSuccessDoesNotRestartTheStep(t *testing.T) {
 	b.beat("a", "v1.0.0", true, true) // still on the old version a deadline later: moved again
 	tick(t, c)
 	wantMoving(t, b, "a", "a")
+}
+
+// TestStartedHook: Config.Started is called once per started step, with the runner as
+// written (its desired version set), and not for runners the tick leaves alone; its
+// error fails the tick, the step stands.
+func TestStartedHook(t *testing.T) {
+	b := newBed(t)
+	b.runner("a")
+	b.runner("b")
+	b.target(store.ChannelRapid, "v1.1.0")
+	var started []string
+	fail := errors.New("re-apply refused")
+	c, err := rollout.New(rollout.Config{
+		Store: rollout.FromStore(b.st), Holder: "x", Batch: 1, Deadline: time.Minute, HeartbeatInterval: 5 * time.Second,
+		Now: b.clock, Logger: slog.New(slog.DiscardHandler),
+		Targets: func(context.Context) (map[string]string, error) {
+			return map[string]string{store.ChannelRapid: "v1.1.0"}, nil
+		},
+		Started: func(_ context.Context, r store.Runner) error {
+			started = append(started, r.RunnerID+"@"+r.DesiredVersion)
+			return fail
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Tick(t.Context()); !errors.Is(err, fail) {
+		t.Fatalf("tick: %v, want the hook's error", err)
+	}
+	if !slices.Equal(started, []string{"a@v1.1.0"}) {
+		t.Fatalf("started %v, want a's step only (batch 1)", started)
+	}
+	wantMoving(t, b, "a", "a", "b")
+	if err := c.Tick(t.Context()); err != nil || len(started) != 1 {
+		t.Fatalf("a tick that starts nothing: %v, hook called for %v", err, started)
+	}
 }

@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	k8s "k8s.io/client-go/kubernetes"
+
+	"github.com/sandboxd/sandboxd/internal/release"
 )
 
 // SelfUpdater rolls the runner's own Deployment to another version: the control plane's
@@ -27,14 +29,9 @@ type SelfUpdater struct {
 	Logger    *slog.Logger
 }
 
-// WithTag is ref with its tag replaced by tag (a digest is dropped: it pins the old one).
-func WithTag(ref, tag string) string {
-	ref, _, _ = strings.Cut(ref, "@")
-	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
-		ref = ref[:i]
-	}
-	return ref + ":" + tag
-}
+// WithTag is ref with its tag replaced by tag (a digest is dropped: it pins the old one):
+// release.ImageWithTag.
+func WithTag(ref, tag string) string { return release.ImageWithTag(ref, tag) }
 
 // Apply sets the runner container's image tag to version. It reports whether it changed
 // the Deployment (false when it already asks for that image).

@@ -56,16 +56,36 @@ type installPlane struct {
 	ca       *pki.CA
 	runners  controlplanev1connect.RunnerManagementServiceClient
 	clusters controlplanev1connect.ClusterServiceClient
+	stop     func() // ends it (before its cleanup): a restart
+	// waitInstalls waits for its running installs (and re-applies) to end by themselves.
+	waitInstalls func()
+	addr         string // where it listens (the installed runners' control plane address)
 }
 
 func startInstallPlane(t *testing.T, ctx context.Context, host string, cfg controlplane.InstallConfig) *installPlane {
 	t.Helper()
-	dir := t.TempDir()
+	return startInstallPlaneIn(t, ctx, t.TempDir(), net.JoinHostPort(host, "0"), cfg, nil)
+}
+
+// startInstallPlaneIn starts the control plane listening on addr (HOST:PORT; port 0: any)
+// on the store, CA and keys in dir (made by the first start; a later one, on the first
+// one's addr, is the same control plane restarted with other flags), offering the channel
+// targets targets. Its stop ends it (also at cleanup).
+func startInstallPlaneIn(t *testing.T, ctx context.Context, dir, addr string, cfg controlplane.InstallConfig, targets map[string]string) *installPlane {
+	t.Helper()
 	st, err := store.Open(ctx, filepath.Join(dir, "sandboxd.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = st.Close() })
+	var stops []func()
+	stopAll := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+		stops = nil
+	}
+	t.Cleanup(stopAll)
+	stops = append(stops, func() { _ = st.Close() })
 	ca, err := pki.LoadOrCreateCA(filepath.Join(dir, "pki"), "k8s install test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -81,20 +101,34 @@ func startInstallPlane(t *testing.T, ctx context.Context, host string, cfg contr
 	if err != nil {
 		t.Fatal(err)
 	}
+	keyFile := filepath.Join(dir, "admin.key") // the key is issued once: a restart reads it
+	if adminKey != "" {
+		if err := os.WriteFile(keyFile, []byte(adminKey), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	} else if b, err := os.ReadFile(keyFile); err != nil {
+		t.Fatal(err)
+	} else {
+		adminKey = string(b)
+	}
 	authn := auth.NewStoreAuthenticator(st, nil)
-	t.Cleanup(authn.Wait)
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	stops = append(stops, authn.Wait)
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ControlPlaneAddress = ln.Addr().String()
 	svc, err := controlplane.New(controlplane.Config{Store: st, Auth: authn, PlatformOrg: "platform", CA: ca, HeartbeatInterval: 300 * time.Millisecond,
-		ClusterKey: key, Install: cfg, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+		ClusterKey: key, Install: cfg, TargetVersions: targets, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ictx, stop := context.WithCancel(context.Background())
-	t.Cleanup(func() { stop(); svc.WaitInstalls() })
+	stops = append(stops, func() { stop(); svc.WaitInstalls() })
 	if err := svc.ResumeInstalls(ictx); err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +138,12 @@ func startInstallPlane(t *testing.T, ctx context.Context, host string, cfg contr
 	}
 	srv := &http.Server{Handler: svc.TLSHandler(), TLSConfig: tlsCfg}
 	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
+	stops = append(stops, func() { _ = srv.Close() })
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLSConfig(nil, ca.Pool(), host), ForceAttemptHTTP2: true}}
 	base, ic := "https://"+ln.Addr().String(), connect.WithInterceptors(connecttest.Bearer(adminKey))
 	return &installPlane{ca: ca, runners: controlplanev1connect.NewRunnerManagementServiceClient(hc, base, ic),
-		clusters: controlplanev1connect.NewClusterServiceClient(hc, base, ic)}
+		clusters: controlplanev1connect.NewClusterServiceClient(hc, base, ic), stop: stopAll, waitInstalls: svc.WaitInstalls,
+		addr: ln.Addr().String()}
 }
 
 // testWriter logs the control plane's lines into the test's output.

@@ -163,7 +163,10 @@ type RunnerManagementServiceClient interface {
 	// (FAILED_PRECONDITION, CWSANDBOX_UNINSTALL_FAILED) unless force is set.
 	DeleteManagedRunner(context.Context, *connect.Request[v1.DeleteManagedRunnerRequest]) (*connect.Response[emptypb.Empty], error)
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
-	// target version. FAILED_PRECONDITION when no update is available.
+	// target version. FAILED_PRECONDITION when no update is available. A runner the control
+	// plane installed gets its objects re-applied with the control plane's current install
+	// settings first (install_status INSTALLING again, FAILED with install_error if the
+	// cluster refuses; its heartbeats carry the desired version only once it is INSTALLED).
 	ApplyAvailableUpdate(context.Context, *connect.Request[v1.ApplyAvailableUpdateRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// CreateBootstrapToken issues a one-time bootstrap token for the runner: the runner
 	// presents it once to RunnerRegistrationService.Register to receive its certificate.
@@ -299,7 +302,10 @@ type RunnerManagementServiceHandler interface {
 	// (FAILED_PRECONDITION, CWSANDBOX_UNINSTALL_FAILED) unless force is set.
 	DeleteManagedRunner(context.Context, *connect.Request[v1.DeleteManagedRunnerRequest]) (*connect.Response[emptypb.Empty], error)
 	// ApplyAvailableUpdate sets the runner's desired version to its release channel's
-	// target version. FAILED_PRECONDITION when no update is available.
+	// target version. FAILED_PRECONDITION when no update is available. A runner the control
+	// plane installed gets its objects re-applied with the control plane's current install
+	// settings first (install_status INSTALLING again, FAILED with install_error if the
+	// cluster refuses; its heartbeats carry the desired version only once it is INSTALLED).
 	ApplyAvailableUpdate(context.Context, *connect.Request[v1.ApplyAvailableUpdateRequest]) (*connect.Response[v1.ManagedRunner], error)
 	// CreateBootstrapToken issues a one-time bootstrap token for the runner: the runner
 	// presents it once to RunnerRegistrationService.Register to receive its certificate.
