@@ -37,8 +37,8 @@ func recoverSpec(id string) *runtime.Spec {
 		Container: runtime.Container{Image: "reg.example/app:1", Command: "sleep", Args: []string{"600"},
 			PullCredentials: &runtime.Credentials{Username: "u", Password: "p"},
 			Security:        &runtime.Security{RunAsUser: &uid, CapDrop: []string{"ALL"}}},
-		Pod:      &runtime.PodSettings{Annotations: map[string]string{"team": "a"}, ImagePullSecrets: []string{"policy-pull"}},
-		Meta:     map[string]string{runtime.MetaOrg: "org-a", runtime.MetaCaller: "key-1"},
+		Pod:  &runtime.PodSettings{Annotations: map[string]string{"team": "a"}, ImagePullSecrets: []string{"policy-pull"}},
+		Meta: map[string]string{runtime.MetaOrg: "org-a", runtime.MetaCaller: "key-1"},
 	}
 }
 
