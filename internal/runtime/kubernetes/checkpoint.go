@@ -36,10 +36,17 @@ import (
 // Pod's containers from the image instead of starting them. The restored gate sends no
 // hello: Resume waits for the Pod's IP and for the agent to answer.
 //
+// A runner restart keeps a paused sandbox paused: the mark records what the resumed Pod
+// takes from the paused one (pausestate.go, checked on read: the Secret is writable by
+// anyone with rights in the namespace); Recover takes each paused sandbox over
+// (recoverPaused: Recovered.Paused, Released) and finishes a pause cut short between its
+// mark and the Pod's deletion (finishInterruptedPauses), and a resume cut short after its
+// Pod was made (recoverInterruptedPause). A record that cannot be used ends the sandbox
+// with Reason CheckpointLost.
+//
 // Not covered yet (refused with a reason): multi-container sandboxes, disk scratch
 // volumes (host-backed emptyDirs are not in the checkpoint), registered volumes
-// (claims, GLOBAL copies), a freeze (release=false), fork, and taking a paused sandbox
-// over after a runner restart (Recover ends it: recoverPaused).
+// (claims, GLOBAL copies), a freeze (release=false) and fork.
 
 // Paused marks on a paused sandbox's Secret.
 const (
