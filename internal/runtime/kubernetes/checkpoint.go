@@ -208,6 +208,9 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	}
 	// What the resumed Pod takes from this one, as it runs.
 	pp, why := pausedPodOf(s, pod)
+	if _, err := marshalPausedPod(&pp); why == "" && err != nil {
+		why = err.Error() // its mark could not be written after the checkpoint
+	}
 	if why != "" {
 		b.mu.Unlock()
 		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, why)
