@@ -45,62 +45,12 @@ const pauseTickScript = `s=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 // /tmp are intact. While paused: state PAUSED, no Pod, the Secret kept (marked). A
 // second pause then Delete leaves neither Secret nor checkpoint image.
 func TestK8sPauseResume(t *testing.T) {
-	c := needCluster(t)
-	if os.Geteuid() != 0 {
-		msg := "needs root: the shim's hibernate socket and the checkpoint root are root's"
-		if os.Getenv("SANDBOXD_K8S_REQUIRED") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	rc, err := stack.RESTConfig(c.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := k8sclient.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
-	if err != nil || len(nodes.Items) != 1 {
-		t.Fatalf("the test cluster's nodes: %v (%d), want one", err, len(nodes.Items))
-	}
-	node := nodes.Items[0].Name
-	nodeIP := ""
-	for _, a := range nodes.Items[0].Status.Addresses {
-		if a.Type == corev1.NodeInternalIP && nodeIP == "" {
-			nodeIP = a.Address
-		}
-	}
-	if nodeIP == "" {
-		t.Fatalf("node %s has no InternalIP: %v", node, nodes.Items[0].Status.Addresses)
-	}
-	runnerID := randomID("test-")
-	agentCtx, agentCancel := context.WithCancel(context.Background())
-	t.Cleanup(agentCancel)
-	// The agent listens on the node's InternalIP; the runner reaches it as its
-	// --node-agent-port and --node-agent-tls-dir say (nodeagentdial.NodeDialer reads the node).
-	ta := startNodeAgentAt(t, agentCtx, node, c.namespace, runnerID, net.JoinHostPort(nodeIP, "0"))
-	dialer := ta.dialer
-	_, portS, _ := net.SplitHostPort(ta.addr)
-	port, _ := strconv.Atoi(portS)
-	ccert, err := ta.ca.IssueClient("runner-"+runnerID, []*url.URL{pki.NodeAgentClientURI(runnerID)}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runnerTLS := t.TempDir()
-	if err := nodeagent.WriteTLSDir(runnerTLS, ccert, ta.ca.CertPEM()); err != nil {
-		t.Fatal(err)
-	}
-	ckptRoot := testCheckpointRoot()
-	s := newStackAgents(t, c, runnerID, t.TempDir(), nodeagentdial.DialConfig{Port: port, TLSDir: runnerTLS}, func(cfg *kubernetes.Config) {
-		cfg.RuntimeClasses = map[string]string{"runc": "", "gvisor": "gvisor"}
-		// The backend's resume steps (pod created, IP, agent answered) in the test's log.
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	})
+	pe := newPauseEnv(t)
+	c, node, dialer, ckptRoot := pe.c, pe.node, pe.ta.dialer, pe.ckptRoot
+	s := pe.stack(t, t.TempDir())
 	t.Cleanup(func() {
 		s.Close()
-		deleteRunnerObjects(s.Client, c.namespace, runnerID)
+		deleteRunnerObjects(s.Client, c.namespace, pe.runnerID)
 	})
 	r := s.Runner
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -283,6 +233,80 @@ func TestK8sPauseResume(t *testing.T) {
 	if list, err := ac.ListCheckpoints(ctx); err != nil || len(list) != 0 {
 		t.Errorf("the node agent's checkpoints of the runner after the delete: %v (%v), want none", list, err)
 	}
+}
+
+// pauseEnv is what pausing on the test cluster needs: root, the one node, the real node
+// agent in the test process listening on the node's InternalIP, and the runner's client
+// TLS for it (as its --node-agent-port and --node-agent-tls-dir configure it:
+// stack.KubernetesConfig.NodeAgents, nodeagentdial.NodeDialer).
+type pauseEnv struct {
+	c        cluster
+	node     string
+	runnerID string
+	ta       testAgent
+	dial     nodeagentdial.DialConfig
+	ckptRoot string
+}
+
+func newPauseEnv(t *testing.T) *pauseEnv {
+	c := needCluster(t)
+	if os.Geteuid() != 0 {
+		msg := "needs root: the shim's hibernate socket and the checkpoint root are root's"
+		if os.Getenv("SANDBOXD_K8S_REQUIRED") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	rc, err := stack.RESTConfig(c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := k8sclient.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 1 {
+		t.Fatalf("the test cluster's nodes: %v (%d), want one", err, len(nodes.Items))
+	}
+	node := nodes.Items[0].Name
+	nodeIP := ""
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && nodeIP == "" {
+			nodeIP = a.Address
+		}
+	}
+	if nodeIP == "" {
+		t.Fatalf("node %s has no InternalIP: %v", node, nodes.Items[0].Status.Addresses)
+	}
+	runnerID := randomID("test-")
+	agentCtx, agentCancel := context.WithCancel(context.Background())
+	t.Cleanup(agentCancel)
+	// The agent listens on the node's InternalIP; the runner reaches it as its
+	// --node-agent-port and --node-agent-tls-dir say (nodeagentdial.NodeDialer reads the node).
+	ta := startNodeAgentAt(t, agentCtx, node, c.namespace, runnerID, net.JoinHostPort(nodeIP, "0"))
+	_, portS, _ := net.SplitHostPort(ta.addr)
+	port, _ := strconv.Atoi(portS)
+	ccert, err := ta.ca.IssueClient("runner-"+runnerID, []*url.URL{pki.NodeAgentClientURI(runnerID)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runnerTLS := t.TempDir()
+	if err := nodeagent.WriteTLSDir(runnerTLS, ccert, ta.ca.CertPEM()); err != nil {
+		t.Fatal(err)
+	}
+	return &pauseEnv{c: c, node: node, runnerID: runnerID, ta: ta, ckptRoot: testCheckpointRoot(),
+		dial: nodeagentdial.DialConfig{Port: port, TLSDir: runnerTLS}}
+}
+
+// stack starts a runner of the environment's runner ID on dataDir (a second one on the
+// same dataDir, after the first is closed, is a restarted runner).
+func (pe *pauseEnv) stack(t *testing.T, dataDir string) *stack.KubernetesStack {
+	return newStackAgents(t, pe.c, pe.runnerID, dataDir, pe.dial, func(cfg *kubernetes.Config) {
+		cfg.RuntimeClasses = map[string]string{"runc": "", "gvisor": "gvisor"}
+		// The backend's resume steps (pod created, IP, agent answered) in the test's log.
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
 }
 
 // readTick reads /tmp/tick of the sandbox: the value and count its main command holds.

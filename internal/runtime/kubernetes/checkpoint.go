@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,10 +36,17 @@ import (
 // Pod's containers from the image instead of starting them. The restored gate sends no
 // hello: Resume waits for the Pod's IP and for the agent to answer.
 //
+// A runner restart keeps a paused sandbox paused: the mark records what the resumed Pod
+// takes from the paused one (pausestate.go, checked on read: the Secret is writable by
+// anyone with rights in the namespace); Recover takes each paused sandbox over
+// (recoverPaused: Recovered.Paused, Released) and finishes a pause cut short between its
+// mark and the Pod's deletion (finishInterruptedPauses), and a resume cut short after its
+// Pod was made (recoverInterruptedPause). A record that cannot be used ends the sandbox
+// with Reason CheckpointLost.
+//
 // Not covered yet (refused with a reason): multi-container sandboxes, disk scratch
 // volumes (host-backed emptyDirs are not in the checkpoint), registered volumes
-// (claims, GLOBAL copies), a freeze (release=false), fork, and taking a paused sandbox
-// over after a runner restart (Recover ends it: recoverPaused).
+// (claims, GLOBAL copies), a freeze (release=false) and fork.
 
 // Paused marks on a paused sandbox's Secret.
 const (
@@ -66,25 +71,14 @@ type pauseState struct {
 	CheckpointID, Node string
 	Bytes              int64
 	At                 time.Time
-	// From the paused Pod: its labels, pull Secrets (without the policy's), the main
-	// container's security context and each container's pull policy, so the resumed
-	// Pod's containers are the paused one's.
-	labels      map[string]string
-	pullSecrets []string
-	sc          *corev1.SecurityContext
-	pullPolicy  map[string]corev1.PullPolicy
-	// pinned: the image (repo@digest) each container the paused Pod pulls every time
-	// (PullAlways: its image needs the sandbox's pull credentials, which may have expired
-	// by the resume) ran; the resumed Pod runs that, IfNotPresent (it is pinned to the
-	// same node, where the image is).
-	pinned map[string]string
-	// warmClaimed: the paused Pod's annotationWarmClaimed (the sandbox's start).
-	warmClaimed string
+	// pod: what the resumed Pod takes from the paused one (pausestate.go), also
+	// recorded in the sandbox's Secret.
+	pod pausedPod
 }
 
-// pinnedImages returns, for each container of pod that pulls Always, the repo@digest
-// image its status says it runs; why: one has none (not reported, or only a config
-// digest), so it cannot be pinned.
+// pinnedImages returns, for each container of pod that pulls Always, the digest of the
+// image its status says it runs (the repo@digest of its ImageID); why: one has none (not
+// reported, or only a config digest), so it cannot be pinned.
 func pinnedImages(pod *corev1.Pod) (pinned map[string]string, why string) {
 	pinned = map[string]string{}
 	for _, c := range pod.Spec.Containers {
@@ -96,10 +90,11 @@ func pinnedImages(pod *corev1.Pod) (pinned map[string]string, why string) {
 		if cs != nil {
 			id = strings.TrimPrefix(cs.ImageID, "docker-pullable://")
 		}
-		if i := strings.LastIndex(id, "@sha256:"); i <= 0 || len(id)-i != len("@sha256:")+64 {
+		i := strings.LastIndex(id, "@sha256:")
+		if i <= 0 || !validImageDigest(id[i+1:]) {
 			return nil, fmt.Sprintf("container %q: the digest of its image is not known (pulled with the sandbox's credentials, it could not be pulled again at resume): this sandbox cannot be paused on Kubernetes", c.Name)
 		}
-		pinned[c.Name] = id
+		pinned[c.Name] = id[i+1:]
 	}
 	return pinned, ""
 }
@@ -171,7 +166,7 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	b.mu.Lock()
 	why := pauseRefusal(&s.spec, s.pod)
 	if why == "" && s.pod != nil {
-		_, why = pinnedImages(s.pod)
+		_, why = pausedPodOf(s, s.pod)
 	}
 	b.mu.Unlock()
 	if why != "" {
@@ -210,6 +205,15 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	if pod == nil || s.uid == "" || pod.UID != s.uid || pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil || s.deleted || s.stopping {
 		b.mu.Unlock()
 		return runtime.PauseInfo{}, fmt.Errorf("pause %s: its Pod is not running", id)
+	}
+	// What the resumed Pod takes from this one, as it runs.
+	pp, why := pausedPodOf(s, pod)
+	if _, err := marshalPausedPod(&pp); why == "" && err != nil {
+		why = err.Error() // its mark could not be written after the checkpoint
+	}
+	if why != "" {
+		b.mu.Unlock()
+		return runtime.PauseInfo{}, fmt.Errorf("%w: %s", errdefs.ErrNotImplemented, why)
 	}
 	s.pausing = true
 	dropSpareLocked(s)
@@ -279,9 +283,7 @@ func (b *Backend) Pause(ctx context.Context, id string, release bool) (runtime.P
 	// lose the image, so the rest runs on its own budget.
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), pauseFinishBudget)
 	defer pcancel()
-	ps := &pauseState{CheckpointID: cp.ID, Node: cp.Node, Bytes: cp.Bytes, At: time.Now().UTC()}
-	ps.fromPod(pod)
-	ps.pinned, _ = pinnedImages(pod) // checked above
+	ps := &pauseState{CheckpointID: cp.ID, Node: cp.Node, Bytes: cp.Bytes, At: time.Now().UTC(), pod: pp}
 	if err := b.markPausedRetry(pctx, id, ps); err != nil {
 		// Its processes ended with the checkpoint: the sandbox ends with its Pod.
 		b.deleteCheckpoint(id, cp.Node, cp.ID)
@@ -357,48 +359,42 @@ func (b *Backend) closeAgentConns(s *sandbox) {
 	}
 }
 
-// fromPod records what the resumed Pod takes from the paused one.
-func (ps *pauseState) fromPod(pod *corev1.Pod) {
-	ps.labels = maps.Clone(pod.Labels)
-	ps.warmClaimed = pod.Annotations[annotationWarmClaimed]
-	ps.pullPolicy = map[string]corev1.PullPolicy{}
-	for _, c := range pod.Spec.Containers {
-		ps.pullPolicy[c.Name] = c.ImagePullPolicy
-		if c.Name == containerMain && c.SecurityContext != nil {
-			ps.sc = c.SecurityContext.DeepCopy()
-		}
-	}
-	for _, r := range pod.Spec.ImagePullSecrets {
-		ps.pullSecrets = append(ps.pullSecrets, r.Name)
-	}
-}
-
 // markPaused writes the paused marks on the sandbox's Secret and takes the Pod's
 // ownership off it, its pull Secret and its NetworkPolicy (the garbage collector would
 // delete them with the Pod).
 func (b *Backend) markPaused(ctx context.Context, id string, ps *pauseState) error {
+	pp, err := marshalPausedPod(&ps.pod)
+	if err != nil {
+		return err
+	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"ownerReferences": nil,
 		"labels":          map[string]string{labelPaused: "true"},
 		"annotations": map[string]string{
 			annotationPausedCkpt:  ps.CheckpointID,
 			annotationPausedNode:  ps.Node,
-			annotationPausedAt:    ps.At.Format(time.RFC3339),
+			annotationPausedAt:    ps.At.Format(time.RFC3339Nano),
 			annotationPausedBytes: strconv.FormatInt(ps.Bytes, 10),
+			annotationPausedPod:   pp,
 		},
 	}})
 	if err != nil {
 		return err
 	}
-	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
-	if _, err := secrets.Patch(ctx, secretName(id), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(ctx, secretName(id), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return err
 	}
+	return b.disownPaused(ctx, id)
+}
+
+// disownPaused takes the Pod's ownership off the sandbox's pull Secret and NetworkPolicy.
+func (b *Backend) disownPaused(ctx context.Context, id string) error {
+	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
 	disown := []byte(`{"metadata":{"ownerReferences":null}}`)
 	if _, err := secrets.Patch(ctx, pullSecretName(id), types.MergePatchType, disown, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("pull secret: %w", err)
 	}
-	_, err = b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Patch(ctx, networkPolicyName(id), types.MergePatchType, disown, metav1.PatchOptions{})
+	_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Patch(ctx, networkPolicyName(id), types.MergePatchType, disown, metav1.PatchOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("network policy: %w", err)
 	}
@@ -430,7 +426,7 @@ func (b *Backend) unmarkPaused(ctx context.Context, id string) error {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"labels": map[string]any{labelPaused: nil},
 		"annotations": map[string]any{
-			annotationPausedCkpt: nil, annotationPausedNode: nil, annotationPausedAt: nil, annotationPausedBytes: nil,
+			annotationPausedCkpt: nil, annotationPausedNode: nil, annotationPausedAt: nil, annotationPausedBytes: nil, annotationPausedPod: nil,
 		},
 	}})
 	if err != nil {
@@ -474,33 +470,12 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	if ps == nil {
 		return runtime.Info{}, fmt.Errorf("%w: %s", runtime.ErrNotPaused, id)
 	}
-	class, rcName, err := b.runtimeClass(s.class)
+	pod, err := b.resumePod(s, ps)
+	if errors.Is(err, errPauseRecord) {
+		return runtime.Info{}, fmt.Errorf("resume %s: %w: %w", id, runtime.ErrCheckpointLost, err)
+	}
 	if err != nil {
-		return runtime.Info{}, err
-	}
-	var pull []string
-	for _, n := range ps.pullSecrets {
-		if s.spec.Pod == nil || !slices.Contains(s.spec.Pod.ImagePullSecrets, n) {
-			pull = append(pull, n) // applyPodSettings adds the policy's again
-		}
-	}
-	pod := b.buildPod(s, &s.spec, podParts{class: class, rcName: rcName, labels: maps.Clone(ps.labels), pullSecrets: pull, sc: ps.sc, node: ps.Node})
-	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
-		if p, ok := ps.pullPolicy[c.Name]; ok {
-			c.ImagePullPolicy = p
-		}
-		if img, ok := ps.pinned[c.Name]; ok {
-			c.Image, c.ImagePullPolicy = img, corev1.PullIfNotPresent
-		}
-	}
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	// After buildPod's applyPodSettings: a policy never names a checkpoint.
-	pod.Annotations[runtime.RestoreCheckpointAnnotation] = ps.CheckpointID
-	if ps.warmClaimed != "" {
-		pod.Annotations[annotationWarmClaimed] = ps.warmClaimed // its start (infoOf)
+		return runtime.Info{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	// The checkpoint's node must still be there (its agent): a node that is gone has taken
 	// the image with it.
@@ -568,6 +543,46 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	// The image has been read by the restore: it goes.
 	go b.deleteCheckpoint(id, ps.Node, ps.CheckpointID)
 	return b.info(s), nil
+}
+
+// resumePod is the Pod that resumes paused sandbox s: the one Create made (buildPod),
+// with what ps recorded of the paused one (checkPausedPod checks it first), pinned to the
+// checkpoint's node and naming the checkpoint.
+func (b *Backend) resumePod(s *sandbox, ps *pauseState) (*corev1.Pod, error) {
+	class, rcName, err := b.runtimeClass(s.class)
+	if err != nil {
+		return nil, err
+	}
+	build := func(sc *corev1.SecurityContext) *corev1.Pod {
+		return b.buildPod(s, &s.spec, podParts{class: class, rcName: rcName, labels: b.labels(&s.spec),
+			pullSecrets: ps.pod.PullSecrets, sc: sc.DeepCopy(), node: ps.Node})
+	}
+	pod := build(ps.pod.SecurityContext)
+	if err := b.checkPausedPod(s, &ps.pod, pod, build); err != nil {
+		return nil, err
+	}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if p, ok := ps.pod.PullPolicy[c.Name]; ok {
+			c.ImagePullPolicy = p
+		}
+		if d, ok := ps.pod.Pinned[c.Name]; ok {
+			img, err := pinnedRef(c.Image, d)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", errPauseRecord, err) // checked by checkPausedPod
+			}
+			c.Image, c.ImagePullPolicy = img, corev1.PullIfNotPresent
+		}
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	// After buildPod's applyPodSettings: a policy never names a checkpoint.
+	pod.Annotations[runtime.RestoreCheckpointAnnotation] = ps.CheckpointID
+	if ps.pod.WarmClaimed != "" {
+		pod.Annotations[annotationWarmClaimed] = ps.pod.WarmClaimed // its start (infoOf)
+	}
+	return pod, nil
 }
 
 // waitRestored waits until the restored Pod has an IP and its agent answers, or the Pod
@@ -701,9 +716,10 @@ func (b *Backend) stopPaused(_ context.Context, s *sandbox) bool {
 	return true
 }
 
-// recoverPaused ends, at a runner's start, the paused sandboxes an earlier run left: a
-// Secret of this runner marked paused whose sandbox has no Pod (withPod). This slice
-// does not take a paused sandbox over (a restarted runner never resumes it): its
+// recoverPaused takes over, at a runner's start, the paused sandboxes an earlier run
+// left: a Secret of this runner marked paused whose sandbox has no Pod (withPod). Each is
+// reported paused (checkpointed) and resumes as it would have before the restart, from
+// what its Secret records (readPauseState). One whose record cannot be used ends: its
 // checkpoint is deleted through the node agent (when this runner has one), its Secrets
 // and NetworkPolicy with Destroy, and it is reported ended with Reason CheckpointLost.
 func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([]runtime.Recovered, error) {
@@ -725,27 +741,118 @@ func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([
 		if known {
 			continue
 		}
-		b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
-		if err := b.Destroy(ctx, id); err != nil {
-			b.log.Warn("recover: destroy a paused sandbox", "sandbox", id, "err", err)
-		}
 		s, err := sandboxFromSecret(id, sec)
-		if err != nil {
+		var ps *pauseState
+		if err == nil {
+			b.recoverHelloKey(s, sec)
+			ps, err = b.readPauseState(s, sec)
+		}
+		if err == nil {
+			s.paused = ps
+			b.mu.Lock()
+			taken := b.sandboxes[id] == nil
+			if taken {
+				b.sandboxes[id] = s
+			}
+			b.mu.Unlock()
+			if taken {
+				b.log.Info("recover: a paused sandbox taken over", "sandbox", id, "node", ps.Node, "checkpoint", ps.CheckpointID)
+				out = append(out, runtime.Recovered{Spec: s.spec, Paused: true, Released: true, Info: runtime.Info{
+					ID: id, RuntimeClass: s.class, ImageDigest: ps.pod.ImageDigest, StartedAt: ps.pod.StartedAt,
+				}})
+			}
+			continue
+		}
+		b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+		if derr := b.Destroy(ctx, id); derr != nil {
+			b.log.Warn("recover: destroy a paused sandbox", "sandbox", id, "err", derr)
+		}
+		if s == nil {
 			b.log.Warn("recover: a paused sandbox's unreadable secret: deleted", "sandbox", id, "err", err)
 			continue
 		}
-		b.log.Info("recover: a paused sandbox ended: a restarted runner does not resume it (its checkpoint deleted)", "sandbox", id)
+		b.log.Warn("recover: a paused sandbox ended: its record cannot be resumed from (its checkpoint deleted)", "sandbox", id, "err", err)
 		ex := runtime.Exit{Reason: "CheckpointLost", At: time.Now().UTC(),
-			Message: runtime.ErrCheckpointLost.Error() + ": the runner restarted while the sandbox was paused"}
+			Message: runtime.ErrCheckpointLost.Error() + ": the runner restarted while the sandbox was paused, and " + err.Error()}
 		out = append(out, runtime.Recovered{Spec: s.spec, Info: runtime.Info{ID: id, RuntimeClass: s.class}, Exit: &ex})
 	}
 	return out, nil
 }
 
+// pauseInterrupted: pod is the Pod a pause checkpointed and marked its Secret sec for,
+// not deleted yet (a runner stopped between the mark and the deletion): not a Pod a
+// resume made from the marked checkpoint, on the marked node.
+func pauseInterrupted(sec *corev1.Secret, pod *corev1.Pod) bool {
+	cid := sec.Annotations[annotationPausedCkpt]
+	return sec.Labels[labelPaused] == "true" && cid != "" && pod.Annotations[runtime.RestoreCheckpointAnnotation] != cid &&
+		pod.Spec.NodeName != "" && pod.Spec.NodeName == sec.Annotations[annotationPausedNode]
+}
+
+// finishInterruptedPauses finishes the pauses cut short after their mark among pods
+// (pauseInterrupted): each such sandbox no longer has a Pod (withPod), and is taken over
+// paused by recoverPaused. It returns those sandboxes (their Pods are not recovered).
+func (b *Backend) finishInterruptedPauses(ctx context.Context, pods []corev1.Pod, withPod map[string]bool) (map[string]bool, error) {
+	list, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: b.selector.String() + "," + labelPaused + "=true"})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes backend: list paused sandboxes' secrets: %w", err)
+	}
+	marked := map[string]*corev1.Secret{}
+	for i := range list.Items {
+		if id := list.Items[i].Labels[LabelSandbox]; validID(id) && list.Items[i].Name == secretName(id) {
+			marked[id] = &list.Items[i]
+		}
+	}
+	done := map[string]bool{}
+	for i := range pods {
+		pod := &pods[i]
+		id := pod.Labels[LabelSandbox]
+		sec := marked[id]
+		if sec == nil || done[id] || !pauseInterrupted(sec, pod) {
+			continue
+		}
+		b.mu.Lock()
+		known := b.sandboxes[id] != nil
+		b.mu.Unlock()
+		if !known && b.finishInterruptedPause(ctx, id, pod) {
+			done[id], withPod[id] = true, false
+		}
+	}
+	return done, nil
+}
+
+// finishInterruptedPause finishes, at a runner's start, a pause cut short after its mark
+// (pauseInterrupted): the Pod's ownership off the sandbox's pull Secret and NetworkPolicy
+// again (the mark's patches may not all have been made), then the Pod goes. False: the
+// ownership could not be taken off (the Pod is left: recoverInterruptedPause ends it).
+func (b *Backend) finishInterruptedPause(ctx context.Context, id string, pod *corev1.Pod) bool {
+	disown := []byte(`{"metadata":{"ownerReferences":null}}`)
+	_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(ctx, secretName(id), types.MergePatchType, disown, metav1.PatchOptions{})
+	if err == nil {
+		err = b.disownPaused(ctx, id)
+	}
+	if err != nil {
+		b.log.Warn("recover: a pause cut short: take the Pod's ownership off", "sandbox", id, "err", err)
+		return false
+	}
+	uid := pod.UID
+	err = b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: ptr(int64(0)), Preconditions: &metav1.Preconditions{UID: &uid},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		b.log.Warn("recover: a pause cut short: delete the checkpointed Pod", "sandbox", id, "err", err)
+	}
+	if err := b.waitPodGone(ctx, id, uid, pauseGoneWait); err != nil {
+		b.log.Warn("recover: a pause cut short: the checkpointed Pod is still there", "sandbox", id, "err", err)
+	}
+	b.log.Info("recover: a pause cut short after its checkpoint finished", "sandbox", id, "node", pod.Spec.NodeName)
+	return true
+}
+
 // recoverInterruptedPause finishes, at a runner's start, what a resume cut short left
 // (a Pod of the sandbox and its Secret still marked paused): the marks go, the Pod owns
 // the Secrets and NetworkPolicy again, and the image is deleted (a restored Pod has read
-// it; a paused Pod that was not deleted yet has ended, and the sandbox with it).
+// it; a paused Pod finishInterruptedPause could not delete has ended, and the sandbox
+// with it).
 func (b *Backend) recoverInterruptedPause(ctx context.Context, id string, sec *corev1.Secret, pod *corev1.Pod) {
 	b.adoptSecrets(ctx, pod, pullSecretName(id), true)
 	if err := b.unmarkPaused(ctx, id); err != nil {

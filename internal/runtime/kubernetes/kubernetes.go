@@ -909,19 +909,24 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	for i := range list.Items {
 		withPod[list.Items[i].Labels[LabelSandbox]] = true
 	}
-	// Paused sandboxes (their Pod deleted): ended, checkpoint lost (checkpoint.go).
-	lost, err := b.recoverPaused(ctx, withPod)
+	// Paused sandboxes (their Pod deleted, or a pause cut short before it was): taken
+	// over paused (checkpoint.go).
+	pauseFinished, err := b.finishInterruptedPauses(ctx, list.Items, withPod)
 	if err != nil {
 		return nil, err
 	}
-	out = append(out, lost...)
+	paused, err := b.recoverPaused(ctx, withPod)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, paused...)
 	// One deadline for every wait for a Pod's IP below, however many Pods wait.
 	ipDeadline := time.Now().Add(recoverIPWait)
 	var found []*recovering
 	for i := range list.Items {
 		pod := &list.Items[i]
 		id := pod.Labels[LabelSandbox]
-		if !validID(id) {
+		if !validID(id) || pauseFinished[id] {
 			continue
 		}
 		sec, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Get(ctx, secretName(id), metav1.GetOptions{})

@@ -35,6 +35,13 @@ func testCreds(org string, exp time.Time) *runtime.Credentials {
 func newFakeBackend(t *testing.T, cfg Config, objs ...k8sruntime.Object) (*Backend, *fake.Clientset) {
 	t.Helper()
 	cs := fake.NewSimpleClientset(objs...)
+	return backendOn(t, cfg, cs), cs
+}
+
+// backendOn is a Backend (New, closed with the test) on the fake API server cs, as
+// newFakeBackend makes it: a second one on the same cs is a restarted runner.
+func backendOn(t *testing.T, cfg Config, cs *fake.Clientset) *Backend {
+	t.Helper()
 	cfg.Client = cs
 	if cfg.Namespace == "" {
 		cfg.Namespace = "sbx"
@@ -55,7 +62,7 @@ func newFakeBackend(t *testing.T, cfg Config, objs ...k8sruntime.Object) (*Backe
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
-	return b, cs
+	return b
 }
 
 func TestParsePlatformPullToken(t *testing.T) {

@@ -774,7 +774,8 @@ func madeSecret(t *testing.T, cfg Config, spec *runtime.Spec) (*corev1.Pod, *cor
 }
 
 // TestRecoverPaused: a restarted runner finds a paused sandbox (its Secret marked, no
-// Pod): it is reported ended with Reason CheckpointLost, its checkpoint is deleted
+// Pod) without the record of its paused Pod (pausestate.go; TestRecoverTakesPausedOver
+// has one): it is reported ended with Reason CheckpointLost, its checkpoint is deleted
 // through the node agent, its Secrets and NetworkPolicy are deleted. A Pod with the
 // restore annotation whose Secret is still marked (a resume cut short): the marks go,
 // the Pod owns the Secrets and NetworkPolicy, the image is deleted.
