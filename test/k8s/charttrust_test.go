@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -10,11 +11,18 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8s "k8s.io/client-go/kubernetes"
 
+	controlplanev1 "github.com/sandboxd/sandboxd/gen/sandboxd/controlplane/v1"
 	"github.com/sandboxd/sandboxd/internal/pki"
+	"github.com/sandboxd/sandboxd/internal/runtime/kubernetes/gate"
+	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
 // trustSource is where the rendered runner reads the file of one flag from: the volume
@@ -267,5 +275,99 @@ func TestChartEgressTrust(t *testing.T) {
 		if _, err := renderChart(t, helm, "sandboxd-runner", off.set...); err == nil || !strings.Contains(err.Error(), off.what) {
 			t.Errorf("egress off, %q: %v, want the render refused with %q", off.set, err, off.what)
 		}
+	}
+}
+
+// TestChartEgressRootsOnCluster (issue 23): the chart installed on the test cluster with
+// egress on, egress.roots from a ConfigMap of the operator's (two CA certificates under a
+// key of its choosing) and egress.upstreamCA from a Secret: the runner Pod becomes Ready
+// (it read both PEM files at its start) and writes its roots ConfigMap
+// sandboxd-egress-roots-<runner-id> in the sandbox namespace holding exactly that bundle,
+// the one sandboxes with egress secrets trust (TestKubernetesEgressSecrets is the
+// sandbox's side). No data volume: the runner registers once.
+func TestChartEgressRootsOnCluster(t *testing.T) {
+	c := needCluster(t)
+	helm := needHelm(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	const release = "sandboxd-runner"
+	rc, err := stack.RESTConfig(c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := k8s.NewForConfigOrDie(rc)
+	cp := startControlPlane(t, ctx, nodeIP(t, ctx, admin), "update-test")
+	runnerID := randomID("roots-")
+	if _, err := cp.api.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
+		RunnerId: runnerID, ClusterId: "c-" + runnerID, Zone: "test"}})); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := cp.api.CreateBootstrapToken(ctx, connect.NewRequest(&controlplanev1.CreateBootstrapTokenRequest{RunnerId: runnerID}))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ns := randomID("sandboxd-roots-")
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	bundle := testCAPEM(t, "corp root A") + testCAPEM(t, "corp root B")
+	if _, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "corp-roots"},
+		Data: map[string]string{"corp-bundle.crt": bundle}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "corp-ca"},
+		Data: map[string][]byte{"ca.crt": []byte(testCAPEM(t, "corp upstream CA"))}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	repo, tag, _ := strings.Cut(env("SANDBOXD_K8S_RUNNER_IMAGE", "localhost/sandboxd/runner:dev"), ":")
+	agentRepo, agentTag, _ := strings.Cut(c.agentImage, ":")
+	install := osexec.CommandContext(ctx, helm, "install", release, chartDir, "--namespace", ns, "--kubeconfig", c.kubeconfig,
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+		"--set", "agentImage.repository="+agentRepo, "--set", "agentImage.tag="+agentTag, "--set", "sandboxImagePullPolicy=Never",
+		"--set", "controlPlane.address="+cp.addr, "--set", "controlPlane.bootstrapToken="+tok.Msg.GetBootstrapToken(),
+		"--set-file", "controlPlane.caPEM="+cp.caFile, "--set", "persistence.enabled=false",
+		"--set", "egress.enabled=true",
+		"--set", "egress.roots.configMap.name=corp-roots", "--set", "egress.roots.configMap.key=corp-bundle.crt",
+		"--set", "egress.upstreamCA.secret.name=corp-ca", "--set", "egress.upstreamCA.secret.key=ca.crt")
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	start := time.Now()
+	var pod *corev1.Pod
+	for pod == nil {
+		pods, err := admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=sandboxd-runner"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range pods.Items {
+			if p := &pods.Items[i]; podReady(p) {
+				pod = p
+			} else if ctx.Err() != nil {
+				t.Fatalf("runner Pod %s not Ready: %+v\n%s", p.Name, p.Status.ContainerStatuses, podLog(admin, p))
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no runner Pod Ready: %v", ctx.Err())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("runner Pod %s Ready %s after helm install", pod.Name, time.Since(start).Round(time.Millisecond))
+	if args := pod.Spec.Containers[0].Args; !slices.Contains(args, "--egress-roots=/etc/sandboxd/egress-roots/roots.pem") ||
+		!slices.Contains(args, "--egress-upstream-ca=/etc/sandboxd/egress-upstream-ca/upstream-ca.pem") {
+		t.Errorf("runner args %q lack the chart's --egress-roots and --egress-upstream-ca", args)
+	}
+	name := gate.EgressRootsConfigMapName(runnerID)
+	cm, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the runner's roots ConfigMap %s: %v\n%s", name, err, podLog(admin, pod))
+	}
+	if got := cm.Data[gate.EgressRootsFile]; got != bundle {
+		t.Errorf("ConfigMap %s item %s: %d bytes, want the operator's bundle (%d bytes)\n%s", name, gate.EgressRootsFile, len(got), len(bundle), got)
+	}
+	if out, err := osexec.Command(helm, "uninstall", release, "--namespace", ns, "--kubeconfig", c.kubeconfig, "--wait").CombinedOutput(); err != nil {
+		t.Errorf("helm uninstall: %v\n%s", err, out)
 	}
 }
