@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/structpb"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -299,7 +300,7 @@ func TestChartEgressRootsOnCluster(t *testing.T) {
 	cp := startControlPlane(t, ctx, nodeIP(t, ctx, admin), "update-test")
 	runnerID := randomID("roots-")
 	if _, err := cp.api.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
-		RunnerId: runnerID, ClusterId: "c-" + runnerID, Zone: "test"}})); err != nil {
+		RunnerId: runnerID, ClusterId: "c-" + runnerID, Zone: "test", Policy: &structpb.Struct{}}})); err != nil {
 		t.Fatal(err)
 	}
 	tok, err := cp.api.CreateBootstrapToken(ctx, connect.NewRequest(&controlplanev1.CreateBootstrapTokenRequest{RunnerId: runnerID}))
