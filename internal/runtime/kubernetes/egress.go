@@ -78,7 +78,7 @@ func (c *EgressConfig) check() error {
 	case len(c.Roots) > MaxEgressRoots:
 		return fmt.Errorf("%s has %d bytes, at most %d (a ConfigMap's limit): give a smaller one (--egress-roots)", c.rootsName(), len(c.Roots), MaxEgressRoots)
 	case len(c.Roots) > 0 && !x509.NewCertPool().AppendCertsFromPEM(c.Roots):
-		return fmt.Errorf("%s holds no PEM certificate (--egress-roots: a PEM file of CA certificates, such as /etc/ssl/certs/ca-certificates.crt)", c.rootsName())
+		return fmt.Errorf("%s holds no PEM certificate: want a PEM file of CA certificates, such as /etc/ssl/certs/ca-certificates.crt (--egress-roots)", c.rootsName())
 	}
 	for _, a := range c.ProxyAddrs {
 		if !a.IsValid() {
