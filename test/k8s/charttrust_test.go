@@ -253,6 +253,7 @@ func TestChartEgressTrust(t *testing.T) {
 		{[]string{"--set-file", "egress.roots.pem=" + notPEM}, "egress.roots.pem: holds no PEM certificate (-----BEGIN CERTIFICATE-----)"},
 		{[]string{"--set-file", "egress.upstreamCA.pem=" + notPEM}, "egress.upstreamCA.pem: holds no PEM certificate"},
 		{[]string{"--set-file", "egress.roots.pem=" + big("over.pem", maxPEM+1)}, fmt.Sprintf("egress.roots.pem: %d bytes, at most 921600 (900 KiB: the runner's limit for --egress-roots", maxPEM+1)},
+		{[]string{"--set-file", "egress.upstreamCA.pem=" + big("c-over.pem", maxPEM+1)}, fmt.Sprintf("egress.upstreamCA.pem: %d bytes, at most 921600 (900 KiB: the chart's ConfigMap holds at most 1 MiB)", maxPEM+1)},
 		{[]string{"--set-file", "egress.roots.pem=" + big("r600.pem", 600<<10), "--set-file", "egress.upstreamCA.pem=" + big("c600.pem", 600<<10)},
 			"egress.roots.pem and egress.upstreamCA.pem: 1228800 bytes together, at most 1024000 (the ConfigMap sandboxd-runner-egress-trust holds both"},
 		// The chart sets the two flags: not in extraArgs too.
@@ -366,7 +367,7 @@ func TestChartEgressRootsOnCluster(t *testing.T) {
 		t.Fatalf("the runner's roots ConfigMap %s: %v\n%s", name, err, podLog(admin, pod))
 	}
 	if got := cm.Data[gate.EgressRootsFile]; got != bundle {
-		t.Errorf("ConfigMap %s item %s: %d bytes, want the operator's bundle (%d bytes)\n%s", name, gate.EgressRootsFile, len(got), len(bundle), got)
+		t.Errorf("ConfigMap %s item %s: %d bytes beginning %.120q, want the operator's bundle (%d bytes)", name, gate.EgressRootsFile, len(got), got, len(bundle))
 	}
 	if out, err := osexec.Command(helm, "uninstall", release, "--namespace", ns, "--kubeconfig", c.kubeconfig, "--wait").CombinedOutput(); err != nil {
 		t.Errorf("helm uninstall: %v\n%s", err, out)

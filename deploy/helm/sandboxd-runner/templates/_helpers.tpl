@@ -261,7 +261,7 @@ nothing. */ -}}
 {{- fail (printf "egress.%s.pem: holds no PEM certificate (-----BEGIN CERTIFICATE-----): want PEM CA certificates (--set-file egress.%s.pem=FILE)" $k $k) -}}
 {{- end -}}
 {{- if gt (len $pem) 921600 -}}
-{{- fail (printf "egress.%s.pem: %d bytes, at most 921600 (900 KiB: the runner's limit for %s, a ConfigMap's): give a smaller bundle, or a ConfigMap or Secret of yours (egress.%s.configMap)" $k (len $pem) $flag $k) -}}
+{{- fail (printf "egress.%s.pem: %d bytes, at most 921600 (900 KiB: %s): give a smaller bundle, or a ConfigMap or Secret of yours (egress.%s.configMap)" $k (len $pem) (ternary "the runner's limit for --egress-roots" "the chart's ConfigMap holds at most 1 MiB" (eq $k "roots")) $k) -}}
 {{- end -}}
 {{- end -}}
 {{- range $src := list "configMap" "secret" -}}
