@@ -141,11 +141,11 @@ func ReadUpstreamRoots(file string) (*x509.CertPool, error) {
 	}
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("egress upstream CA: %w", err)
+		return nil, fmt.Errorf("egress upstream CA (--egress-upstream-ca): %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(data) {
-		return nil, fmt.Errorf("egress upstream CA %s: no PEM certificate", file)
+		return nil, fmt.Errorf("egress upstream CA (--egress-upstream-ca) %s holds no PEM certificate: want a PEM file of CA certificates", file)
 	}
 	return pool, nil
 }

@@ -94,6 +94,48 @@ func TestReadRoots(t *testing.T) {
 	}
 }
 
+// TestReadUpstreamRoots: "" is nil (the system roots); a PEM file is its pool; a missing
+// file or one with no PEM certificate is refused naming the flag and the file (a
+// Kubernetes runner's chart mounts egress.upstreamCA there: the runner's log says it).
+func TestReadUpstreamRoots(t *testing.T) {
+	if pool, err := ReadUpstreamRoots(""); pool != nil || err != nil {
+		t.Fatalf(`"": %v %v, want nil, nil`, pool, err)
+	}
+	dir := t.TempDir()
+	good := filepath.Join(dir, "ca.pem")
+	ss, _, err := Build("sb-1", "org", []Rule{{Host: "a.test", Header: "Authorization", Secret: "s", EnvVar: "A"}}, map[string]string{"s": "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(good, ss.CACertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if pool, err := ReadUpstreamRoots(good); err != nil || pool == nil || !pool.Equal(certPool(t, ss.CACertPEM())) {
+		t.Fatalf("a PEM file: %v %v", pool, err)
+	}
+	bad := filepath.Join(dir, "upstream-ca.pem")
+	if err := os.WriteFile(bad, []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]string{
+		bad:                        "egress upstream CA (--egress-upstream-ca) " + bad + " holds no PEM certificate",
+		filepath.Join(dir, "none"): "egress upstream CA (--egress-upstream-ca): open " + filepath.Join(dir, "none"),
+	} {
+		if pool, err := ReadUpstreamRoots(f); pool != nil || err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v %v, want the error %q", f, pool, err, want)
+		}
+	}
+}
+
+func certPool(t *testing.T, pemData []byte) *x509.CertPool {
+	t.Helper()
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(pemData) {
+		t.Fatal("no PEM certificate")
+	}
+	return p
+}
+
 // TestBundle: roots, a newline when they lack one, then the CA.
 func TestBundle(t *testing.T) {
 	for _, c := range []struct{ roots, ca, want string }{

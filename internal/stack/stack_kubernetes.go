@@ -272,7 +272,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		peers := bc.RunnerPeers
 		bc.Egress = &kubernetes.EgressConfig{
 			ProxyAddrs: cfg.Egress.ProxyAddrs, DNSAddr: cfg.Egress.DNSAddr, Peers: peers,
-			ProxyPort: portOf(eg.ProxyAddr), DNSPort: portOf(eg.DNSAddr), Roots: roots,
+			ProxyPort: portOf(eg.ProxyAddr), DNSPort: portOf(eg.DNSAddr), Roots: roots, RootsFile: cfg.Egress.RootsFile,
 		}
 	}
 	if bc.Namespace == "" {

@@ -107,6 +107,8 @@ func TestKubernetesEgressSecrets(t *testing.T) {
 				ImagePullPolicy: corev1.PullNever, ImageConfig: localImageConfig, TerminationGrace: 5 * time.Second,
 				HelloListen: helloListen, HelloAddr: helloAddr,
 				RunnerPeers: []networkingv1.NetworkPolicyPeer{runnerPeer},
+				// gVisor too: its containers reach the gate's CA emptyDir through their own gofers.
+				RuntimeClasses: map[string]string{"runc": "", "gvisor": "gvisor"},
 			},
 			Egress: &stack.KubernetesEgress{
 				ProxyListen: net.JoinHostPort(gw.String(), "443"), DNSListen: net.JoinHostPort(gw.String(), "53"),
@@ -135,11 +137,12 @@ func TestKubernetesEgressSecrets(t *testing.T) {
 	}
 
 	secretRule := runtime.EgressRule{DNSName: "api.inject.test", Secret: &runtime.EgressSecret{Store: "vault", Path: "api", EnvVar: "API_TOKEN"}}
-	create := func(rules ...runtime.EgressRule) string {
+	createClass := func(class string, rules ...runtime.EgressRule) string {
 		t.Helper()
 		spec := runtime.Spec{
-			Container: runtime.Container{Image: python, Command: "sleep", Args: []string{"3600"}},
-			Network:   &runtime.Network{Egress: rules},
+			Container:    runtime.Container{Image: python, Command: "sleep", Args: []string{"3600"}},
+			Network:      &runtime.Network{Egress: rules},
+			RuntimeClass: class,
 		}
 		if len(rules) > 0 && rules[0].Secret != nil {
 			spec.EgressSecretValues = map[string]string{"vault/api": value}
@@ -153,6 +156,7 @@ func TestKubernetesEgressSecrets(t *testing.T) {
 		}
 		return sb.ID
 	}
+	create := func(rules ...runtime.EgressRule) string { t.Helper(); return createClass("", rules...) }
 	probe := func(id string, args ...string) map[string]any {
 		t.Helper()
 		res := exec(t, s.Runner, id, append([]string{"python3", "-c", k8sSecretProbe, hex.EncodeToString([]byte(value[:16]))}, args...)...)
@@ -206,6 +210,25 @@ func TestKubernetesEgressSecrets(t *testing.T) {
 	}
 	if got, want := out2["api.inject.test"], "authorization="+egresstest.EchoHash("Bearer "+ph); !strings.Contains(str(got), want) {
 		t.Errorf("another sandbox's placeholder: the host saw %q, want it unchanged (%s)", got, want)
+	}
+
+	// A gVisor sandbox: the gate's install writes the CA files into the memory emptyDir
+	// through its gofer, and the workload container (another gofer) reads them: it trusts
+	// its CA (the injection host gets the value) and the roots (the other host).
+	idG := createClass("gvisor", secretRule, runtime.EgressRule{DNSName: "other.inject.test"})
+	outG := probe(idG)
+	phG, _ := outG["placeholder"].(string)
+	if got, want := outG["api.inject.test"], "authorization="+egresstest.EchoHash("Bearer "+value); !strings.Contains(str(got), want) {
+		t.Errorf("gvisor: the injection host saw %q, want the value (%s)", got, want)
+	}
+	if got, want := outG["other.inject.test"], "authorization="+egresstest.EchoHash("Bearer "+phG); !strings.Contains(str(got), want) {
+		t.Errorf("gvisor: the other host saw %q, want the placeholder unchanged (%s)", got, want)
+	}
+	if cas := str(outG["ca"]); !strings.Contains(cas, "bundle.pem") || !strings.Contains(cas, "ca.pem") || outG["ca writable"] != false {
+		t.Errorf("gvisor: /etc/sandboxd-egress holds %s, writable %v", cas, outG["ca writable"])
+	}
+	if hits, _ := outG["hits"].([]any); len(hits) != 0 {
+		t.Errorf("gvisor: the value or a key is readable in the sandbox: %v", hits)
 	}
 
 	// What the API server holds: no value, neither sandbox's placeholder, no private key

@@ -56,6 +56,9 @@ type EgressConfig struct {
 	// for all its sandboxes. PEM certificates only (New refuses anything else), at most
 	// MaxEgressRoots; nil: bundle.pem is the sandbox CA alone.
 	Roots []byte
+	// RootsFile is the file Roots was read from (--egress-roots; "": the first system
+	// bundle found), named by New's refusals.
+	RootsFile string
 }
 
 // MaxEgressRoots bounds EgressConfig.Roots, written into the runner's ConfigMap
@@ -73,9 +76,9 @@ func (c *EgressConfig) check() error {
 	case c.ProxyPort < 1 || c.ProxyPort > 65535 || c.DNSPort < 1 || c.DNSPort > 65535:
 		return fmt.Errorf("proxy port %d and DNS port %d: want 1-65535", c.ProxyPort, c.DNSPort)
 	case len(c.Roots) > MaxEgressRoots:
-		return fmt.Errorf("the roots bundle has %d bytes, at most %d (a ConfigMap's limit): give a smaller one (--egress-roots)", len(c.Roots), MaxEgressRoots)
+		return fmt.Errorf("%s has %d bytes, at most %d (a ConfigMap's limit): give a smaller one (--egress-roots)", c.rootsName(), len(c.Roots), MaxEgressRoots)
 	case len(c.Roots) > 0 && !x509.NewCertPool().AppendCertsFromPEM(c.Roots):
-		return errors.New("the roots bundle holds no PEM certificate (--egress-roots: a PEM file of CA certificates, such as /etc/ssl/certs/ca-certificates.crt)")
+		return fmt.Errorf("%s holds no PEM certificate: want a PEM file of CA certificates, such as /etc/ssl/certs/ca-certificates.crt (--egress-roots)", c.rootsName())
 	}
 	for _, a := range c.ProxyAddrs {
 		if !a.IsValid() {
@@ -83,6 +86,14 @@ func (c *EgressConfig) check() error {
 		}
 	}
 	return nil
+}
+
+// rootsName names Roots in New's refusals: its file, or the system bundle.
+func (c *EgressConfig) rootsName() string {
+	if c.RootsFile != "" {
+		return "the roots bundle --egress-roots " + c.RootsFile
+	}
+	return "the roots bundle (the system bundle the runner found)"
 }
 
 // egressSource is one registered source address: the sandbox whose Pod holds it.

@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/big"
 	"strings"
@@ -157,13 +158,26 @@ func TestWriteEgressRootsRaces(t *testing.T) {
 	})
 }
 
-// TestEgressRootsNotPEM: New refuses roots that hold no PEM certificate.
+// TestEgressRootsNotPEM: New refuses roots that hold no PEM certificate, or too many
+// bytes, naming the file they came from (the runner's log is where a chart user whose
+// egress.roots is no bundle learns why the runner does not start), or the system bundle.
 func TestEgressRootsNotPEM(t *testing.T) {
-	e := testEgress()
-	e.Roots = []byte("-----BEGIN CERTIFICATE-----\nnot base64 DER\n-----END CERTIFICATE-----\n")
-	_, err := New(t.Context(), Config{Client: fake.NewSimpleClientset(), Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1", Egress: e, MaxPrepull: -1})
-	if err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
-		t.Fatalf("New with bad roots: %v", err)
+	notPEM := []byte("-----BEGIN CERTIFICATE-----\nnot base64 DER\n-----END CERTIFICATE-----\n")
+	for _, c := range []struct {
+		roots []byte
+		file  string
+		want  string
+	}{
+		{notPEM, "/etc/sandboxd/egress-roots/roots.pem", "kubernetes backend: Egress: the roots bundle --egress-roots /etc/sandboxd/egress-roots/roots.pem holds no PEM certificate"},
+		{notPEM, "", "the roots bundle (the system bundle the runner found) holds no PEM certificate"},
+		{make([]byte, MaxEgressRoots+1), "/r.pem", fmt.Sprintf("the roots bundle --egress-roots /r.pem has %d bytes, at most %d", MaxEgressRoots+1, MaxEgressRoots)},
+	} {
+		e := testEgress()
+		e.Roots, e.RootsFile = c.roots, c.file
+		_, err := New(t.Context(), Config{Client: fake.NewSimpleClientset(), Namespace: "sbx", RunnerID: "r1", AgentImage: "agent:1", Egress: e, MaxPrepull: -1})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New with roots of %q: %v, want %q", c.file, err, c.want)
+		}
 	}
 }
 

@@ -70,6 +70,11 @@ starts; $(VAR) in args expands it). */ -}}
 {{- end -}}
 {{- end -}}
 
+{{- /* The ConfigMap of egress.roots.pem and egress.upstreamCA.pem: a DNS subdomain. */ -}}
+{{- define "sandboxd-runner.egressTrustName" -}}
+{{- printf "%s-egress-trust" (include "sandboxd-runner.fullname" .) -}}
+{{- end -}}
+
 {{- /* An IPv4 address as netip.ParseAddr reads one (octets 0-255, no leading zeros). */ -}}
 {{- define "sandboxd-runner.ipv4Pattern" -}}
 ((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])
@@ -127,10 +132,17 @@ syntax (zones not taken). */ -}}
 {{- define "sandboxd-runner.egressCheck" -}}
 {{- $e := .Values.egress -}}
 {{- if not (kindIs "map" $e) -}}
-{{- fail (printf "egress: want a map (enabled, proxyPort, dnsPort, clusterIP, forbid, networkPolicy), got %v" $e) -}}
+{{- fail (printf "egress: want a map (enabled, proxyPort, dnsPort, clusterIP, forbid, networkPolicy, roots, upstreamCA), got %v" $e) -}}
 {{- end -}}
 {{- if not (kindIs "bool" $e.enabled) -}}
 {{- fail (printf "egress.enabled: want true or false, got %v" $e.enabled) -}}
+{{- end -}}
+{{- /* egress.roots and egress.upstreamCA: checked on or off (given while off fails). */ -}}
+{{- $_ := include "sandboxd-runner.egressTrust" (dict "e" $e "k" "roots") -}}
+{{- $_ := include "sandboxd-runner.egressTrust" (dict "e" $e "k" "upstreamCA") -}}
+{{- $pems := add (len (toString (index $e.roots "pem" | default ""))) (len (toString (index $e.upstreamCA "pem" | default ""))) -}}
+{{- if gt $pems 1024000 -}}
+{{- fail (printf "egress.roots.pem and egress.upstreamCA.pem: %d bytes together, at most 1024000 (the ConfigMap %s holds both; a ConfigMap holds at most 1 MiB): give one of them from a ConfigMap or Secret of yours" $pems (include "sandboxd-runner.egressTrustName" .)) -}}
 {{- end -}}
 {{- if $e.enabled -}}
 {{- range $k := list "proxyPort" "dnsPort" -}}
@@ -215,11 +227,104 @@ give the runner the flag twice (the last one wins), silently overriding the char
 {{- if kindIs "slice" $.Values.extraArgs -}}
 {{- range $a := $.Values.extraArgs -}}
 {{- if regexMatch "^--?egress-" (toString $a) -}}
-{{- fail (printf "extraArgs: %q: with egress.enabled the chart sets the runner's --egress-* flags itself (from egress.proxyPort, egress.dnsPort, egress.clusterIP, egress.forbid): set those values instead, or turn egress.enabled off to pass the flags yourself" (toString $a)) -}}
+{{- fail (printf "extraArgs: %q: with egress.enabled the chart sets the runner's --egress-* flags itself (from egress.proxyPort, egress.dnsPort, egress.clusterIP, egress.forbid, egress.roots, egress.upstreamCA): set those values instead, or turn egress.enabled off to pass the flags yourself" (toString $a)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{- /* egress.roots or egress.upstreamCA (.k of the egress values .e): the runner's
+--egress-roots or --egress-upstream-ca from one source, pem (inline: the ConfigMap
+egressTrustName the chart renders), configMap or secret (name and key, in the
+release namespace). Refuses two sources, a source while egress is off, a name or key
+missing or malformed, inline text with no PEM certificate or over the runner's 900 KiB
+(kubernetes.MaxEgressRoots). Its output: the source ("pem", "configMap", "secret"), or
+nothing. */ -}}
+{{- define "sandboxd-runner.egressTrust" -}}
+{{- $k := .k -}}
+{{- $v := index .e $k -}}
+{{- $flag := ternary "--egress-roots" "--egress-upstream-ca" (eq $k "roots") -}}
+{{- if not (kindIs "map" $v) -}}
+{{- fail (printf "egress.%s: want a map (pem, configMap, secret), got %v" $k $v) -}}
+{{- end -}}
+{{- $pem := index $v "pem" -}}
+{{- if not (or (eq $pem nil) (kindIs "string" $pem)) -}}
+{{- fail (printf "egress.%s.pem: want PEM text (--set-file egress.%s.pem=FILE), got %v" $k $k $pem) -}}
+{{- end -}}
+{{- $given := list -}}
+{{- if $pem -}}{{- $given = append $given "pem" -}}{{- end -}}
+{{- range $src := list "configMap" "secret" -}}
+{{- $r := index $v $src -}}
+{{- if not (or (eq $r nil) (kindIs "map" $r)) -}}
+{{- fail (printf "egress.%s.%s: want a map (name, key), got %v" $k $src $r) -}}
+{{- end -}}
+{{- if $r -}}
+{{- range $f := list "name" "key" -}}
+{{- $x := index $r $f -}}
+{{- if not (or (eq $x nil) (kindIs "string" $x)) -}}
+{{- fail (printf "egress.%s.%s.%s: want a string (--set-string), got %v" $k $src $f $x) -}}
+{{- end -}}
+{{- end -}}
+{{- if or (index $r "name") (index $r "key") -}}{{- $given = append $given $src -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (len $given) 1 -}}
+{{- fail (printf "egress.%s: %s given: want one source of %s (pem, configMap or secret)" $k (join " and " $given) $flag) -}}
+{{- end -}}
+{{- if and $given (not .e.enabled) -}}
+{{- fail (printf "egress.%s.%s given while egress.enabled is false: the runner reads %s only with its egress proxy (egress secrets); turn egress.enabled on, or unset egress.%s" $k (first $given) $flag $k) -}}
+{{- end -}}
+{{- if $pem -}}
+{{- if not (contains "-----BEGIN CERTIFICATE-----" $pem) -}}
+{{- fail (printf "egress.%s.pem: holds no PEM certificate (-----BEGIN CERTIFICATE-----): want PEM CA certificates (--set-file egress.%s.pem=FILE)" $k $k) -}}
+{{- end -}}
+{{- if gt (len $pem) 921600 -}}
+{{- fail (printf "egress.%s.pem: %d bytes, at most 921600 (900 KiB: %s): give a smaller bundle, or a ConfigMap or Secret of yours (egress.%s.configMap)" $k (len $pem) (ternary "the runner's limit for --egress-roots" "the chart's ConfigMap holds at most 1 MiB" (eq $k "roots")) $k) -}}
+{{- end -}}
+{{- end -}}
+{{- range $src := list "configMap" "secret" -}}
+{{- if has $src $given -}}
+{{- $r := index $v $src -}}
+{{- $kind := ternary "ConfigMap" "Secret" (eq $src "configMap") -}}
+{{- $name := toString (index $r "name" | default "") -}}
+{{- $key := toString (index $r "key" | default "") -}}
+{{- if not $name -}}
+{{- fail (printf "egress.%s.%s.name: want the name of a %s of the release namespace (key %q given)" $k $src $kind $key) -}}
+{{- end -}}
+{{- if or (gt (len $name) 253) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $name)) -}}
+{{- fail (printf "egress.%s.%s.name %q: want a %s name (a DNS subdomain)" $k $src $name $kind) -}}
+{{- end -}}
+{{- if not $key -}}
+{{- fail (printf "egress.%s.%s.key: want the key of %s %q that holds the PEM bundle" $k $src $kind $name) -}}
+{{- end -}}
+{{- if or (gt (len $key) 253) (not (regexMatch "^[-._a-zA-Z0-9]+$" $key)) (eq $key ".") (eq $key "..") -}}
+{{- fail (printf "egress.%s.%s.key %q: want a %s key (letters, digits, '-', '_', '.'; at most 253)" $k $src $key $kind) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $given -}}{{- first $given -}}{{- end -}}
+{{- end -}}
+
+{{- /* The volume of egress.roots or egress.upstreamCA (.k; source .src, from
+egressTrust) in the runner's Pod: item .file, from the chart's ConfigMap (its key .file)
+or the operator's ConfigMap or Secret (its key). .root: the chart's context. */ -}}
+{{- define "sandboxd-runner.egressTrustVolume" -}}
+{{- $v := index .root.Values.egress .k -}}
+- name: {{ .vol }}
+  {{- if eq .src "pem" }}
+  configMap:
+    name: {{ include "sandboxd-runner.egressTrustName" .root }}
+    items: [{key: {{ .file }}, path: {{ .file }}}]
+  {{- else if eq .src "configMap" }}
+  configMap:
+    name: {{ $v.configMap.name | quote }}
+    items: [{key: {{ $v.configMap.key | quote }}, path: {{ .file }}}]
+  {{- else }}
+  secret:
+    secretName: {{ $v.secret.name | quote }}
+    items: [{key: {{ $v.secret.key | quote }}, path: {{ .file }}}]
+  {{- end }}
 {{- end -}}
 
 {{- /* nodeAgent.*: refuses what the runner, the agent or the API server would refuse,
