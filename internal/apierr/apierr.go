@@ -101,8 +101,9 @@ const (
 	// CheckpointSpaceExhausted (sandboxd's own, issue 21): the checkpoint store has no
 	// room for the checkpoint a pause releasing resources or a fork needs
 	// (RESOURCE_EXHAUSTED, runtime.ErrCheckpointSpaceExhausted, whichever backend says
-	// it; so far a Kubernetes runner's node agent: its --quota-bytes or
-	// --min-free-bytes). The sandbox is left as it was.
+	// it: a local runner's --checkpoint-quota-bytes or --checkpoint-min-free-bytes, a
+	// Kubernetes runner's node agent's --quota-bytes or --min-free-bytes). The sandbox is
+	// left as it was.
 	CheckpointSpaceExhausted = "CWSANDBOX_CHECKPOINT_SPACE_EXHAUSTED"
 	RunnerCapacityExhausted  = "CWSANDBOX_RUNNER_CAPACITY_EXHAUSTED"
 	// QuotaExceeded (sandboxd's own, issue 23): the organization's quota (sandboxes, CPU
