@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -33,8 +34,11 @@ func (c countingConn) Write(p []byte) (int, error) {
 // dynamic table makes of it: the bytes the client writes per call (wire-B/op) and the
 // CPU of both ends. A new value each call is added to the table (and evicts older
 // entries once it is full, the call's other headers too, which are then sent again).
+// The -notable modes: the client's encoder indexes nothing (MaxEncoderHeaderTableSize
+// 1), every header a literal — the alternative to the churn, measured: see
+// docs/observability.md.
 func BenchmarkTraceparentHPACK(b *testing.B) {
-	for _, mode := range []string{"none", "fixed", "fresh"} {
+	for _, mode := range []string{"none", "fixed", "fresh", "none-notable", "fresh-notable"} {
 		b.Run(mode, func(b *testing.B) {
 			path, handler := agentv1connect.NewAgentServiceHandler(&hop{})
 			mux := http.NewServeMux()
@@ -54,12 +58,15 @@ func BenchmarkTraceparentHPACK(b *testing.B) {
 				}
 				return countingConn{c, &wrote}, nil
 			}}
+			if strings.HasSuffix(mode, "-notable") { // the client's HPACK encoder indexes nothing
+				tr.HTTP2 = &http.HTTP2Config{MaxEncoderHeaderTableSize: 1}
+			}
 			b.Cleanup(tr.CloseIdleConnections)
 			c := agentv1connect.NewAgentServiceClient(&http.Client{Transport: tr}, srv.URL, connect.WithGRPC())
 			sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled})
 			call := func(i int) {
 				req := connect.NewRequest(&agentv1.ExecRequest{})
-				switch mode {
+				switch strings.TrimSuffix(mode, "-notable") {
 				case "fixed":
 					inject(sc, req.Header())
 				case "fresh":
