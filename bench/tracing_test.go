@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/metrics/counters"
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/tracing"
 	"github.com/sandboxd/sandboxd/internal/tracing/jaegertest"
 )
@@ -56,62 +57,10 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		}
 		createsPerRound = n
 	}
-	j := jaegertest.Start(b)
-	s := newStack(b, 0)
+	ts := newTracedStack(b)
+	gw, id, use := ts.gw, ts.id, ts.use
 	ctx := context.Background()
-
-	ca, err := pki.LoadOrCreateCA(b.TempDir(), "bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	serverTLS, err := runnerapi.ServerTLSConfig(ca, "r1", []string{"127.0.0.1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	rsrv := runnerapi.NewServer("r1", s.Runner, nil).HTTPServer(serverTLS)
-	go func() { _ = rsrv.ServeTLS(ln, "", "") }()
-	b.Cleanup(func() { _ = rsrv.Close() })
-	clientTLS, err := runnerapi.ClientTLSConfig(ca, "bench", "r1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	remote, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: "r1", Addr: ln.Addr().String(), TLS: clientTLS})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(remote.Close)
-	gw, _ := serveGateway(b, remote)
-	// The execs' sandbox lives for an hour (the default lifetime, 10 minutes, is shorter
-	// than a run of 50 rounds on a loaded machine).
-	long := gatewaySleeper()
-	long.Sandbox.Spec.MaxLifetimeSeconds = 3600
-	res, err := gw.CreateSandbox(ctx, connect.NewRequest(long))
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := res.Msg.GetSandboxId()
-
-	prev := otel.GetTracerProvider()
-	shutdown, err := tracing.Setup(ctx, tracing.Config{Endpoint: "http://" + j.OTLPGRPC, ServiceName: "sandboxd-bench", SampleRatio: 1}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	on := otel.GetTracerProvider()
-	off := noop.NewTracerProvider()
-	b.Cleanup(func() { _ = shutdown(ctx); otel.SetTracerProvider(prev) })
-
-	exec := func(c sandboxv1connect.SandboxServiceClient, id string) time.Duration {
-		t0 := time.Now()
-		res, err := c.Exec(ctx, connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"/bin/true"}}))
-		if err != nil || res.Msg.ExitCode != 0 {
-			b.Fatalf("exec: %v", err)
-		}
-		return time.Since(t0)
-	}
+	exec := func(c sandboxv1connect.SandboxServiceClient, id string) time.Duration { return ts.exec(b, c, id) }
 	createFirst := func() time.Duration {
 		t0 := time.Now()
 		res, err := gw.CreateSandbox(ctx, connect.NewRequest(gatewaySleeper()))
@@ -124,24 +73,11 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		if _, err := gw.DeleteSandbox(ctx, connect.NewRequest(&sandboxv1.DeleteSandboxRequest{SandboxId: res.Msg.GetSandboxId()})); err != nil {
 			b.Fatal(err)
 		}
-		_, _ = s.Runner.WaitTerminal(ctx, res.Msg.GetSandboxId())
+		_, _ = ts.s.Runner.WaitTerminal(ctx, res.Msg.GetSandboxId())
 		b.StartTimer()
 		return d
 	}
-	// use switches metrics and tracing on or off together: the off mode records no metric
-	// (counters.SetRecording: the gateway's API interceptor and every other hook return at
-	// once) and traces nothing (OpenTelemetry's no-op tracer provider, as a process
-	// without --otlp-endpoint).
-	use := func(traced bool) {
-		counters.SetRecording(traced)
-		if traced {
-			otel.SetTracerProvider(on)
-		} else {
-			otel.SetTracerProvider(off)
-		}
-	}
 	// Warm up: connections, the image cache, the exporter's connection.
-	b.Cleanup(func() { counters.SetRecording(true) })
 	for _, mode := range []bool{true, false} {
 		use(mode)
 		for range 3 {
@@ -231,4 +167,119 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// tracedStack is the set-up of the tracing benchmarks: a stack, its runner behind
+// runnerapi over mTLS, a gateway in front, one sandbox (id) living an hour, and Jaeger
+// receiving the spans (OTLP/gRPC, every call sampled) while use(true).
+type tracedStack struct {
+	s   *stack.Stack
+	gw  sandboxv1connect.SandboxServiceClient
+	id  string
+	use func(on bool)
+}
+
+func newTracedStack(b *testing.B) *tracedStack {
+	b.Helper()
+	j := jaegertest.Start(b)
+	s := newStack(b, 0)
+	ctx := context.Background()
+
+	ca, err := pki.LoadOrCreateCA(b.TempDir(), "bench CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	serverTLS, err := runnerapi.ServerTLSConfig(ca, "r1", []string{"127.0.0.1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rsrv := runnerapi.NewServer("r1", s.Runner, nil).HTTPServer(serverTLS)
+	go func() { _ = rsrv.ServeTLS(ln, "", "") }()
+	b.Cleanup(func() { _ = rsrv.Close() })
+	clientTLS, err := runnerapi.ClientTLSConfig(ca, "bench", "r1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	remote, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: "r1", Addr: ln.Addr().String(), TLS: clientTLS})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(remote.Close)
+	gw, _ := serveGateway(b, remote)
+	// The execs' sandbox lives for an hour (the default lifetime, 10 minutes, is shorter
+	// than a run of 50 rounds on a loaded machine).
+	long := gatewaySleeper()
+	long.Sandbox.Spec.MaxLifetimeSeconds = 3600
+	res, err := gw.CreateSandbox(ctx, connect.NewRequest(long))
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	prev := otel.GetTracerProvider()
+	shutdown, err := tracing.Setup(ctx, tracing.Config{Endpoint: "http://" + j.OTLPGRPC, ServiceName: "sandboxd-bench", SampleRatio: 1}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	on := otel.GetTracerProvider()
+	off := noop.NewTracerProvider()
+	b.Cleanup(func() { _ = shutdown(ctx); otel.SetTracerProvider(prev) })
+	b.Cleanup(func() { counters.SetRecording(true) })
+	// use switches metrics and tracing on or off together: the off mode records no metric
+	// (counters.SetRecording: the gateway's API interceptor and every other hook return at
+	// once) and traces nothing (OpenTelemetry's no-op tracer provider, as a process
+	// without --otlp-endpoint).
+	use := func(traced bool) {
+		counters.SetRecording(traced)
+		if traced {
+			otel.SetTracerProvider(on)
+		} else {
+			otel.SetTracerProvider(off)
+		}
+	}
+	return &tracedStack{s: s, gw: gw, id: res.Msg.GetSandboxId(), use: use}
+}
+
+// exec runs /bin/true in sandbox id through c and returns how long it took.
+func (ts *tracedStack) exec(b *testing.B, c sandboxv1connect.SandboxServiceClient, id string) time.Duration {
+	t0 := time.Now()
+	res, err := c.Exec(context.Background(), connect.NewRequest(&sandboxv1.ExecRequest{SandboxId: id, Command: []string{"/bin/true"}}))
+	if err != nil || res.Msg.ExitCode != 0 {
+		b.Fatalf("exec: %v", err)
+	}
+	return time.Since(t0)
+}
+
+// BenchmarkTracingExecCPU: the exec round trip of BenchmarkTracingOverhead with metrics
+// and tracing on or off for the whole sub-benchmark, for what a wall-clock ratio on a
+// shared machine cannot show: this process's CPU time (gateway and runner, every
+// thread, GC and the spans' export included) and allocations per exec. Run one mode per
+// process with -cpuprofile to compare profiles (go tool pprof -diff_base).
+func BenchmarkTracingExecCPU(b *testing.B) {
+	ts := newTracedStack(b)
+	for _, mode := range []string{"on", "off"} {
+		b.Run(mode, func(b *testing.B) {
+			ts.use(mode == "on")
+			for range 50 { // connections, the exporter's too
+				ts.exec(b, ts.gw, ts.id)
+			}
+			if tp, ok := otel.GetTracerProvider().(interface{ ForceFlush(context.Context) error }); ok {
+				_ = tp.ForceFlush(context.Background())
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := processCPU(b)
+			for range b.N {
+				ts.exec(b, ts.gw, ts.id)
+			}
+			// What waits for export is this mode's too.
+			if tp, ok := otel.GetTracerProvider().(interface{ ForceFlush(context.Context) error }); ok {
+				_ = tp.ForceFlush(context.Background())
+			}
+			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
 }
