@@ -141,64 +141,72 @@ func (is *Issuer) Ensure(ctx context.Context) (*pki.CA, error) {
 }
 
 func (is *Issuer) ensureCA(ctx context.Context) (*pki.CA, error) {
-	for attempt := 0; ; attempt++ {
-		cur, err := is.get(ctx, is.Config.CASecret)
-		if err != nil {
-			return nil, err
-		}
-		if cur != nil {
-			ca, why := is.checkCA(cur)
-			if why == "" {
-				return ca, nil
+	var ca *pki.CA
+	err := is.ensureSecret(ctx, is.Config.CASecret, corev1.SecretTypeOpaque, "a new CA",
+		func(s *corev1.Secret) (why string) {
+			ca, why = is.checkCA(s)
+			return why
+		},
+		func() (map[string][]byte, error) {
+			c, keyPEM, err := pki.NewCA(caCommonName)
+			if err != nil {
+				return nil, err
 			}
-			is.log().Warn("node agent certificates: issuing a new CA", "secret", is.Config.Namespace+"/"+is.Config.CASecret, "reason", why)
-		}
-		ca, keyPEM, err := pki.NewCA(caCommonName)
-		if err != nil {
-			return nil, fmt.Errorf("node agent certificates: %w", err)
-		}
-		data := map[string][]byte{nodeagent.CAFile: ca.CertPEM(), CAKeyFile: keyPEM}
-		err = is.put(ctx, cur, is.Config.CASecret, corev1.SecretTypeOpaque, data)
-		if err == nil {
-			return ca, nil
-		}
-		if attempt == 0 && (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) {
-			continue // another replica wrote it first: load that one
-		}
+			ca = c
+			return map[string][]byte{nodeagent.CAFile: c.CertPEM(), CAKeyFile: keyPEM}, nil
+		})
+	if err != nil {
 		return nil, err
 	}
+	return ca, nil
 }
 
 // EnsureServer makes the server Secret hold a certificate of ca for nodeagent.ServerName
 // valid for RenewBefore at least, and ca's certificate as ca.crt.
 func (is *Issuer) EnsureServer(ctx context.Context, ca *pki.CA) error {
+	return is.ensureSecret(ctx, is.Config.ServerSecret, corev1.SecretTypeTLS, "a new server certificate",
+		func(s *corev1.Secret) string { return is.checkServer(s, ca) },
+		func() (map[string][]byte, error) {
+			cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, ServerCertTTL)
+			if err != nil {
+				return nil, err
+			}
+			chain, keyPEM, err := pki.EncodeKeyPair(cert)
+			if err != nil {
+				return nil, err
+			}
+			return map[string][]byte{nodeagent.CertFile: chain, nodeagent.KeyFile: keyPEM, nodeagent.CAFile: ca.CertPEM()}, nil
+		})
+}
+
+// ensureSecret is the one loop of both Secrets: Secret name (of type typ) is kept when
+// check finds nothing wrong with it ("": usable); otherwise (or when there is none) issue
+// makes its data anew (what: said in the warning) and it is written. Another replica
+// writing it first (AlreadyExists, Conflict) is met once by reading and checking again.
+func (is *Issuer) ensureSecret(ctx context.Context, name string, typ corev1.SecretType, what string,
+	check func(*corev1.Secret) string, issue func() (map[string][]byte, error)) error {
 	for attempt := 0; ; attempt++ {
-		cur, err := is.get(ctx, is.Config.ServerSecret)
+		cur, err := is.get(ctx, name)
 		if err != nil {
 			return err
 		}
 		if cur != nil {
-			why := is.checkServer(cur, ca)
+			why := check(cur)
 			if why == "" {
 				return nil
 			}
-			is.log().Warn("node agent certificates: issuing a new server certificate", "secret", is.Config.Namespace+"/"+is.Config.ServerSecret, "reason", why)
+			is.log().Warn("node agent certificates: issuing "+what, "secret", is.Config.Namespace+"/"+name, "reason", why)
 		}
-		cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, ServerCertTTL)
+		data, err := issue()
 		if err != nil {
 			return fmt.Errorf("node agent certificates: %w", err)
 		}
-		chain, keyPEM, err := pki.EncodeKeyPair(cert)
-		if err != nil {
-			return fmt.Errorf("node agent certificates: %w", err)
-		}
-		data := map[string][]byte{nodeagent.CertFile: chain, nodeagent.KeyFile: keyPEM, nodeagent.CAFile: ca.CertPEM()}
-		err = is.put(ctx, cur, is.Config.ServerSecret, corev1.SecretTypeTLS, data)
+		err = is.put(ctx, cur, name, typ, data)
 		if err == nil {
 			return nil
 		}
 		if attempt == 0 && (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) {
-			continue
+			continue // another replica wrote it first: load that one
 		}
 		return err
 	}
