@@ -184,10 +184,12 @@ func (c DialConfig) Dialer(ctx context.Context, client k8s.Interface) (kubernete
 		if err != nil {
 			return nil, err
 		}
-		if tc, err = is.ClientTLS(ca); err != nil {
+		held, err := is.Hold(ca)
+		if err != nil {
 			return nil, err
 		}
-		go is.Maintain(ctx, ca, RenewCheckInterval)
+		tc = held.ClientTLS()
+		go held.Maintain(ctx, RenewCheckInterval)
 	} else if tc, err = ClientTLSFromDirLog(c.TLSDir, c.RunnerID, c.Log); err != nil {
 		return nil, err
 	}
