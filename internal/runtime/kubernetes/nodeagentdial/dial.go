@@ -159,8 +159,8 @@ func ParseAddrs(s string) (map[string]string, error) {
 
 // Dialer is the backend's dialer of c's agents (nil, nil when none is configured):
 // client is what NodeDialer reads Nodes with and Issue's Secrets are kept with. With
-// Issue, the certificates are created or loaded here (Issuer.Ensure) and the server
-// Secret is checked every RenewCheckInterval until ctx ends.
+// Issue, the certificates are created or loaded here (Issuer.Ensure) and checked every
+// RenewCheckInterval until ctx ends (Held.Maintain; the stack ends it at its Close).
 func (c DialConfig) Dialer(ctx context.Context, client k8s.Interface) (kubernetes.NodeAgentDialer, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err

@@ -38,7 +38,7 @@ const (
 	// RenewBefore: a server certificate (at start and on each check) or the CA (at start)
 	// valid for less than this is issued anew.
 	RenewBefore = 30 * 24 * time.Hour
-	// RenewCheckInterval is how often a running runner checks the server Secret.
+	// RenewCheckInterval is how often a running runner checks the two Secrets (Held.Check).
 	RenewCheckInterval = time.Hour
 	// MaxSecretValueBytes bounds each value read from the two Secrets (a PEM certificate
 	// or key is ~1 KiB): a larger one is refused before it is parsed.
