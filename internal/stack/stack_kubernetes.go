@@ -136,6 +136,8 @@ type KubernetesStack struct {
 	Runner  *runner.Runner
 	// Egress serves the sandboxes' host-name rules (nil: off).
 	Egress *EgressServers
+
+	stopAgents context.CancelFunc // ends the node agents' background work
 }
 
 // EgressServers are a Kubernetes runner's egress proxy and DNS, serving.
@@ -231,6 +233,15 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 	if bc.Client == nil {
 		bc.Client = client
 	}
+	// The node agents' background work (the issued certificates' checks) ends with the
+	// stack (Close) or with a start that fails after it began.
+	agentsCtx, stopAgents := context.WithCancel(ctx)
+	started := false
+	defer func() {
+		if !started {
+			stopAgents()
+		}
+	}()
 	if bc.NodeAgents == nil && cfg.NodeAgents.Enabled() {
 		na := cfg.NodeAgents
 		if na.RunnerID == "" {
@@ -239,7 +250,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		if na.Log == nil {
 			na.Log = cfg.Logger
 		}
-		if bc.NodeAgents, err = na.Dialer(ctx, bc.Client); err != nil {
+		if bc.NodeAgents, err = na.Dialer(agentsCtx, bc.Client); err != nil {
 			return nil, fmt.Errorf("stack: node agents: %w", err)
 		}
 	}
@@ -337,7 +348,8 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*KubernetesStack,
 		backend.Close()
 		return nil, fmt.Errorf("stack: runner: %w", err)
 	}
-	return &KubernetesStack{Client: client, Backend: backend, Runner: r, Egress: eg}, nil
+	started = true
+	return &KubernetesStack{Client: client, Backend: backend, Runner: r, Egress: eg, stopAgents: stopAgents}, nil
 }
 
 // Close stops following sandboxes; their Pods keep running for the next runner.
@@ -345,4 +357,7 @@ func (s *KubernetesStack) Close() {
 	s.Runner.Close()
 	s.Egress.Close()
 	s.Backend.Close()
+	if s.stopAgents != nil {
+		s.stopAgents()
+	}
 }

@@ -159,8 +159,8 @@ func ParseAddrs(s string) (map[string]string, error) {
 
 // Dialer is the backend's dialer of c's agents (nil, nil when none is configured):
 // client is what NodeDialer reads Nodes with and Issue's Secrets are kept with. With
-// Issue, the certificates are created or loaded here (Issuer.Ensure) and the server
-// Secret is checked every RenewCheckInterval until ctx ends.
+// Issue, the certificates are created or loaded here (Issuer.Ensure) and checked every
+// RenewCheckInterval until ctx ends (Held.Maintain; the stack ends it at its Close).
 func (c DialConfig) Dialer(ctx context.Context, client k8s.Interface) (kubernetes.NodeAgentDialer, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -184,10 +184,12 @@ func (c DialConfig) Dialer(ctx context.Context, client k8s.Interface) (kubernete
 		if err != nil {
 			return nil, err
 		}
-		if tc, err = is.ClientTLS(ca); err != nil {
+		held, err := is.Hold(ca)
+		if err != nil {
 			return nil, err
 		}
-		go is.Maintain(ctx, ca, RenewCheckInterval)
+		tc = held.ClientTLS()
+		go held.Maintain(ctx, RenewCheckInterval)
 	} else if tc, err = ClientTLSFromDirLog(c.TLSDir, c.RunnerID, c.Log); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,7 +38,7 @@ const (
 	// RenewBefore: a server certificate (at start and on each check) or the CA (at start)
 	// valid for less than this is issued anew.
 	RenewBefore = 30 * 24 * time.Hour
-	// RenewCheckInterval is how often a running runner checks the server Secret.
+	// RenewCheckInterval is how often a running runner checks the two Secrets (Held.Check).
 	RenewCheckInterval = time.Hour
 	// MaxSecretValueBytes bounds each value read from the two Secrets (a PEM certificate
 	// or key is ~1 KiB): a larger one is refused before it is parsed.
@@ -141,64 +142,72 @@ func (is *Issuer) Ensure(ctx context.Context) (*pki.CA, error) {
 }
 
 func (is *Issuer) ensureCA(ctx context.Context) (*pki.CA, error) {
-	for attempt := 0; ; attempt++ {
-		cur, err := is.get(ctx, is.Config.CASecret)
-		if err != nil {
-			return nil, err
-		}
-		if cur != nil {
-			ca, why := is.checkCA(cur)
-			if why == "" {
-				return ca, nil
+	var ca *pki.CA
+	err := is.ensureSecret(ctx, is.Config.CASecret, corev1.SecretTypeOpaque, "a new CA",
+		func(s *corev1.Secret) (why string) {
+			ca, why = is.checkCA(s)
+			return why
+		},
+		func() (map[string][]byte, error) {
+			c, keyPEM, err := pki.NewCA(caCommonName)
+			if err != nil {
+				return nil, err
 			}
-			is.log().Warn("node agent certificates: issuing a new CA", "secret", is.Config.Namespace+"/"+is.Config.CASecret, "reason", why)
-		}
-		ca, keyPEM, err := pki.NewCA(caCommonName)
-		if err != nil {
-			return nil, fmt.Errorf("node agent certificates: %w", err)
-		}
-		data := map[string][]byte{nodeagent.CAFile: ca.CertPEM(), CAKeyFile: keyPEM}
-		err = is.put(ctx, cur, is.Config.CASecret, corev1.SecretTypeOpaque, data)
-		if err == nil {
-			return ca, nil
-		}
-		if attempt == 0 && (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) {
-			continue // another replica wrote it first: load that one
-		}
+			ca = c
+			return map[string][]byte{nodeagent.CAFile: c.CertPEM(), CAKeyFile: keyPEM}, nil
+		})
+	if err != nil {
 		return nil, err
 	}
+	return ca, nil
 }
 
 // EnsureServer makes the server Secret hold a certificate of ca for nodeagent.ServerName
 // valid for RenewBefore at least, and ca's certificate as ca.crt.
 func (is *Issuer) EnsureServer(ctx context.Context, ca *pki.CA) error {
+	return is.ensureSecret(ctx, is.Config.ServerSecret, corev1.SecretTypeTLS, "a new server certificate",
+		func(s *corev1.Secret) string { return is.checkServer(s, ca) },
+		func() (map[string][]byte, error) {
+			cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, ServerCertTTL)
+			if err != nil {
+				return nil, err
+			}
+			chain, keyPEM, err := pki.EncodeKeyPair(cert)
+			if err != nil {
+				return nil, err
+			}
+			return map[string][]byte{nodeagent.CertFile: chain, nodeagent.KeyFile: keyPEM, nodeagent.CAFile: ca.CertPEM()}, nil
+		})
+}
+
+// ensureSecret is the one loop of both Secrets: Secret name (of type typ) is kept when
+// check finds nothing wrong with it ("": usable); otherwise (or when there is none) issue
+// makes its data anew (what: said in the warning) and it is written. Another replica
+// writing it first (AlreadyExists, Conflict) is met once by reading and checking again.
+func (is *Issuer) ensureSecret(ctx context.Context, name string, typ corev1.SecretType, what string,
+	check func(*corev1.Secret) string, issue func() (map[string][]byte, error)) error {
 	for attempt := 0; ; attempt++ {
-		cur, err := is.get(ctx, is.Config.ServerSecret)
+		cur, err := is.get(ctx, name)
 		if err != nil {
 			return err
 		}
 		if cur != nil {
-			why := is.checkServer(cur, ca)
+			why := check(cur)
 			if why == "" {
 				return nil
 			}
-			is.log().Warn("node agent certificates: issuing a new server certificate", "secret", is.Config.Namespace+"/"+is.Config.ServerSecret, "reason", why)
+			is.log().Warn("node agent certificates: issuing "+what, "secret", is.Config.Namespace+"/"+name, "reason", why)
 		}
-		cert, err := ca.IssueServer("sandboxd-node-agent", []string{nodeagent.ServerName}, nil, ServerCertTTL)
+		data, err := issue()
 		if err != nil {
 			return fmt.Errorf("node agent certificates: %w", err)
 		}
-		chain, keyPEM, err := pki.EncodeKeyPair(cert)
-		if err != nil {
-			return fmt.Errorf("node agent certificates: %w", err)
-		}
-		data := map[string][]byte{nodeagent.CertFile: chain, nodeagent.KeyFile: keyPEM, nodeagent.CAFile: ca.CertPEM()}
-		err = is.put(ctx, cur, is.Config.ServerSecret, corev1.SecretTypeTLS, data)
+		err = is.put(ctx, cur, name, typ, data)
 		if err == nil {
 			return nil
 		}
 		if attempt == 0 && (apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err)) {
-			continue
+			continue // another replica wrote it first: load that one
 		}
 		return err
 	}
@@ -318,25 +327,128 @@ func (is *Issuer) checkServer(s *corev1.Secret, ca *pki.CA) string {
 	return ""
 }
 
-// ClientTLS is the runner's TLS configuration for its agents from ca: a client
-// certificate naming RunnerID (pki.NodeAgentClientURI), issued in memory and renewed at
-// half its life (ClientCertTTL), and ca as the only root for the agents' certificates.
-func (is *Issuer) ClientTLS(ca *pki.CA) (*tls.Config, error) {
-	issue := func() (tls.Certificate, error) {
-		return ca.IssueClient("runner-"+is.RunnerID, []*url.URL{pki.NodeAgentClientURI(is.RunnerID)}, ClientCertTTL)
-	}
-	get := pki.Renewing(issue)
-	if _, err := get(); err != nil {
-		return nil, fmt.Errorf("node agent certificates: %w", err)
-	}
-	return nodeagent.ClientTLSConfig(nil, get, ca.Pool()), nil
+// Held is the CA a running process of the runner uses for its node agents: what its
+// client certificate is issued from and the only root of the agents' certificates
+// (ClientTLS), and what Check keeps the server Secret of. Another process of the same
+// runner (two replicas during a rolling update with leader election off) may have issued
+// another CA at its start: Check then takes the CA Secret's, for the client too, rather
+// than both rewriting the server Secret with their own.
+type Held struct {
+	is *Issuer
+
+	mu      sync.Mutex
+	ca      *pki.CA
+	cert    func() (*tls.Certificate, error) // pki.Renewing of ca's client certificates
+	pool    *x509.CertPool                   // ca's
+	skipped string                           // why the CA Secret was last not used ("": it was)
 }
 
-// Maintain re-checks the server Secret every interval until ctx ends (EnsureServer: a
-// certificate within RenewBefore of its end, or a Secret changed or deleted, is issued
-// anew; the agents re-read their files when the kubelet updates the Secret's volume). A
-// failure is logged and tried again at the next check.
-func (is *Issuer) Maintain(ctx context.Context, ca *pki.CA, interval time.Duration) {
+// Hold starts using ca (from Ensure): its first client certificate is issued here.
+func (is *Issuer) Hold(ca *pki.CA) (*Held, error) {
+	h := &Held{is: is}
+	if err := h.use(ca); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// use makes ca the held CA once a client certificate of it is issued.
+func (h *Held) use(ca *pki.CA) error {
+	get := pki.Renewing(func() (tls.Certificate, error) {
+		return ca.IssueClient("runner-"+h.is.RunnerID, []*url.URL{pki.NodeAgentClientURI(h.is.RunnerID)}, ClientCertTTL)
+	})
+	if _, err := get(); err != nil {
+		return fmt.Errorf("node agent certificates: %w", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ca, h.cert, h.pool = ca, get, ca.Pool()
+	return nil
+}
+
+// CA is the CA in use.
+func (h *Held) CA() *pki.CA {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ca
+}
+
+// ClientTLS is the runner's TLS configuration for its agents: a client certificate naming
+// RunnerID (pki.NodeAgentClientURI), issued in memory from the held CA and renewed at
+// half its life (ClientCertTTL), and the held CA as the only root of the agents'
+// certificates (for nodeagent.ServerName). Both follow the CA Check takes.
+func (h *Held) ClientTLS() *tls.Config {
+	c := nodeagent.ClientTLSConfig(nil, func() (*tls.Certificate, error) {
+		h.mu.Lock()
+		get := h.cert
+		h.mu.Unlock()
+		return get()
+	}, nil)
+	// The roots change with the held CA, which a tls.Config's RootCAs cannot: the
+	// agent's chain is verified here instead, as the standard verification would
+	// (crypto/tls's VerifyConnection example), against the CA held now.
+	c.InsecureSkipVerify = true //nolint:gosec // verified in VerifyConnection
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("node agent: no server certificate")
+		}
+		h.mu.Lock()
+		roots := h.pool
+		h.mu.Unlock()
+		inter := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+			DNSName: nodeagent.ServerName, Roots: roots, Intermediates: inter,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		})
+		return err
+	}
+	return c
+}
+
+// Check is one of Maintain's checks (not for concurrent use): the CA Secret is read
+// again; when it holds a usable CA of this runner (Ensure's test) other than the one
+// held, that one is held from now on (logged; the client certificate is issued from it);
+// then EnsureServer with the held CA. A CA Secret that is gone or not usable is never
+// replaced here, and the server Secret is then left as it is (logged once per reason):
+// a runner's start issues a new CA.
+func (h *Held) Check(ctx context.Context) error {
+	is := h.is
+	cur, err := is.get(ctx, is.Config.CASecret)
+	if err != nil {
+		return err
+	}
+	why := "there is none"
+	var ca *pki.CA
+	if cur != nil {
+		ca, why = is.checkCA(cur)
+	}
+	if why != "" {
+		if why != h.skipped {
+			is.log().Warn("node agent certificates: the CA Secret cannot be used; the server Secret is left as it is until a runner's start issues a new CA",
+				"secret", is.Config.Namespace+"/"+is.Config.CASecret, "reason", why)
+		}
+		h.skipped = why
+		return nil
+	}
+	h.skipped = ""
+	if !bytes.Equal(ca.CertPEM(), h.CA().CertPEM()) {
+		if err := h.use(ca); err != nil {
+			return err
+		}
+		is.log().Warn("node agent certificates: the CA Secret holds another CA (another process of this runner issued it): this process uses it from now on",
+			"secret", is.Config.Namespace+"/"+is.Config.CASecret)
+	}
+	return is.EnsureServer(ctx, ca)
+}
+
+// Maintain runs Check every interval until ctx ends (EnsureServer: a certificate within
+// RenewBefore of its end, or a Secret changed or deleted, is issued anew; the agents
+// re-read their files when the kubelet updates the Secret's volume). A failure is logged
+// and tried again at the next check.
+func (h *Held) Maintain(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -345,8 +457,8 @@ func (is *Issuer) Maintain(ctx context.Context, ca *pki.CA, interval time.Durati
 			return
 		case <-t.C:
 		}
-		if err := is.EnsureServer(ctx, ca); err != nil && ctx.Err() == nil {
-			is.log().Error("node agent certificates: the server Secret's check failed; tried again in "+interval.String(), "err", err)
+		if err := h.Check(ctx); err != nil && ctx.Err() == nil {
+			h.is.log().Error("node agent certificates: the server Secret's check failed; tried again in "+interval.String(), "err", err)
 		}
 	}
 }

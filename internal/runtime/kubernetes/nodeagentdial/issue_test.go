@@ -76,6 +76,14 @@ func serveAgent(t *testing.T, s *corev1.Secret, runnerID string) string {
 	return l.Addr().String()
 }
 
+func clientTLS(is *nodeagentdial.Issuer, ca *pki.CA) (*tls.Config, error) {
+	h, err := is.Hold(ca)
+	if err != nil {
+		return nil, err
+	}
+	return h.ClientTLS(), nil
+}
+
 func handshake(addr string, tc *tls.Config) error {
 	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, tc)
 	if err != nil {
@@ -128,7 +136,7 @@ func TestIssuerCreate(t *testing.T) {
 		t.Errorf("server certificate valid for %s, want %s", d, nodeagentdial.ServerCertTTL)
 	}
 
-	tc, err := is.ClientTLS(ca)
+	tc, err := clientTLS(is, ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +150,7 @@ func TestIssuerCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	otc, err := other.ClientTLS(oca)
+	otc, err := clientTLS(other, oca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,5 +396,112 @@ func TestIssueConfigValidate(t *testing.T) {
 	}
 	if err := issueCfg.Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestHeldCheck: two processes of one runner with two CAs (B started while the CA Secret
+// was gone and issued its own). A's check (Held.Check, Maintain's round, called here
+// directly) takes the CA Secret's CA instead of rewriting the server Secret with its own:
+// the server Secret stays B's, A's client now has B's CA (its client certificate and the
+// agents' root: it handshakes with an agent serving B's Secret, and refuses one serving
+// the certificate of its old CA), logged once. A CA Secret that is gone is never replaced
+// by a check, nor the server Secret rewritten (logged once).
+func TestHeldCheck(t *testing.T) {
+	cs := fake.NewClientset()
+	a, alog := newIssuer(t, cs, "runner-a")
+	caA, err := a.Ensure(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldA, err := a.Hold(caA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcA := heldA.ClientTLS()
+	srvA := getSecret(t, cs, "na-server")
+	oldAgent := serveAgent(t, srvA, "runner-a")
+	if err := handshake(oldAgent, tcA); err != nil {
+		t.Fatalf("A against the agent of A's CA: %v", err)
+	}
+
+	if err := cs.CoreV1().Secrets(issueNS).Delete(t.Context(), "na-ca", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := newIssuer(t, cs, "runner-a")
+	caB, err := b.Ensure(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caB.Certificate().Equal(caA.Certificate()) {
+		t.Fatal("B did not issue a CA of its own")
+	}
+	srvB := getSecret(t, cs, "na-server")
+
+	const adopted = "holds another CA"
+	for i := range 2 {
+		cs.ClearActions()
+		if err := heldA.Check(t.Context()); err != nil {
+			t.Fatalf("check %d: %v", i, err)
+		}
+		for _, act := range cs.Actions() {
+			if act.GetVerb() != "get" {
+				t.Errorf("check %d did %s %s", i, act.GetVerb(), act.GetResource().Resource)
+			}
+		}
+		if s := getSecret(t, cs, "na-server"); !bytes.Equal(s.Data[nodeagent.CertFile], srvB.Data[nodeagent.CertFile]) || !bytes.Equal(s.Data[nodeagent.CAFile], caB.CertPEM()) {
+			t.Errorf("check %d rewrote B's server Secret", i)
+		}
+	}
+	if !heldA.CA().Certificate().Equal(caB.Certificate()) {
+		t.Error("A still holds its own CA")
+	}
+	if n := strings.Count(alog.String(), adopted); n != 1 {
+		t.Errorf("%q logged %d times, want once; log:\n%s", adopted, n, alog)
+	}
+	if err := handshake(serveAgent(t, srvB, "runner-a"), tcA); err != nil {
+		t.Errorf("A (now B's CA) against the agent serving B's Secret: %v", err)
+	}
+	if err := handshake(oldAgent, tcA); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("A (now B's CA) against an agent of A's old CA: %v, want the server certificate refused (unknown authority)", err)
+	}
+
+	// The held CA's certificate for another name is no agent's.
+	wrong, err := caB.IssueServer("not-the-agent", []string{"other.sandboxd.internal"}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, key, err := pki.EncodeKeyPair(wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongSrv := &corev1.Secret{Data: map[string][]byte{nodeagent.CertFile: chain, nodeagent.KeyFile: key, nodeagent.CAFile: caB.CertPEM()}}
+	if err := handshake(serveAgent(t, wrongSrv, "runner-a"), tcA); err == nil || !strings.Contains(err.Error(), "certificate is valid for other.sandboxd.internal") {
+		t.Errorf("A against a certificate of its CA for another name: %v, want it refused", err)
+	}
+
+	// The CA Secret gone: the checks leave everything as it is and say so once.
+	if err := cs.CoreV1().Secrets(issueNS).Delete(t.Context(), "na-ca", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const skipped = "the CA Secret cannot be used"
+	for i := range 2 {
+		cs.ClearActions()
+		if err := heldA.Check(t.Context()); err != nil {
+			t.Fatalf("check %d without a CA Secret: %v", i, err)
+		}
+		for _, act := range cs.Actions() {
+			if act.GetVerb() != "get" {
+				t.Errorf("check %d without a CA Secret did %s %s", i, act.GetVerb(), act.GetResource().Resource)
+			}
+		}
+	}
+	if n := strings.Count(alog.String(), skipped); n != 1 {
+		t.Errorf("%q logged %d times, want once; log:\n%s", skipped, n, alog)
+	}
+	if !heldA.CA().Certificate().Equal(caB.Certificate()) {
+		t.Error("the held CA changed without a CA Secret")
+	}
+	if s := getSecret(t, cs, "na-server"); !bytes.Equal(s.Data[nodeagent.CertFile], srvB.Data[nodeagent.CertFile]) {
+		t.Error("a check without a CA Secret rewrote the server Secret")
 	}
 }
