@@ -9,7 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -50,7 +52,9 @@ func TestSecurityRecoverForeignCheckpoint(t *testing.T) {
 		{"fork image", "fork", NodeCheckpointEntry{ID: victimCkpt, SandboxID: "p-a", Namespace: "sbx", Name: podName("p-a"), UID: "uid-p-a", LeaveRunning: true}, nil},
 		{"not listed", "no such complete image", NodeCheckpointEntry{ID: "c-else", SandboxID: "p-a", Namespace: "sbx"}, nil},
 		{"broken record too", "version 9", NodeCheckpointEntry{ID: victimCkpt, SandboxID: "p-b", Namespace: "sbx", Name: podName("p-b"), UID: "uid-b"},
-			func(a map[string]string) { a[annotationPausedPod] = strings.Replace(a[annotationPausedPod], `"v":1`, `"v":9`, 1) }},
+			func(a map[string]string) {
+				a[annotationPausedPod] = strings.Replace(a[annotationPausedPod], `"v":1`, `"v":9`, 1)
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			agent := &fakeNodeAgent{}
@@ -178,5 +182,31 @@ func TestRecoverPausedConfigChanged(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRecoverInterruptedPauseDeleteFails: a pause cut short whose checkpointed Pod
+// cannot be deleted is not finished (a resume would meet the Pod): the sandbox is not
+// taken over paused, and its Pod is recovered as it is.
+func TestRecoverInterruptedPauseDeleteFails(t *testing.T) {
+	agent := &fakeNodeAgent{}
+	cs, _ := pausedBeforeRestart(t, recoverSpec("p-d"), agent)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName("p-d"), Namespace: "sbx", UID: "uid-p-d",
+		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: "p-d", LabelRunner: "r1"}},
+		Spec:   corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: containerMain, Image: "reg.example/app:1"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodFailed}}
+	if _, err := cs.CoreV1().Pods("sbx").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cs.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		return true, nil, apierrors.NewInternalError(errors.New("etcd away"))
+	})
+	b2 := backendOn(t, recoverCfg(agent), cs)
+	recs, err := b2.Recover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := recovered(recs, "p-d"); r == nil || r.Paused {
+		t.Fatalf("recovered %+v, want recovered, not paused (its Pod still there)", r)
 	}
 }
