@@ -43,7 +43,12 @@ import (
 // (recoverPaused: Recovered.Paused, Released) and finishes a pause cut short between its
 // mark and the Pod's deletion (finishInterruptedPauses), and a resume cut short after its
 // Pod was made (recoverInterruptedPause). A record that cannot be used ends the sandbox
-// with Reason CheckpointLost.
+// with Reason CheckpointLost. The checkpoint ID and node read back are tied to the
+// sandbox by the node agent's listing (ownCheckpoint: an image the agent took of this
+// sandbox ID, of a Pod in this namespace), asked once per node at Recover
+// (checkpointLists); an agent not reached leaves the sandbox paused and Resume asks it
+// before it makes a Pod. An image named by a Secret is deleted only when the agent lists
+// it as the sandbox's (deleteOwnCheckpoint).
 //
 // Not covered yet (refused with a reason): multi-container sandboxes, disk scratch
 // volumes (host-backed emptyDirs are not in the checkpoint), registered volumes

@@ -31,7 +31,10 @@ import (
 // against what this runner makes for the sandbox's spec (securityFor, the sandbox's own
 // and its organization's pull Secrets, the containers and pull policies of buildPod, the
 // image repository of the spec with only a digest taken from the record); a record that
-// fails ends the sandbox with Reason CheckpointLost, naming the field.
+// fails ends the sandbox with Reason CheckpointLost, naming the field. A security context
+// or pull policy that is not this runner's (its configuration changed since the pause) is
+// replaced by this runner's, not refused. The checkpoint ID is tied to the sandbox by its
+// node agent (checkpoint.go: ownCheckpoint).
 
 const (
 	annotationPausedPod = "sandboxd.io/paused-pod"
