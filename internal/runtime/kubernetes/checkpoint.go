@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/nodeagent/hibernate"
@@ -42,7 +43,12 @@ import (
 // (recoverPaused: Recovered.Paused, Released) and finishes a pause cut short between its
 // mark and the Pod's deletion (finishInterruptedPauses), and a resume cut short after its
 // Pod was made (recoverInterruptedPause). A record that cannot be used ends the sandbox
-// with Reason CheckpointLost.
+// with Reason CheckpointLost. The checkpoint ID and node read back are tied to the
+// sandbox by the node agent's listing (ownCheckpoint: an image the agent took of this
+// sandbox ID, of a Pod in this namespace), asked once per node at Recover
+// (checkpointLists); an agent not reached leaves the sandbox paused and Resume asks it
+// before it makes a Pod. An image named by a Secret is deleted only when the agent lists
+// it as the sandbox's (deleteOwnCheckpoint).
 //
 // Not covered yet (refused with a reason): multi-container sandboxes, disk scratch
 // volumes (host-backed emptyDirs are not in the checkpoint), registered volumes
@@ -74,6 +80,10 @@ type pauseState struct {
 	// pod: what the resumed Pod takes from the paused one (pausestate.go), also
 	// recorded in the sandbox's Secret.
 	pod pausedPod
+	// untrusted: read back from the sandbox's Secret (a restarted runner's) and not yet
+	// matched to its node agent's listing (ownCheckpoint): Resume matches it before
+	// anything, and its checkpoint is deleted only through deleteOwnCheckpoint.
+	untrusted bool
 }
 
 // pinnedImages returns, for each container of pod that pulls Always, the digest of the
@@ -387,14 +397,16 @@ func (b *Backend) markPaused(ctx context.Context, id string, ps *pauseState) err
 	return b.disownPaused(ctx, id)
 }
 
+// disownPatch takes every owner off an object (a merge patch).
+var disownPatch = []byte(`{"metadata":{"ownerReferences":null}}`)
+
 // disownPaused takes the Pod's ownership off the sandbox's pull Secret and NetworkPolicy.
 func (b *Backend) disownPaused(ctx context.Context, id string) error {
 	secrets := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace)
-	disown := []byte(`{"metadata":{"ownerReferences":null}}`)
-	if _, err := secrets.Patch(ctx, pullSecretName(id), types.MergePatchType, disown, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := secrets.Patch(ctx, pullSecretName(id), types.MergePatchType, disownPatch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("pull secret: %w", err)
 	}
-	_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Patch(ctx, networkPolicyName(id), types.MergePatchType, disown, metav1.PatchOptions{})
+	_, err := b.cfg.Client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).Patch(ctx, networkPolicyName(id), types.MergePatchType, disownPatch, metav1.PatchOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("network policy: %w", err)
 	}
@@ -482,12 +494,29 @@ func (b *Backend) Resume(ctx context.Context, id string) (runtime.Info, error) {
 	if b.cfg.NodeAgents == nil {
 		return runtime.Info{}, fmt.Errorf("resume %s: %w: %s", id, errdefs.ErrNotImplemented, pauseNoAgentWhy)
 	}
-	if _, err := b.cfg.NodeAgents.Agent(ctx, ps.Node); err != nil {
+	agent, err := b.cfg.NodeAgents.Agent(ctx, ps.Node)
+	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) || apierrors.IsNotFound(err) {
 			return runtime.Info{}, fmt.Errorf("resume %s: node %s: %w: %w", id, ps.Node, runtime.ErrCheckpointLost, err)
 		}
 		return runtime.Info{}, fmt.Errorf("resume %s: node agent of %s: %w", id, ps.Node, err)
 	}
+	// The checkpoint must be one the agent took of this sandbox (its ID may have been read
+	// back from a Secret anyone with rights in the namespace can write: another
+	// sandbox's).
+	entries, err := agent.ListCheckpoints(ctx)
+	if err != nil {
+		return runtime.Info{}, fmt.Errorf("resume %s: node agent of %s: %w", id, ps.Node, err)
+	}
+	if err := b.ownCheckpoint(entries, id, ps.CheckpointID, ""); err != nil {
+		b.mu.Lock()
+		ps.untrusted = true // not deleted but through deleteOwnCheckpoint
+		b.mu.Unlock()
+		return runtime.Info{}, fmt.Errorf("resume %s: %w: %w", id, runtime.ErrCheckpointLost, err)
+	}
+	b.mu.Lock()
+	ps.untrusted = false
+	b.mu.Unlock()
 	t0 := time.Now()
 	created, err := b.cfg.Client.CoreV1().Pods(b.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
@@ -558,8 +587,12 @@ func (b *Backend) resumePod(s *sandbox, ps *pauseState) (*corev1.Pod, error) {
 			pullSecrets: ps.pod.PullSecrets, sc: sc.DeepCopy(), node: ps.Node})
 	}
 	pod := build(ps.pod.SecurityContext)
-	if err := b.checkPausedPod(s, &ps.pod, pod, build); err != nil {
+	sc, err := b.checkPausedPod(s, &ps.pod, pod, build)
+	if err != nil {
 		return nil, err
+	}
+	if sc != ps.pod.SecurityContext {
+		pod = build(sc)
 	}
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
@@ -695,7 +728,7 @@ func checkpointLost(err error) bool {
 
 // stopPaused ends a paused sandbox (Stop, Destroy): its checkpoint is deleted and Wait
 // returns Reason "Stopped". False: s is not paused.
-func (b *Backend) stopPaused(_ context.Context, s *sandbox) bool {
+func (b *Backend) stopPaused(ctx context.Context, s *sandbox) bool {
 	b.mu.Lock()
 	ps := s.paused
 	if ps == nil {
@@ -711,8 +744,13 @@ func (b *Backend) stopPaused(_ context.Context, s *sandbox) bool {
 	}
 	close(s.changed)
 	s.changed = make(chan struct{})
+	untrusted := ps.untrusted
 	b.mu.Unlock()
-	b.deleteCheckpoint(s.id, ps.Node, ps.CheckpointID)
+	if untrusted {
+		b.deleteOwnCheckpoint(ctx, b.newCheckpointLists(), s.id, ps.Node, ps.CheckpointID)
+	} else {
+		b.deleteCheckpoint(s.id, ps.Node, ps.CheckpointID)
+	}
 	return true
 }
 
@@ -722,7 +760,7 @@ func (b *Backend) stopPaused(_ context.Context, s *sandbox) bool {
 // what its Secret records (readPauseState). One whose record cannot be used ends: its
 // checkpoint is deleted through the node agent (when this runner has one), its Secrets
 // and NetworkPolicy with Destroy, and it is reported ended with Reason CheckpointLost.
-func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([]runtime.Recovered, error) {
+func (b *Backend) recoverPaused(ctx context.Context, lists checkpointLists, withPod map[string]bool) ([]runtime.Recovered, error) {
 	sel := b.selector.String() + "," + labelPaused + "=true"
 	list, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
@@ -748,6 +786,9 @@ func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([
 			ps, err = b.readPauseState(s, sec)
 		}
 		if err == nil {
+			err = b.verifyRecovered(ctx, lists, id, ps)
+		}
+		if err == nil {
 			s.paused = ps
 			b.mu.Lock()
 			taken := b.sandboxes[id] == nil
@@ -763,7 +804,7 @@ func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([
 			}
 			continue
 		}
-		b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+		b.deleteOwnCheckpoint(ctx, lists, id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
 		if derr := b.Destroy(ctx, id); derr != nil {
 			b.log.Warn("recover: destroy a paused sandbox", "sandbox", id, "err", derr)
 		}
@@ -771,7 +812,7 @@ func (b *Backend) recoverPaused(ctx context.Context, withPod map[string]bool) ([
 			b.log.Warn("recover: a paused sandbox's unreadable secret: deleted", "sandbox", id, "err", err)
 			continue
 		}
-		b.log.Warn("recover: a paused sandbox ended: its record cannot be resumed from (its checkpoint deleted)", "sandbox", id, "err", err)
+		b.log.Warn("recover: a paused sandbox ended: its record cannot be resumed from (its checkpoint deleted if its node agent says it is the sandbox's)", "sandbox", id, "err", err)
 		ex := runtime.Exit{Reason: "CheckpointLost", At: time.Now().UTC(),
 			Message: runtime.ErrCheckpointLost.Error() + ": the runner restarted while the sandbox was paused, and " + err.Error()}
 		out = append(out, runtime.Recovered{Spec: s.spec, Info: runtime.Info{ID: id, RuntimeClass: s.class}, Exit: &ex})
@@ -791,7 +832,7 @@ func pauseInterrupted(sec *corev1.Secret, pod *corev1.Pod) bool {
 // finishInterruptedPauses finishes the pauses cut short after their mark among pods
 // (pauseInterrupted): each such sandbox no longer has a Pod (withPod), and is taken over
 // paused by recoverPaused. It returns those sandboxes (their Pods are not recovered).
-func (b *Backend) finishInterruptedPauses(ctx context.Context, pods []corev1.Pod, withPod map[string]bool) (map[string]bool, error) {
+func (b *Backend) finishInterruptedPauses(ctx context.Context, lists checkpointLists, pods []corev1.Pod, withPod map[string]bool) (map[string]bool, error) {
 	list, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: b.selector.String() + "," + labelPaused + "=true"})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes backend: list paused sandboxes' secrets: %w", err)
@@ -813,7 +854,7 @@ func (b *Backend) finishInterruptedPauses(ctx context.Context, pods []corev1.Pod
 		b.mu.Lock()
 		known := b.sandboxes[id] != nil
 		b.mu.Unlock()
-		if !known && b.finishInterruptedPause(ctx, id, pod) {
+		if !known && b.finishInterruptedPause(ctx, lists, id, sec, pod) {
 			done[id], withPod[id] = true, false
 		}
 	}
@@ -822,11 +863,22 @@ func (b *Backend) finishInterruptedPauses(ctx context.Context, pods []corev1.Pod
 
 // finishInterruptedPause finishes, at a runner's start, a pause cut short after its mark
 // (pauseInterrupted): the Pod's ownership off the sandbox's pull Secret and NetworkPolicy
-// again (the mark's patches may not all have been made), then the Pod goes. False: the
-// ownership could not be taken off (the Pod is left: recoverInterruptedPause ends it).
-func (b *Backend) finishInterruptedPause(ctx context.Context, id string, pod *corev1.Pod) bool {
-	disown := []byte(`{"metadata":{"ownerReferences":null}}`)
-	_, err := b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(ctx, secretName(id), types.MergePatchType, disown, metav1.PatchOptions{})
+// again (the mark's patches may not all have been made), then the Pod goes. Only when
+// the node agent lists the marked checkpoint as one taken of this sandbox's Pod (its
+// UID): the mark is read back from a Secret, and a forged one must not end a running
+// Pod. False: not so, or the agent could not be reached, or the ownership could not be
+// taken off, or the Pod could not be deleted (the Pod is left: it is recovered as it is,
+// and recoverInterruptedPause takes the marks off).
+func (b *Backend) finishInterruptedPause(ctx context.Context, lists checkpointLists, id string, sec *corev1.Secret, pod *corev1.Pod) bool {
+	entries, err := lists.get(ctx, pod.Spec.NodeName)
+	if err == nil {
+		err = b.ownCheckpoint(entries, id, sec.Annotations[annotationPausedCkpt], pod.UID)
+	}
+	if err != nil {
+		b.log.Warn("recover: a pause cut short is not finished: its checkpoint is not known to be the Pod's", "sandbox", id, "err", err)
+		return false
+	}
+	_, err = b.cfg.Client.CoreV1().Secrets(b.cfg.Namespace).Patch(ctx, secretName(id), types.MergePatchType, disownPatch, metav1.PatchOptions{})
 	if err == nil {
 		err = b.disownPaused(ctx, id)
 	}
@@ -840,9 +892,12 @@ func (b *Backend) finishInterruptedPause(ctx context.Context, id string, pod *co
 	})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		b.log.Warn("recover: a pause cut short: delete the checkpointed Pod", "sandbox", id, "err", err)
+		return false
 	}
 	if err := b.waitPodGone(ctx, id, uid, pauseGoneWait); err != nil {
+		// A resume would meet it (AlreadyExists): the Pod is recovered as it is.
 		b.log.Warn("recover: a pause cut short: the checkpointed Pod is still there", "sandbox", id, "err", err)
+		return false
 	}
 	b.log.Info("recover: a pause cut short after its checkpoint finished", "sandbox", id, "node", pod.Spec.NodeName)
 	return true
@@ -853,12 +908,123 @@ func (b *Backend) finishInterruptedPause(ctx context.Context, id string, pod *co
 // the Secrets and NetworkPolicy again, and the image is deleted (a restored Pod has read
 // it; a paused Pod finishInterruptedPause could not delete has ended, and the sandbox
 // with it).
-func (b *Backend) recoverInterruptedPause(ctx context.Context, id string, sec *corev1.Secret, pod *corev1.Pod) {
+func (b *Backend) recoverInterruptedPause(ctx context.Context, lists checkpointLists, id string, sec *corev1.Secret, pod *corev1.Pod) {
 	b.adoptSecrets(ctx, pod, pullSecretName(id), true)
 	if err := b.unmarkPaused(ctx, id); err != nil {
 		b.log.Warn("recover: remove the paused marks", "sandbox", id, "err", err)
 	}
-	b.deleteCheckpoint(id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+	b.deleteOwnCheckpoint(ctx, lists, id, sec.Annotations[annotationPausedNode], sec.Annotations[annotationPausedCkpt])
+}
+
+// checkpointListBudget bounds the node agents' listings one Recover (or one stop of a
+// paused sandbox taken over) waits for, however many nodes it asks.
+const checkpointListBudget = 30 * time.Second
+
+// checkpointLists are the node agents' listings of this runner's checkpoints, each node
+// asked once (Recover asks every node its paused sandboxes name), within one
+// checkpointListBudget: a node not answered by then counts as not reached.
+type checkpointLists struct {
+	b        *Backend
+	deadline time.Time
+	nodes    map[string]checkpointList
+}
+
+type checkpointList struct {
+	entries []NodeCheckpointEntry
+	err     error
+}
+
+func (b *Backend) newCheckpointLists() checkpointLists {
+	return checkpointLists{b: b, deadline: time.Now().Add(checkpointListBudget), nodes: map[string]checkpointList{}}
+}
+
+// get is node's listing (asked once); an error: the agent was not reached (or there is
+// none).
+func (l checkpointLists) get(ctx context.Context, node string) ([]NodeCheckpointEntry, error) {
+	if r, ok := l.nodes[node]; ok {
+		return r.entries, r.err
+	}
+	var r checkpointList
+	switch {
+	case l.b.cfg.NodeAgents == nil:
+		r.err = errors.New(pauseNoAgentWhy)
+	case len(validation.IsDNS1123Subdomain(node)) > 0:
+		r.err = fmt.Errorf("node %q is not a node name", node)
+	case !time.Now().Before(l.deadline):
+		r.err = fmt.Errorf("the node agents' listings took more than %s", checkpointListBudget)
+	default:
+		lctx, cancel := context.WithDeadline(ctx, l.deadline)
+		agent, err := l.b.cfg.NodeAgents.Agent(lctx, node)
+		if err == nil {
+			r.entries, err = agent.ListCheckpoints(lctx)
+		}
+		cancel()
+		r.err = err
+	}
+	l.nodes[node] = r
+	return r.entries, r.err
+}
+
+// ownCheckpoint says why entries (a node agent's listing) do not show checkpoint cid as
+// a pause's image of sandbox id, taken of a Pod in this runner's namespace (and of the
+// Pod uid, unless empty); nil: they do. Its errors wrap errPauseRecord (the ID is read
+// back from the sandbox's Secret).
+func (b *Backend) ownCheckpoint(entries []NodeCheckpointEntry, id, cid string, uid types.UID) error {
+	bad := func(why string) error {
+		return fmt.Errorf("%w: %s %q: %s", errPauseRecord, annotationPausedCkpt, cid, why)
+	}
+	for _, e := range entries {
+		if e.ID != cid {
+			continue
+		}
+		switch {
+		case e.SandboxID != id:
+			return bad("the node agent took it of another sandbox")
+		case e.Namespace != b.cfg.Namespace:
+			return bad("the node agent took it of a Pod in another namespace")
+		case e.LeaveRunning:
+			return bad("a fork's image, not a pause's")
+		case uid != "" && e.UID != string(uid):
+			return bad("the node agent took it of another Pod")
+		}
+		return nil
+	}
+	return bad("its node agent has no such complete image")
+}
+
+// verifyRecovered matches the checkpoint of paused sandbox id, read back from its Secret
+// (ps), to its node agent's listing: an error (errPauseRecord) when the agent does not
+// list it as this sandbox's. An agent not reached leaves ps untrusted: Resume matches it
+// before it makes a Pod, and it is deleted only through deleteOwnCheckpoint.
+func (b *Backend) verifyRecovered(ctx context.Context, lists checkpointLists, id string, ps *pauseState) error {
+	entries, err := lists.get(ctx, ps.Node)
+	if err != nil {
+		b.log.Warn("recover: a paused sandbox's node agent not reached: kept paused, its checkpoint checked at its resume", "sandbox", id, "node", ps.Node, "err", err)
+		return nil
+	}
+	if err := b.ownCheckpoint(entries, id, ps.CheckpointID, ""); err != nil {
+		return err
+	}
+	ps.untrusted = false
+	return nil
+}
+
+// deleteOwnCheckpoint deletes checkpoint cid on node, read back from sandbox id's
+// Secret, only when the node's agent lists it as this sandbox's (ownCheckpoint): a
+// forged record never deletes another sandbox's image.
+func (b *Backend) deleteOwnCheckpoint(ctx context.Context, lists checkpointLists, id, node, cid string) {
+	if b.cfg.NodeAgents == nil || cid == "" || node == "" {
+		return
+	}
+	entries, err := lists.get(ctx, node)
+	if err == nil {
+		err = b.ownCheckpoint(entries, id, cid, "")
+	}
+	if err != nil {
+		b.log.Warn("a checkpoint named by a paused sandbox's Secret is not deleted", "sandbox", id, "node", node, "err", err)
+		return
+	}
+	b.deleteCheckpoint(id, node, cid)
 }
 
 // deleteCheckpoint deletes a checkpoint on node (logged when it fails: nothing deletes

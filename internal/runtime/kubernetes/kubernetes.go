@@ -911,11 +911,12 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 	}
 	// Paused sandboxes (their Pod deleted, or a pause cut short before it was): taken
 	// over paused (checkpoint.go).
-	pauseFinished, err := b.finishInterruptedPauses(ctx, list.Items, withPod)
+	lists := b.newCheckpointLists() // the node agents' listings (checkpoint.go)
+	pauseFinished, err := b.finishInterruptedPauses(ctx, lists, list.Items, withPod)
 	if err != nil {
 		return nil, err
 	}
-	paused, err := b.recoverPaused(ctx, withPod)
+	paused, err := b.recoverPaused(ctx, lists, withPod)
 	if err != nil {
 		return nil, err
 	}
@@ -1022,7 +1023,7 @@ func (b *Backend) Recover(ctx context.Context) ([]runtime.Recovered, error) {
 		}
 		if sec.Labels[labelPaused] == "true" {
 			// A resume (or a pause) cut short by the restart (checkpoint.go).
-			b.recoverInterruptedPause(ctx, id, sec, pod)
+			b.recoverInterruptedPause(ctx, lists, id, sec, pod)
 		}
 		out = append(out, rec)
 	}

@@ -18,6 +18,18 @@ type NodeAgent interface {
 	Checkpoint(ctx context.Context, req NodeCheckpointRequest) (NodeCheckpoint, error)
 	// DeleteCheckpoint removes an image; idempotent.
 	DeleteCheckpoint(ctx context.Context, checkpointID string) error
+	// ListCheckpoints lists the caller's complete images on the node, each with what the
+	// agent recorded when it took it (the sandbox and the Pod it resolved on its node).
+	ListCheckpoints(ctx context.Context) ([]NodeCheckpointEntry, error)
+}
+
+// NodeCheckpointEntry is a complete image on a node as its agent recorded it: its ID, the
+// sandbox ID and the Pod (namespace, name, UID) it was taken of, and whether it is a
+// fork's (LeaveRunning) or a pause's.
+type NodeCheckpointEntry struct {
+	ID, SandboxID        string
+	Namespace, Name, UID string
+	LeaveRunning         bool
 }
 
 // NodeCheckpointRequest names the Pod whose sandbox is checkpointed: the Pod's

@@ -38,6 +38,31 @@ type fakeNodeAgent struct {
 	onCheckpoint func(NodeCheckpointRequest) error
 	agentErr     error           // Agent's error, when set
 	answer       *NodeCheckpoint // Checkpoint's answer, when set
+	listErr      error           // ListCheckpoints' error, when set
+	// others: images ListCheckpoints lists beside the ones Checkpoint took (and
+	// DeleteCheckpoint did not delete).
+	others []NodeCheckpointEntry
+}
+
+// ListCheckpoints lists the images Checkpoint answered (each of the Pod and sandbox its
+// request named) not deleted since, and others.
+func (f *fakeNodeAgent) ListCheckpoints(context.Context) ([]NodeCheckpointEntry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
+	var out []NodeCheckpointEntry
+	for _, r := range f.checkpoints {
+		cid := "c-test-1"
+		if f.answer != nil {
+			cid = f.answer.ID
+		}
+		if !slices.Contains(f.deleted, cid) {
+			out = append(out, NodeCheckpointEntry{ID: cid, SandboxID: r.SandboxID, Namespace: r.Namespace, Name: r.Name, UID: r.UID, LeaveRunning: r.LeaveRunning})
+		}
+	}
+	return append(out, f.others...), nil
 }
 
 func (f *fakeNodeAgent) Agent(_ context.Context, node string) (NodeAgent, error) {
@@ -799,7 +824,11 @@ func TestRecoverPaused(t *testing.T) {
 	pod2.Annotations[runtime.RestoreCheckpointAnnotation] = "c-resumed-2"
 	pod2.Status = corev1.PodStatus{Phase: corev1.PodRunning}
 
-	agent := &fakeNodeAgent{}
+	// Both checkpoints are the sandboxes' own (the node agent took them of their Pods).
+	agent := &fakeNodeAgent{others: []NodeCheckpointEntry{
+		{ID: "c-lost-1", SandboxID: "p-r1", Namespace: "sbx", Name: podName("p-r1"), UID: "uid-r1"},
+		{ID: "c-resumed-2", SandboxID: "p-r2", Namespace: "sbx", Name: podName("p-r2"), UID: "uid-r2-paused"},
+	}}
 	cfg.NodeAgents = agent
 	b, cs := newFakeBackend(t, cfg, sec1, sec2, pod2,
 		&corev1.Secret{ObjectMeta: om(pullSecretName("p-r1"), "p-r1")},

@@ -31,7 +31,10 @@ import (
 // against what this runner makes for the sandbox's spec (securityFor, the sandbox's own
 // and its organization's pull Secrets, the containers and pull policies of buildPod, the
 // image repository of the spec with only a digest taken from the record); a record that
-// fails ends the sandbox with Reason CheckpointLost, naming the field.
+// fails ends the sandbox with Reason CheckpointLost, naming the field. A security context
+// or pull policy that is not this runner's (its configuration changed since the pause) is
+// replaced by this runner's, not refused. The checkpoint ID is tied to the sandbox by its
+// node agent (checkpoint.go: ownCheckpoint).
 
 const (
 	annotationPausedPod = "sandboxd.io/paused-pod"
@@ -159,7 +162,7 @@ func (b *Backend) readPauseState(s *sandbox, sec *corev1.Secret) (*pauseState, e
 		return nil, fmt.Errorf("%w: %s", errPauseRecord, fmt.Sprintf(format, a...))
 	}
 	a := sec.Annotations
-	ps := &pauseState{CheckpointID: a[annotationPausedCkpt], Node: a[annotationPausedNode]}
+	ps := &pauseState{CheckpointID: a[annotationPausedCkpt], Node: a[annotationPausedNode], untrusted: true}
 	if err := hibernate.ValidCheckpointID(ps.CheckpointID); err != nil {
 		return bad("%s: %v", annotationPausedCkpt, err)
 	}
@@ -218,12 +221,16 @@ func (b *Backend) readPauseState(s *sandbox, sec *corev1.Secret) (*pauseState, e
 // checkPausedPod checks pp against pod, the resumed Pod buildPod made for sandbox s
 // before pp's pull policies and images are applied to it (build makes it with another
 // main container security context): pull Secrets are the sandbox's own or its
-// organization's, the main container's security context is one Create makes for the
-// sandbox's spec, pull policies are the Pod's or Always, and each name is one of the
-// Pod's containers.
-func (b *Backend) checkPausedPod(s *sandbox, pp *pausedPod, pod *corev1.Pod, build func(*corev1.SecurityContext) *corev1.Pod) error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s: %s", errPauseRecord, annotationPausedPod, fmt.Sprintf(format, a...))
+// organization's, and each name is one of the Pod's containers. It returns the main
+// container's security context the resumed Pod is built with: pp's when it is one Create
+// makes for the sandbox's spec under this runner's configuration, else (the runner's
+// configuration changed since the pause, or the record was altered) the one this runner
+// makes — never one the spec does not give. A pull policy that is neither the Pod's nor
+// Always is dropped from pp (the Pod's is taken), for the same reasons. A configuration
+// change never ends a paused sandbox (nor deletes its checkpoint).
+func (b *Backend) checkPausedPod(s *sandbox, pp *pausedPod, pod *corev1.Pod, build func(*corev1.SecurityContext) *corev1.Pod) (*corev1.SecurityContext, error) {
+	bad := func(format string, a ...any) (*corev1.SecurityContext, error) {
+		return nil, fmt.Errorf("%w: %s: %s", errPauseRecord, annotationPausedPod, fmt.Sprintf(format, a...))
 	}
 	allowed := []string{pullSecretName(s.id)}
 	if org := s.spec.Meta[runtime.MetaOrg]; validOrgID(org) {
@@ -236,14 +243,25 @@ func (b *Backend) checkPausedPod(s *sandbox, pp *pausedPod, pod *corev1.Pod, bui
 	}
 	// The image's user decides only whether agentCaps are added (a non-root user with
 	// capability drops): either is what Create makes for this spec, as the Pod has it
-	// (buildPod changes it: dropNetRaw).
-	ok := false
+	// (buildPod changes it: dropNetRaw). Neither matching, the record's added
+	// capabilities choose which.
+	var use *corev1.SecurityContext
 	for _, imageUser := range []string{"", "65534"} {
 		sc, _ := securityFor(s.spec.Security, imageUser)
-		ok = ok || pp.SecurityContext != nil && apiequality.Semantic.DeepEqual(pp.SecurityContext, mainSecurityContext(build(sc)))
+		if pp.SecurityContext != nil && apiequality.Semantic.DeepEqual(pp.SecurityContext, mainSecurityContext(build(sc))) {
+			use = pp.SecurityContext
+			break
+		}
 	}
-	if !ok {
-		return bad("the main container's security context is not the one the sandbox's spec gives")
+	if use == nil {
+		user := ""
+		if rec := pp.SecurityContext; rec != nil && rec.Capabilities != nil && !slices.ContainsFunc(agentCaps, func(c corev1.Capability) bool {
+			return !slices.Contains(rec.Capabilities.Add, c)
+		}) {
+			user = "65534"
+		}
+		use, _ = securityFor(s.spec.Security, user)
+		b.log.Warn("resume: the paused Pod's security context is not the one this runner makes for the sandbox's spec: this runner's taken", "sandbox", s.id)
 	}
 	container := func(n string) *corev1.Container {
 		for i := range pod.Spec.Containers {
@@ -258,8 +276,9 @@ func (b *Backend) checkPausedPod(s *sandbox, pp *pausedPod, pod *corev1.Pod, bui
 		if c == nil {
 			return bad("pull policy of container %q, which the sandbox's Pod does not have", n)
 		}
-		if p != c.ImagePullPolicy && p != corev1.PullAlways {
-			return bad("container %q: pull policy %q (this runner gives it %q)", n, p, c.ImagePullPolicy)
+		if p != c.ImagePullPolicy && p != corev1.PullAlways && pp.Pinned[n] == "" {
+			b.log.Warn("resume: the paused Pod's pull policy is not this runner's: this runner's taken", "sandbox", s.id, "container", n, "recorded", p, "now", c.ImagePullPolicy)
+			delete(pp.PullPolicy, n)
 		}
 	}
 	for n, d := range pp.Pinned {
@@ -274,7 +293,7 @@ func (b *Backend) checkPausedPod(s *sandbox, pp *pausedPod, pod *corev1.Pod, bui
 			return bad("container %q: %v", n, err)
 		}
 	}
-	return nil
+	return use, nil
 }
 
 // mainSecurityContext is the security context of pod's main container (nil: none).

@@ -176,6 +176,32 @@ func (a backendAgent) DeleteCheckpoint(ctx context.Context, checkpointID string)
 	return agentError(ctx, a.o.Log, opDelete, a.node, a.c.DeleteCheckpoint(dctx, checkpointID))
 }
 
+// ListCheckpoints implements kubernetes.NodeAgent: the caller's complete images on the
+// node (at most maxListed are taken).
+func (a backendAgent) ListCheckpoints(ctx context.Context) ([]kubernetes.NodeCheckpointEntry, error) {
+	lctx, cancel := context.WithTimeout(ctx, a.o.DeleteTimeout)
+	defer cancel()
+	list, err := a.c.ListCheckpoints(lctx)
+	if err != nil {
+		return nil, agentError(ctx, a.o.Log, opList, a.node, err)
+	}
+	if len(list) > maxListed {
+		list = list[:maxListed]
+	}
+	out := make([]kubernetes.NodeCheckpointEntry, 0, len(list))
+	for _, e := range list {
+		out = append(out, kubernetes.NodeCheckpointEntry{
+			ID: e.GetCheckpointId(), SandboxID: e.GetSandboxId(), LeaveRunning: e.GetLeaveRunning(),
+			Namespace: e.GetPod().GetNamespace(), Name: e.GetPod().GetName(), UID: e.GetPod().GetUid(),
+		})
+	}
+	return out, nil
+}
+
+// maxListed bounds the entries ListCheckpoints takes of an agent's answer (an agent's
+// store holds far fewer: its quota bounds it).
+const maxListed = 100000
+
 var (
 	_ ClientDialer = (*nodeagent.StaticDialer)(nil)
 )

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -224,6 +225,21 @@ func TestBackendDialerCheckpoint(t *testing.T) {
 	}
 	if fk.SandboxRunning != kubernetes.RunningYes || fk.ID == cp.ID {
 		t.Fatalf("fork checkpoint %+v (pause's %s): want running, another ID", fk, cp.ID)
+	}
+	// The listing names each image's sandbox and Pod (what a restarted runner ties a
+	// paused sandbox's recorded checkpoint to).
+	list, err := a.ListCheckpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []kubernetes.NodeCheckpointEntry{
+		{ID: cp.ID, SandboxID: "abc", Namespace: "sbx", Name: "sbx-abc", UID: joinUID},
+		{ID: fk.ID, SandboxID: "abc", Namespace: "sbx", Name: "sbx-abc", UID: joinUID, LeaveRunning: true},
+	}
+	slices.SortFunc(list, func(x, y kubernetes.NodeCheckpointEntry) int { return strings.Compare(x.ID, y.ID) })
+	slices.SortFunc(want, func(x, y kubernetes.NodeCheckpointEntry) int { return strings.Compare(x.ID, y.ID) })
+	if !slices.Equal(list, want) {
+		t.Errorf("listed %+v, want %+v", list, want)
 	}
 	for _, id := range []string{cp.ID, cp.ID, fk.ID} { // twice: idempotent
 		if err := a.DeleteCheckpoint(ctx, id); err != nil {

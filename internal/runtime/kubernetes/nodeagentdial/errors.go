@@ -79,6 +79,7 @@ const (
 	opDial       = "dial"
 	opCheckpoint = "checkpoint"
 	opDelete     = "checkpoint deletion"
+	opList       = "checkpoint listing"
 )
 
 // agentError is err of op at node's agent as an *AgentError (nil for nil), logged with
