@@ -42,12 +42,12 @@ func TestHeartbeatSince(t *testing.T) {
 		want    bool
 		updated bool // a re-apply without a version (its reported one is not a tag)
 	}{
-		{"never heartbeated", store.RunnerStatus{}, "", false},
-		{"install: heartbeat after the apply", store.RunnerStatus{LastHeartbeatAt: &after, Version: "dev"}, "", true},
-		{"install resumed: heartbeat before the apply", store.RunnerStatus{LastHeartbeatAt: &before, Version: "dev"}, "", true},
-		{"re-apply: only the old Pod's heartbeat, before", store.RunnerStatus{LastHeartbeatAt: &before, Version: "v2"}, "v2", false},
-		{"re-apply: the old Pod heartbeats on after the apply", store.RunnerStatus{LastHeartbeatAt: &after, Version: "v1"}, "v2", false},
-		{"re-apply: the new Pod heartbeats", store.RunnerStatus{LastHeartbeatAt: &after, Version: "v2"}, "v2", true},
+		{"never heartbeated", store.RunnerStatus{}, "", false, false},
+		{"install: heartbeat after the apply", store.RunnerStatus{LastHeartbeatAt: &after, Version: "dev"}, "", true, false},
+		{"install resumed: heartbeat before the apply", store.RunnerStatus{LastHeartbeatAt: &before, Version: "dev"}, "", true, false},
+		{"re-apply: only the old Pod's heartbeat, before", store.RunnerStatus{LastHeartbeatAt: &before, Version: "v2"}, "v2", false, false},
+		{"re-apply: the old Pod heartbeats on after the apply", store.RunnerStatus{LastHeartbeatAt: &after, Version: "v1"}, "v2", false, false},
+		{"re-apply: the new Pod heartbeats", store.RunnerStatus{LastHeartbeatAt: &after, Version: "v2"}, "v2", true, false},
 		{"re-apply, no version: heartbeat before", store.RunnerStatus{LastHeartbeatAt: &before, Version: "dev+dirty"}, "", false, true},
 		{"re-apply, no version: heartbeat after", store.RunnerStatus{LastHeartbeatAt: &after, Version: "dev+dirty"}, "", true, true},
 	} {
