@@ -27,11 +27,13 @@ import (
 // is in the store, so a restarted control plane re-drives the INSTALLING ones
 // (ResumeInstalls): applying is idempotent (server-side apply).
 //
-// An update of an installed runner (:applyAvailableUpdate, a rollout step: UpdateStarted)
-// re-applies the same way: the record goes INSTALLING again, the goroutine applies the
-// whole object set with the current InstallConfig and the runner image tagged with the
-// update's version (runnerImage), and the record goes INSTALLED (the runner has
-// heartbeated) or FAILED with the reason. While the record is not INSTALLED the runner's
+// An update of an installed runner (:applyAvailableUpdate, a rollout step: UpdateStarting
+// before its desired version is written, UpdateStarted after) re-applies the same way: the
+// record goes INSTALLING again, the goroutine applies the whole object set with the current
+// InstallConfig and the runner image tagged with the update's version (runnerImage), and
+// the record goes INSTALLED once the new Pod heartbeats (heartbeatSince: since the apply,
+// on that version) or FAILED with the reason; an update that comes meanwhile applies again
+// (the install generation). While the record is not INSTALLED the runner's
 // heartbeats carry no desired version (Heartbeat), so it does not move its image by itself
 // ahead of (or without) its objects: a failed re-apply leaves it on its version, FAILED,
 // and the update step ends at its deadline.
