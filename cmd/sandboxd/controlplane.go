@@ -98,8 +98,9 @@ func (c controlPlaneConfig) run() error {
 	if !c.noRollout {
 		rc := c.rolloutConfig()
 		// A step's start re-applies an installed runner's objects (after ResumeInstalls:
-		// its re-apply runs under ctx).
-		rc.Store, rc.Targets, rc.Started, rc.Logger = rollout.FromStore(st), cp.ChannelTargets, cp.UpdateStarted, logger
+		// its re-apply runs under ctx); its install record goes INSTALLING before the step
+		// is written.
+		rc.Store, rc.Targets, rc.Starting, rc.Started, rc.Logger = rollout.FromStore(st), cp.ChannelTargets, cp.UpdateStarting, cp.UpdateStarted, logger
 		ctl, err := rollout.New(rc)
 		if err != nil {
 			return err

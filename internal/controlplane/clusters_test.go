@@ -227,6 +227,7 @@ type fakeTarget struct {
 	nsDeleted   []string                     // namespaced Kind/namespace/name (DeleteNamespaced)
 	runnerArgs  []string                     // the last applied Deployment's runner args
 	runnerImage string                       // and its image
+	deployments int                          // Deployments applied
 }
 
 func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
@@ -246,6 +247,7 @@ func (f *fakeTarget) Apply(_ context.Context, obj runtime.Object) error {
 	if d, ok := obj.(*appsv1.Deployment); ok {
 		f.runnerArgs = slices.Clone(d.Spec.Template.Spec.Containers[0].Args)
 		f.runnerImage = d.Spec.Template.Spec.Containers[0].Image
+		f.deployments++
 	}
 	f.applied = append(f.applied, kind+"/"+m.GetName())
 	return nil
@@ -810,12 +812,19 @@ func (b *clusterBed) installedRunner(t *testing.T, id, cluster, version string) 
 	}
 }
 
-// update applies runner id's available update (:applyAvailableUpdate) and waits for its
-// re-apply to end; it returns the install record.
+// update applies runner id's available update (:applyAvailableUpdate), has its new Pod
+// heartbeat on the update's version once the re-apply applied its Deployment (a refused
+// re-apply applies none), and waits for the re-apply to end; it returns the install record.
 func (b *clusterBed) update(t *testing.T, id string) store.Install {
 	t.Helper()
-	if _, err := b.svc.ApplyAvailableUpdate(b.platform, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: id})); err != nil {
+	n := b.deploymentsApplied()
+	out, err := b.svc.ApplyAvailableUpdate(b.platform, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: id}))
+	if err != nil {
 		t.Fatal(err)
+	}
+	b.waitTarget(t, func(f *fakeTarget) bool { return f.deployments > n || b.installState(t, id) == store.InstallFailed })
+	if b.deploymentsApplied() > n {
+		b.heartbeat(t, id, out.Msg.GetStatus().GetDesiredVersion())
 	}
 	b.svc.WaitInstalls()
 	in, err := b.st.Installs().Get(t.Context(), "plat", id)
@@ -823,6 +832,28 @@ func (b *clusterBed) update(t *testing.T, id string) store.Install {
 		t.Fatal(err)
 	}
 	return in
+}
+
+func (b *clusterBed) deploymentsApplied() int {
+	b.target.mu.Lock()
+	defer b.target.mu.Unlock()
+	return b.target.deployments
+}
+
+func (b *clusterBed) installState(t *testing.T, id string) string {
+	in, err := b.st.Installs().Get(t.Context(), "plat", id)
+	if err != nil {
+		t.Error(err)
+	}
+	return in.State
+}
+
+// heartbeat records a heartbeat of runner id on version (now).
+func (b *clusterBed) heartbeat(t *testing.T, id, version string) {
+	t.Helper()
+	if err := b.st.Runners().RecordHeartbeat(t.Context(), "plat", id, store.RunnerStatus{Version: version, Ready: true, SelfUpdate: true}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // desired is the desired version runner id's heartbeat reply carries.
@@ -944,5 +975,116 @@ func TestUpdateReapplyFails(t *testing.T) {
 	}
 	if d := b.desired(t, "r1"); d != "v2" {
 		t.Fatalf("heartbeat after the fixed re-apply: desired %q, want v2", d)
+	}
+}
+
+// TestReapplyNeedsNewHeartbeat: an update's re-apply is INSTALLED only once the runner
+// heartbeats on the update's version after the apply; its earlier heartbeats, and the old
+// Pod's on its old version, do not count (a bad image or args would otherwise show
+// INSTALLED): it ends FAILED with CWSANDBOX_INSTALL_NO_HEARTBEAT, and the runner is never
+// told the version.
+func TestReapplyNeedsNewHeartbeat(t *testing.T) {
+	cfg := installCfg
+	cfg.HeartbeatTimeout = 2 * time.Second // what the re-apply waits for, in vain
+	b := newClusterBed(t, cfg, false)
+	b.add(t, "c1", "")
+	b.installedRunner(t, "r1", "c1", "v1")
+	b.restart(t, cfg, map[string]string{store.ChannelStable: "v2"})
+	n := b.deploymentsApplied()
+	if _, err := b.svc.ApplyAvailableUpdate(b.platform, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: "r1"})); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTarget(t, func(f *fakeTarget) bool { return f.deployments > n })
+	b.heartbeat(t, "r1", "v1") // the old Pod, after the apply
+	if st := b.get(t, b.platform, "r1"); st.GetInstallStatus() != controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING {
+		t.Fatalf("API status while the re-apply waits for the new Pod: %v", st.GetInstallStatus())
+	}
+	b.svc.WaitInstalls()
+	in, err := b.st.Installs().Get(t.Context(), "plat", "r1")
+	if err != nil || in.State != store.InstallFailed || in.Reason != apierr.InstallNoHeartbeat || !strings.Contains(in.Message, "v2") {
+		t.Fatalf("a re-apply whose runner never heartbeats on the new version: %+v %v", in, err)
+	}
+	if d := b.desired(t, "r1"); d != "" {
+		t.Fatalf("heartbeat after the failed re-apply: desired %q, want none", d)
+	}
+}
+
+// TestUpdateDuringReapply: an update started (a rollout step: UpdateStarting, the desired
+// version written, UpdateStarted) while a re-apply waits for its heartbeat re-applies with
+// the new version: the heartbeat of the Pod the first re-apply made does not make it
+// INSTALLED (else the runner would be told the new version and move its image alone).
+func TestUpdateDuringReapply(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	b.add(t, "c1", "")
+	b.installedRunner(t, "r1", "c1", "v1")
+	b.restart(t, installCfg, map[string]string{store.ChannelStable: "v2"})
+	ctx := t.Context()
+	n := b.deploymentsApplied()
+	if _, err := b.svc.ApplyAvailableUpdate(b.platform, connect.NewRequest(&controlplanev1.ApplyAvailableUpdateRequest{RunnerId: "r1"})); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTarget(t, func(f *fakeTarget) bool { return f.deployments > n && f.runnerImage == "runner:v2" })
+	n = b.deploymentsApplied()
+
+	// v3 comes, as a rollout step starts it.
+	r, err := b.st.Runners().Get(ctx, "plat", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.svc.UpdateStarting(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	v3 := "v3"
+	att := store.UpdateAttempt{From: "v1", To: v3, State: store.UpdateInProgress, StartedAt: time.Now(), Deadline: time.Now().Add(time.Hour)}
+	r, err = b.st.Runners().Update(ctx, "plat", "r1", r.Etag, store.RunnerUpdate{DesiredVersion: &v3, LastUpdate: &att})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.svc.UpdateStarted(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	b.heartbeat(t, "r1", "v2") // the first re-apply's Pod
+	b.waitTarget(t, func(f *fakeTarget) bool { return f.deployments > n })
+	b.target.mu.Lock()
+	img := b.target.runnerImage
+	b.target.mu.Unlock()
+	if img != "runner:v3" {
+		t.Fatalf("re-applied with %q, want runner:v3", img)
+	}
+	if st := b.installState(t, "r1"); st != store.InstallInstalling {
+		t.Fatalf("before the v3 Pod heartbeats: %s", st)
+	}
+	b.heartbeat(t, "r1", "v3")
+	b.svc.WaitInstalls()
+	if st := b.installState(t, "r1"); st != store.InstallInstalled {
+		t.Fatalf("after the v3 Pod heartbeats: %s", st)
+	}
+	if d := b.desired(t, "r1"); d != "v3" {
+		t.Fatalf("heartbeat after the re-apply: desired %q, want v3", d)
+	}
+}
+
+// TestUpdateStartingUndo: UpdateStarting records the re-apply (INSTALLING) before the
+// desired version is written, so no heartbeat hands the runner its version meanwhile; its
+// undo (the version was then not written) puts the record back.
+func TestUpdateStartingUndo(t *testing.T) {
+	b := newClusterBed(t, installCfg, false)
+	b.add(t, "c1", "")
+	b.installedRunner(t, "r1", "c1", "v1")
+	ctx := t.Context()
+	r, err := b.st.Runners().Get(ctx, "plat", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	undo, err := b.svc.UpdateStarting(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := b.installState(t, "r1"); st != store.InstallInstalling {
+		t.Fatalf("after UpdateStarting: %s", st)
+	}
+	undo()
+	if st := b.installState(t, "r1"); st != store.InstallInstalled {
+		t.Fatalf("after its undo: %s", st)
 	}
 }

@@ -27,11 +27,13 @@ import (
 // is in the store, so a restarted control plane re-drives the INSTALLING ones
 // (ResumeInstalls): applying is idempotent (server-side apply).
 //
-// An update of an installed runner (:applyAvailableUpdate, a rollout step: UpdateStarted)
-// re-applies the same way: the record goes INSTALLING again, the goroutine applies the
-// whole object set with the current InstallConfig and the runner image tagged with the
-// update's version (runnerImage), and the record goes INSTALLED (the runner has
-// heartbeated) or FAILED with the reason. While the record is not INSTALLED the runner's
+// An update of an installed runner (:applyAvailableUpdate, a rollout step: UpdateStarting
+// before its desired version is written, UpdateStarted after) re-applies the same way: the
+// record goes INSTALLING again, the goroutine applies the whole object set with the current
+// InstallConfig and the runner image tagged with the update's version (runnerImage), and
+// the record goes INSTALLED once the new Pod heartbeats (heartbeatSince: since the apply,
+// on that version) or FAILED with the reason; an update that comes meanwhile applies again
+// (the install generation). While the record is not INSTALLED the runner's
 // heartbeats carry no desired version (Heartbeat), so it does not move its image by itself
 // ahead of (or without) its objects: a failed re-apply leaves it on its version, FAILED,
 // and the update step ends at its deadline.
@@ -90,7 +92,10 @@ type installer struct {
 	mu      sync.Mutex
 	base    context.Context
 	running map[string]context.CancelFunc // org/runner -> its install's cancel
-	wg      sync.WaitGroup
+	// gen counts, by org/runner, the installs and update re-applies asked for (start, UpdateStarting):
+	// an install records INSTALLED only while the generation it applied for is current.
+	gen map[string]uint64
+	wg  sync.WaitGroup
 }
 
 func newInstaller(s *Service, cfg InstallConfig) *installer {
@@ -103,7 +108,7 @@ func newInstaller(s *Service, cfg InstallConfig) *installer {
 	if cfg.NewTarget == nil {
 		cfg.NewTarget = install.NewTarget
 	}
-	return &installer{s: s, cfg: cfg, base: context.Background(), running: map[string]context.CancelFunc{}}
+	return &installer{s: s, cfg: cfg, base: context.Background(), running: map[string]context.CancelFunc{}, gen: map[string]uint64{}}
 }
 
 // ResumeInstalls re-drives the installs a previous control plane left INSTALLING, and
@@ -157,10 +162,15 @@ func (s *Service) beginInstall(ctx context.Context, r store.Runner) (*store.Inst
 	return &in, nil
 }
 
+// start runs the runner's install (or re-apply), or, when one runs, has it apply again
+// once more (its generation moves on): an update started while an install or re-apply
+// waits for its heartbeat re-applies with the update's version instead of recording
+// INSTALLED for the version it applied before.
 func (in *installer) start(org, runnerID string) {
 	key := org + "/" + runnerID
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	in.gen[key]++
 	if _, ok := in.running[key]; ok {
 		return
 	}
@@ -169,14 +179,28 @@ func (in *installer) start(org, runnerID string) {
 	in.wg.Add(1)
 	go func() {
 		defer in.wg.Done()
-		defer func() {
+		defer cancel()
+		for {
 			in.mu.Lock()
-			delete(in.running, key)
+			g := in.gen[key]
 			in.mu.Unlock()
-			cancel()
-		}()
-		in.run(ctx, org, runnerID)
+			in.run(ctx, org, runnerID, g)
+			in.mu.Lock()
+			if in.gen[key] == g || ctx.Err() != nil {
+				delete(in.running, key)
+				in.mu.Unlock()
+				return
+			}
+			in.mu.Unlock()
+		}
 	}()
+}
+
+// current says whether g is still the runner's install generation.
+func (in *installer) current(org, runnerID string, g uint64) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.gen[org+"/"+runnerID] == g
 }
 
 // stop cancels the runner's install, if one runs.
@@ -227,15 +251,28 @@ func (in *installer) fail(ctx context.Context, rec store.Install, reason, msg st
 	in.s.log.Warn("runner install failed", "org", rec.Org, "runner", rec.RunnerID, "cluster", rec.ClusterID, "reason", reason, "err", msg)
 }
 
-func (in *installer) run(ctx context.Context, org, runnerID string) {
+// run applies the runner's objects for install generation g and waits for a heartbeat of
+// the Pod it applied (heartbeatSince): for an update's re-apply, one received since the
+// apply began, reporting the version the image was tagged with (the old Pod heartbeated
+// before, and may heartbeat on until the new one replaces it). It
+// records INSTALLED only while g is current; else it returns (start's loop applies again).
+func (in *installer) run(ctx context.Context, org, runnerID string, g uint64) {
 	rec, err := in.s.st.Installs().Get(ctx, org, runnerID)
 	if err != nil {
 		return // deleted meanwhile
 	}
-	if err := in.apply(ctx, rec); err != nil {
+	if rec.State != store.InstallInstalling { // applying again after a failure, for a newer update
+		rec.State, rec.Reason, rec.Message, rec.Hints = store.InstallInstalling, "", "", nil
+		if rec, err = in.s.st.Installs().Put(ctx, rec); err != nil {
+			return
+		}
+	}
+	appliedAt := in.s.now().UTC().Truncate(time.Microsecond) // as the store keeps heartbeat times
+	version, err := in.apply(ctx, rec)
+	if err != nil {
 		return
 	}
-	in.s.log.Info("runner objects applied; waiting for its first heartbeat", "org", org, "runner", runnerID, "namespace", rec.Namespace)
+	in.s.log.Info("runner objects applied; waiting for its heartbeat", "org", org, "runner", runnerID, "namespace", rec.Namespace, "version", version)
 	deadline := time.NewTimer(in.cfg.HeartbeatTimeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(time.Second)
@@ -245,23 +282,34 @@ func (in *installer) run(ctx context.Context, org, runnerID string) {
 		if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
 			return
 		}
-		if err == nil && r.Status.LastHeartbeatAt != nil {
-			rec.State, rec.Reason, rec.Message, rec.Hints = store.InstallInstalled, "", "", nil
-			if _, err := in.s.st.Installs().Put(ctx, rec); err == nil {
-				in.s.log.Info("runner installed: it heartbeats", "org", org, "runner", runnerID, "cluster", rec.ClusterID)
+		if err == nil && heartbeatSince(r, appliedAt, version) {
+			in.mu.Lock()
+			if in.gen[org+"/"+runnerID] == g {
+				rec.State, rec.Reason, rec.Message, rec.Hints = store.InstallInstalled, "", "", nil
+				if _, err := in.s.st.Installs().Put(ctx, rec); err == nil {
+					in.s.log.Info("runner installed: it heartbeats", "org", org, "runner", runnerID, "cluster", rec.ClusterID, "version", r.Status.Version)
+				}
 			}
+			in.mu.Unlock()
 			return
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-deadline.C:
-			in.fail(ctx, rec, reasonNoHeartbeat,
-				fmt.Sprintf("the runner's objects are applied but it did not heartbeat within %s", in.cfg.HeartbeatTimeout),
+			if !in.current(org, runnerID, g) {
+				return // an update came meanwhile: applied again
+			}
+			msg := fmt.Sprintf("the runner's objects are applied but it did not heartbeat within %s", in.cfg.HeartbeatTimeout)
+			if version != "" {
+				msg = fmt.Sprintf("the runner's objects are applied (image version %s) but it did not heartbeat on that version within %s (it reports %q)",
+					version, in.cfg.HeartbeatTimeout, r.Status.Version)
+			}
+			in.fail(ctx, rec, reasonNoHeartbeat, msg,
 				[]string{
 					fmt.Sprintf("look at the runner Pod in namespace %s of cluster %s (its events and logs)", rec.Namespace, rec.ClusterID),
 					fmt.Sprintf("the cluster must reach the control plane at %s (--install-control-plane-url) and pull %s (--install-runner-image)",
-						in.cfg.ControlPlaneAddress, in.cfg.RunnerImage),
+						in.cfg.ControlPlaneAddress, runnerImage(in.cfg.RunnerImage, version)),
 				})
 			return
 		case <-tick.C:
@@ -269,27 +317,37 @@ func (in *installer) run(ctx context.Context, org, runnerID string) {
 	}
 }
 
-// apply applies the runner's objects, bounded by ApplyTimeout; on failure it records why.
-func (in *installer) apply(ctx context.Context, rec store.Install) error {
+// heartbeatSince says whether runner r heartbeated on version (when not "": the version
+// its image was tagged with) and, for a runner updated before (a re-apply: it heartbeated
+// from its old Pod), at or after appliedAt. A first install's runner heartbeats only once
+// its objects are applied.
+func heartbeatSince(r store.Runner, appliedAt time.Time, version string) bool {
+	hb := r.Status.LastHeartbeatAt
+	return hb != nil && (version == "" || r.Status.Version == version) && (r.LastUpdate == nil || !hb.Before(appliedAt))
+}
+
+// apply applies the runner's objects, bounded by ApplyTimeout, and returns the version its
+// image is tagged with ("": --install-runner-image as it is); on failure it records why.
+func (in *installer) apply(ctx context.Context, rec store.Install) (string, error) {
 	cfg := in.cfg
 	if cfg.RunnerImage == "" || cfg.AgentImage == "" || cfg.ControlPlaneAddress == "" || in.s.ca == nil {
 		err := errors.New("the control plane is not configured to install runners")
 		in.fail(ctx, rec, reasonNotConfigured, err.Error(), []string{
 			"start `sandboxd controlplane` with --install-runner-image, --install-agent-image and --install-control-plane-url (the address the cluster reaches the control plane at)"})
-		return err
+		return "", err
 	}
 	// The flag was checked at start (--install-runtime-classes); a runner given classes it
 	// refuses would only crash-loop until CWSANDBOX_INSTALL_NO_HEARTBEAT.
 	if err := install.CheckRuntimeClasses(cfg.RuntimeClasses); err != nil {
 		in.fail(ctx, rec, reasonNotConfigured, "--install-runtime-classes: "+err.Error(), []string{
 			"start `sandboxd controlplane` with --install-runtime-classes as the runner's --runtime-classes takes it (e.g. runc=,gvisor=gvisor), or without it (runc only)"})
-		return err
+		return "", err
 	}
 	// Checked at start too (--install-egress with --install-runner-arg).
 	if err := install.CheckExtraArgs(cfg.Egress, cfg.ExtraArgs); err != nil {
 		in.fail(ctx, rec, reasonNotConfigured, "--install-runner-arg: "+err.Error(), []string{
 			"start `sandboxd controlplane` without --install-runner-arg values that set the egress flags --install-egress sets"})
-		return err
+		return "", err
 	}
 	actx, cancel := context.WithTimeout(ctx, cfg.ApplyTimeout)
 	defer cancel()
@@ -297,12 +355,12 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 	if err != nil {
 		in.fail(ctx, rec, reasonCredential, err.Error(), []string{
 			"the cluster's credential cannot be used: delete the cluster (after its runners) and add it again"})
-		return err
+		return "", err
 	}
 	secret, tok, err := NewBootstrapToken(in.s.ca.Certificate())
 	if err != nil {
 		in.fail(ctx, rec, reasonNotConfigured, err.Error(), nil)
-		return err
+		return "", err
 	}
 	// Valid as long as the install may wait for the runner, within the bootstrap maximum.
 	ttl := min(cfg.ApplyTimeout+cfg.HeartbeatTimeout+time.Minute, MaxBootstrapTokenTTL)
@@ -311,17 +369,18 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 		if !errors.Is(err, store.ErrNotFound) {
 			in.fail(ctx, rec, apierr.InstallFailed, err.Error(), nil)
 		}
-		return err
+		return "", err
 	}
 	r, err := in.s.st.Runners().Get(actx, rec.Org, rec.RunnerID)
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) {
 			in.fail(ctx, rec, apierr.InstallFailed, err.Error(), nil)
 		}
-		return err
+		return "", err
 	}
+	version := runnerVersion(r)
 	v := install.Values{
-		Org: rec.Org, RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: runnerImage(cfg.RunnerImage, r), AgentImage: cfg.AgentImage,
+		Org: rec.Org, RunnerID: rec.RunnerID, Namespace: rec.Namespace, Image: runnerImage(cfg.RunnerImage, version), AgentImage: cfg.AgentImage,
 		PullPolicy: corev1.PullPolicy(cfg.PullPolicy), SandboxImagePullPolicy: corev1.PullPolicy(cfg.SandboxPullPolicy),
 		ControlPlane: cfg.ControlPlaneAddress, BootstrapToken: secret, CAPEM: string(in.s.ca.CertPEM()),
 		BaseDomain: cfg.BaseDomain, StorageClass: cfg.StorageClass, ExtraArgs: cfg.ExtraArgs, PrepullImages: cfg.PrepullImages,
@@ -330,17 +389,59 @@ func (in *installer) apply(ctx context.Context, rec store.Install) error {
 	if err := install.Apply(actx, t, v); err != nil {
 		d := install.Diagnose(err)
 		in.fail(ctx, rec, d.Reason, err.Error(), d.Hints)
-		return err
+		return "", err
 	}
-	return nil
+	return version, nil
+}
+
+// UpdateStarting is called before runner r's update step writes its desired version
+// (ApplyAvailableUpdate, the rollout's Config.Starting): for a runner the control plane
+// installed, its install record goes INSTALLING first, so that no heartbeat hands the
+// runner the new version before its objects are re-applied (Heartbeat), and a running
+// install or re-apply no longer records INSTALLED for what it applied (its generation moves
+// on). undo is to be called if the desired version was then not written: it puts the record
+// back as it was (unless an install runs or another update came meanwhile).
+func (s *Service) UpdateStarting(ctx context.Context, r store.Runner) (undo func(), err error) {
+	in, err := s.st.Installs().Get(ctx, r.Org, r.RunnerID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return func() {}, nil
+	case err != nil:
+		return nil, fmt.Errorf("runner %s: read its install: %w", r.RunnerID, err)
+	}
+	key := r.Org + "/" + r.RunnerID
+	s.inst.mu.Lock()
+	s.inst.gen[key]++
+	g := s.inst.gen[key]
+	s.inst.mu.Unlock()
+	if in.State == store.InstallInstalling {
+		return func() {}, nil // its install runs (or is resumed at start) and applies again
+	}
+	prev := in
+	in.State, in.Reason, in.Message, in.Hints = store.InstallInstalling, "", "", nil
+	if _, err := s.st.Installs().Put(ctx, in); err != nil {
+		return nil, fmt.Errorf("runner %s: record its re-apply: %w", r.RunnerID, err)
+	}
+	return func() {
+		s.inst.mu.Lock()
+		defer s.inst.mu.Unlock()
+		if _, running := s.inst.running[key]; running || s.inst.gen[key] != g {
+			return
+		}
+		if _, err := s.st.Installs().Put(context.WithoutCancel(ctx), prev); err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.log.Warn("cannot put back a runner's install record after its update did not start", "runner", r.RunnerID, "err", err)
+		}
+	}, nil
 }
 
 // UpdateStarted re-applies the objects of runner r, whose update step was just started (its
 // desired_version written: ApplyAvailableUpdate, the rollout's Config.Started), with the
-// current install settings: its install record goes INSTALLING (the runner is told its
-// desired version only once it is INSTALLED again) and the installer applies as at an
-// install. A self-managed runner (no install record) is left alone, and so is one whose
-// install or re-apply is already running (it reads the desired version when it applies).
+// current install settings: its install record goes INSTALLING (UpdateStarting did, before
+// the desired version was written; the runner is told its desired version only once it is
+// INSTALLED again) and the installer applies as at an install, with the runner image tagged
+// with the desired version; the record goes INSTALLED once the runner heartbeats on that
+// version after the apply. An install or re-apply that runs already applies again (its
+// generation moved on). A self-managed runner (no install record) is left alone.
 func (s *Service) UpdateStarted(ctx context.Context, r store.Runner) error {
 	in, err := s.st.Installs().Get(ctx, r.Org, r.RunnerID)
 	switch {
@@ -376,21 +477,29 @@ func (s *Service) reapplyPending(ctx context.Context, r store.Runner) bool {
 	return in.State != store.InstallInstalled
 }
 
-// runnerImage is the image the runner's Deployment gets: ref (--install-runner-image)
-// tagged (as the runner's own self-update tags its image) with the version it is to run:
-// its desired version (the update being re-applied), else, for a runner the control plane
-// has updated before (its versions are image tags), the version it reports (a re-apply
-// resumed after its step ended must not move it back to ref's tag); else ref as it is (an
-// install).
-func runnerImage(ref string, r store.Runner) string {
-	v := r.DesiredVersion
-	if v == "" && r.LastUpdate != nil {
-		v = r.Status.Version
+// runnerVersion is the version runner r's image is to be tagged with (as the runner's own
+// self-update tags its image): its desired version (the update being re-applied), else, for
+// a runner whose last update succeeded to the version it reports (so that version is an
+// image tag), that version (a re-apply resumed after its step ended must not move it back
+// to --install-runner-image's tag); else "" (--install-runner-image as it is: an install,
+// or a runner whose reported version is not known to be a tag, e.g. after a failed update).
+func runnerVersion(r store.Runner) string {
+	if r.DesiredVersion != "" {
+		return r.DesiredVersion
 	}
-	if v == "" {
+	if lu := r.LastUpdate; lu != nil && lu.State == store.UpdateSucceeded && lu.To == r.Status.Version {
+		return r.Status.Version
+	}
+	return ""
+}
+
+// runnerImage is ref (--install-runner-image) tagged with version (runnerVersion), or ref
+// as it is when version is "".
+func runnerImage(ref, version string) string {
+	if version == "" {
 		return ref
 	}
-	return release.ImageWithTag(ref, v)
+	return release.ImageWithTag(ref, version)
 }
 
 // uninstall removes what the control plane installed for r: its namespace, with
@@ -461,7 +570,9 @@ const namespaceGetFailed = "get Namespace "
 
 // installStatus fills st's install fields from the runner's install record (none:
 // self-managed). An INSTALLING runner that has heartbeated shows INSTALLED even before
-// its install goroutine records it.
+// its install goroutine records it, if it was never updated (heartbeated: a first install;
+// an update's re-apply is INSTALLED only once recorded, as the old Pod's heartbeats say
+// nothing of the new one).
 func installStatus(st *controlplanev1.ManagedRunnerStatus, in *store.Install, heartbeated bool) {
 	if in == nil {
 		st.InstallStatus = controlplanev1.RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED
@@ -487,7 +598,7 @@ func (s *Service) withInstall(ctx context.Context, out *controlplanev1.ManagedRu
 	in, err := s.st.Installs().Get(ctx, org, out.GetRunnerId())
 	switch {
 	case err == nil:
-		installStatus(out.Status, &in, out.GetStatus().GetLastHeartbeatTime() != nil)
+		installStatus(out.Status, &in, out.GetStatus().GetLastHeartbeatTime() != nil && out.GetStatus().GetLastUpdateResult() == nil)
 	case !errors.Is(err, store.ErrNotFound):
 		s.log.Warn("cannot read a runner's install", "runner", out.GetRunnerId(), "err", err)
 	}

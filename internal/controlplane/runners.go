@@ -488,8 +488,13 @@ func (s *Service) ApplyAvailableUpdate(ctx context.Context, req *connect.Request
 	// step: it clears desired_version once the runner reports it and ready, or rolls the
 	// runner back when the deadline passes.
 	att := rollout.Attempt(cur.Status.Version, target, s.now(), s.deadline)
+	undo, err := s.UpdateStarting(ctx, cur)
+	if err != nil {
+		return nil, runnerErr(id, "", err)
+	}
 	out, err := s.st.Runners().Update(ctx, org, id, etag, store.RunnerUpdate{DesiredVersion: &target, LastUpdate: &att})
 	if err != nil {
+		undo()
 		return nil, runnerErr(id, "", err)
 	}
 	s.log.Info("runner update applied", "org", org, "runner", id, "from", cur.Status.Version, "to", target, "deadline", att.Deadline)

@@ -118,7 +118,13 @@ type Config struct {
 	// (controlplane.Service.UpdateStarted). Its error fails the tick (logged); the step
 	// stands.
 	Started func(ctx context.Context, r store.Runner) error
-	Logger  *slog.Logger
+	// Starting, when set, is called with each runner (as read) before the controller writes
+	// its step (controlplane.Service.UpdateStarting: an installed runner's install record
+	// goes INSTALLING first, so that no heartbeat hands it the version before its objects
+	// are re-applied). Its error skips the runner this tick (and fails the tick); undo is
+	// called when the step is then not written.
+	Starting func(ctx context.Context, r store.Runner) (undo func(), err error)
+	Logger   *slog.Logger
 }
 
 // Validate checks the configurable values (zero means the default) and says what is
@@ -268,7 +274,19 @@ func (c *Controller) Tick(ctx context.Context) error {
 				continue
 			}
 			att := Attempt(r.Status.Version, t, now, c.cfg.Deadline)
+			undo := func() {}
+			if c.cfg.Starting != nil {
+				u, err := c.cfg.Starting(ctx, r)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("runner %s/%s update starting: %w", r.Org, r.RunnerID, err))
+					continue
+				}
+				undo = u
+			}
 			started, err := c.cfg.Store.UpdateRunner(ctx, r.Org, r.RunnerID, r.Etag, store.RunnerUpdate{DesiredVersion: &t, LastUpdate: &att})
+			if err != nil {
+				undo()
+			}
 			if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 				continue // changed since read (an admin, another replica): the next tick sees it
 			}

@@ -438,21 +438,27 @@ func TestOldPodAfterSuccessDoesNotRestartTheStep(t *testing.T) {
 	wantMoving(t, b, "a", "a")
 }
 
-// TestStartedHook: Config.Started is called once per started step, with the runner as
-// written (its desired version set), and not for runners the tick leaves alone; its
-// error fails the tick, the step stands.
+// TestStartedHook: Config.Starting is called before each step is written (the runner as
+// read), Config.Started once per started step, with the runner as written (its desired
+// version set), and neither for runners the tick leaves alone; Started's error fails the
+// tick, the step stands.
 func TestStartedHook(t *testing.T) {
 	b := newBed(t)
 	b.runner("a")
 	b.runner("b")
 	b.target(store.ChannelRapid, "v1.1.0")
-	var started []string
+	var started, starting []string
+	undone := 0
 	fail := errors.New("re-apply refused")
 	c, err := rollout.New(rollout.Config{
 		Store: rollout.FromStore(b.st), Holder: "x", Batch: 1, Deadline: time.Minute, HeartbeatInterval: 5 * time.Second,
 		Now: b.clock, Logger: slog.New(slog.DiscardHandler),
 		Targets: func(context.Context) (map[string]string, error) {
 			return map[string]string{store.ChannelRapid: "v1.1.0"}, nil
+		},
+		Starting: func(_ context.Context, r store.Runner) (func(), error) {
+			starting = append(starting, r.RunnerID+"@"+r.DesiredVersion)
+			return func() { undone++ }, nil
 		},
 		Started: func(_ context.Context, r store.Runner) error {
 			started = append(started, r.RunnerID+"@"+r.DesiredVersion)
@@ -468,8 +474,52 @@ func TestStartedHook(t *testing.T) {
 	if !slices.Equal(started, []string{"a@v1.1.0"}) {
 		t.Fatalf("started %v, want a's step only (batch 1)", started)
 	}
+	if !slices.Equal(starting, []string{"a@"}) || undone != 0 {
+		t.Fatalf("starting %v (want a, before its desired version is written), undone %d", starting, undone)
+	}
 	wantMoving(t, b, "a", "a", "b")
 	if err := c.Tick(t.Context()); err != nil || len(started) != 1 {
 		t.Fatalf("a tick that starts nothing: %v, hook called for %v", err, started)
+	}
+}
+
+// TestStartingHookRefuses: a Starting error skips the runner (no step written, the tick
+// fails); a step that cannot be written (the runner changed since read) is undone.
+func TestStartingHookRefuses(t *testing.T) {
+	b := newBed(t)
+	b.runner("a")
+	b.target(store.ChannelRapid, "v1.1.0")
+	fail := errors.New("install record unreadable")
+	undone := 0
+	starting := func(_ context.Context, r store.Runner) (func(), error) { return nil, fail }
+	cfg := rollout.Config{
+		Store: rollout.FromStore(b.st), Holder: "x", Batch: 1, Deadline: time.Minute, HeartbeatInterval: 5 * time.Second,
+		Now: b.clock, Logger: slog.New(slog.DiscardHandler),
+		Targets: func(context.Context) (map[string]string, error) {
+			return map[string]string{store.ChannelRapid: "v1.1.0"}, nil
+		},
+		Starting: func(ctx context.Context, r store.Runner) (func(), error) { return starting(ctx, r) },
+	}
+	c, err := rollout.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Tick(t.Context()); !errors.Is(err, fail) {
+		t.Fatalf("tick: %v, want the hook's error", err)
+	}
+	wantMoving(t, b, "", "a")
+	// The runner changes between the read and the write: the step is not written, undone.
+	starting = func(ctx context.Context, r store.Runner) (func(), error) {
+		if err := b.st.Runners().RecordHeartbeat(ctx, r.Org, r.RunnerID, store.RunnerStatus{Version: "v1.0.0", Ready: true, SelfUpdate: true}); err != nil {
+			t.Fatal(err)
+		}
+		v := "v0.9.0"
+		if _, err := b.st.Runners().Update(ctx, r.Org, r.RunnerID, r.Etag, store.RunnerUpdate{DesiredVersion: &v}); err != nil {
+			t.Fatal(err)
+		}
+		return func() { undone++ }, nil
+	}
+	if err := c.Tick(t.Context()); err != nil || undone != 1 {
+		t.Fatalf("tick: %v, undone %d, want 1", err, undone)
 	}
 }

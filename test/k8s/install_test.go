@@ -201,44 +201,7 @@ func TestInstalledRunner(t *testing.T) {
 		ApplyTimeout:   time.Minute, HeartbeatTimeout: 3 * time.Minute,
 	})
 
-	// The apiserver's CA: the kubeconfig skips verification, which a registered cluster may
-	// not; Pods get it as kube-root-ca.crt.
-	root, err := admin.CoreV1().ConfigMaps(c.namespace).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM := root.Data["ca.crt"]
-	server := "https://" + net.JoinHostPort(host, "6443")
-	clusterID := "test-" + runnerID
-	if _, err := cp.clusters.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
-		ClusterId: clusterID, Server: server, Token: rc.BearerToken, CaPem: caPEM}})); err != nil {
-		t.Fatal(err)
-	}
-
-	// The data volume: a hostPath PersistentVolume for the claim the install makes (the test
-	// cluster has no provisioner), as TestChartRunner's.
-	dataDir := t.TempDir()
-	if err := os.Chown(dataDir, 65532, 65532); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: class},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName:              class,
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dataDir}},
-			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: install.ReleaseName},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		bg := context.Background()
-		_ = admin.CoreV1().Namespaces().Delete(bg, ns, metav1.DeleteOptions{})
-		_ = admin.CoreV1().PersistentVolumes().Delete(bg, class, metav1.DeleteOptions{})
-	})
+	clusterID, server, caPEM := installTarget(t, ctx, c, cp, admin, rc.BearerToken, host, runnerID, ns, class)
 
 	start := time.Now()
 	created, err := cp.runners.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
@@ -754,4 +717,49 @@ func unnameRootsGrant(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
 		out[i] = r
 	}
 	return out
+}
+
+// installTarget registers the test cluster for runner runnerID, whose namespace is ns, as
+// cluster test-RUNNER (a token credential with the apiserver's CA: the kubeconfig skips
+// verification, which a registered cluster may not; Pods get it as kube-root-ca.crt), and
+// makes its data volume: a hostPath PersistentVolume of storage class class for the claim
+// the install makes (the test cluster has no provisioner), as TestChartRunner's. Cleanup
+// deletes the namespace and the volume. It returns the cluster's ID, API server URL and CA.
+func installTarget(t *testing.T, ctx context.Context, c cluster, cp *installPlane, admin k8s.Interface,
+	token, host, runnerID, ns, class string) (clusterID, server, caPEM string) {
+	t.Helper()
+	root, err := admin.CoreV1().ConfigMaps(c.namespace).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM = root.Data["ca.crt"]
+	server = "https://" + net.JoinHostPort(host, "6443")
+	clusterID = "test-" + runnerID
+	if _, err := cp.clusters.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
+		ClusterId: clusterID, Server: server, Token: token, CaPem: caPEM}})); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	if err := os.Chown(dataDir, 65532, 65532); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: class},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName:              class,
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dataDir}},
+			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: install.ReleaseName},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = admin.CoreV1().Namespaces().Delete(bg, ns, metav1.DeleteOptions{})
+		_ = admin.CoreV1().PersistentVolumes().Delete(bg, class, metav1.DeleteOptions{})
+	})
+	return clusterID, server, caPEM
 }

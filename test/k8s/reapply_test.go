@@ -3,7 +3,6 @@ package k8s
 import (
 	"context"
 	"net"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -11,9 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/structpb"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
 
@@ -56,37 +53,7 @@ func TestInstalledRunnerReapply(t *testing.T) {
 	dir := t.TempDir()
 	cp := startInstallPlaneIn(t, ctx, dir, net.JoinHostPort(host, "0"), cfg, nil)
 
-	root, err := admin.CoreV1().ConfigMaps(c.namespace).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clusterID := "test-" + runnerID
-	if _, err := cp.clusters.AddCluster(ctx, connect.NewRequest(&controlplanev1.AddClusterRequest{Cluster: &controlplanev1.Cluster{
-		ClusterId: clusterID, Server: "https://" + net.JoinHostPort(host, "6443"), Token: rc.BearerToken, CaPem: root.Data["ca.crt"]}})); err != nil {
-		t.Fatal(err)
-	}
-	dataDir := t.TempDir()
-	if err := os.Chown(dataDir, 65532, 65532); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: class},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName:              class,
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dataDir}},
-			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: install.ReleaseName},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		bg := context.Background()
-		_ = admin.CoreV1().Namespaces().Delete(bg, ns, metav1.DeleteOptions{})
-		_ = admin.CoreV1().PersistentVolumes().Delete(bg, class, metav1.DeleteOptions{})
-	})
+	clusterID, _, _ := installTarget(t, ctx, c, cp, admin, rc.BearerToken, host, runnerID, ns, class)
 	if _, err := cp.runners.CreateManagedRunner(ctx, connect.NewRequest(&controlplanev1.CreateManagedRunnerRequest{ManagedRunner: &controlplanev1.ManagedRunner{
 		RunnerId: runnerID, ClusterId: clusterID, Zone: "test", ReleaseChannel: controlplanev1.ReleaseChannel_STABLE, Policy: &structpb.Struct{}}})); err != nil {
 		t.Fatal(err)

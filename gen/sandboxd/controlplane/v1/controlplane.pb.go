@@ -213,9 +213,11 @@ const (
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_SELF_MANAGED RunnerInstallStatus = 1
 	// The next three are for runners the control plane installs into a registered cluster.
 	// The control plane is applying the runner's objects (at install, or re-applying them
-	// at an update) or waiting for its first heartbeat.
+	// at an update) or waiting for its first heartbeat (at an update: the first heartbeat
+	// since the re-apply on the update's version).
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLING RunnerInstallStatus = 2
-	// The control plane installed the runner and it has heartbeated.
+	// The control plane installed the runner (or re-applied its objects) and it has
+	// heartbeated since.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_INSTALLED RunnerInstallStatus = 3
 	// The control plane could not install the runner, or re-apply its objects at an update.
 	RunnerInstallStatus_RUNNER_INSTALL_STATUS_FAILED RunnerInstallStatus = 4
