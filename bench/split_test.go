@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/pki"
 	"github.com/sandboxd/sandboxd/internal/runner"
 	"github.com/sandboxd/sandboxd/internal/runnerapi"
+	"github.com/sandboxd/sandboxd/internal/stack"
 )
 
 // serveGateway serves a gateway over rn on loopback (h2c) and returns a client of it with
@@ -72,30 +73,7 @@ func BenchmarkSplitExec(b *testing.B) {
 	s := newStack(b, 0)
 	ctx := context.Background()
 
-	ca, err := pki.LoadOrCreateCA(b.TempDir(), "bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	serverTLS, err := runnerapi.ServerTLSConfig(ca, "r1", []string{"127.0.0.1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	rsrv := runnerapi.NewServer("r1", s.Runner, nil).HTTPServer(serverTLS)
-	go func() { _ = rsrv.ServeTLS(ln, "", "") }()
-	b.Cleanup(func() { _ = rsrv.Close() })
-	clientTLS, err := runnerapi.ClientTLSConfig(ca, "bench", "r1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	remote, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: "r1", Addr: ln.Addr().String(), TLS: clientTLS})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(remote.Close)
+	remote := remoteRunner(b, s)
 
 	localGW, localID := serveGateway(b, runner.NewLocal("local", s.Runner))
 	splitGW, splitID := serveGateway(b, remote)
@@ -141,4 +119,36 @@ func BenchmarkSplitExec(b *testing.B) {
 	fmt.Printf("  %-40s p50 %6.2f  p99 %6.2f\n", "gateway → runner over mTLS (runnerapi)", s50, s99)
 	fmt.Printf("  the network hop adds %.2f ms at p50, %.2f ms at p99; gateway over mTLS adds %.2f ms to a direct exec at p50 (target < 2 ms)\n",
 		s50-l50, s99-l99, s50-d50)
+}
+
+// remoteRunner serves s's runner behind runnerapi over mTLS on loopback (runner ID r1)
+// and returns a client of it, as a gateway reaches a runner of its own process's
+// machine; both are closed at the benchmark's end.
+func remoteRunner(b *testing.B, s *stack.Stack) *runnerapi.Client {
+	b.Helper()
+	ca, err := pki.LoadOrCreateCA(b.TempDir(), "bench CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	serverTLS, err := runnerapi.ServerTLSConfig(ca, "r1", []string{"127.0.0.1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rsrv := runnerapi.NewServer("r1", s.Runner, nil).HTTPServer(serverTLS)
+	go func() { _ = rsrv.ServeTLS(ln, "", "") }()
+	b.Cleanup(func() { _ = rsrv.Close() })
+	clientTLS, err := runnerapi.ClientTLSConfig(ca, "bench", "r1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	remote, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: "r1", Addr: ln.Addr().String(), TLS: clientTLS})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(remote.Close)
+	return remote
 }

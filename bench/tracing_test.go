@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"syscall"
@@ -18,8 +17,6 @@ import (
 	sandboxv1 "github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1"
 	"github.com/sandboxd/sandboxd/gen/coreweave/sandbox/v1/sandboxv1connect"
 	"github.com/sandboxd/sandboxd/internal/metrics/counters"
-	"github.com/sandboxd/sandboxd/internal/pki"
-	"github.com/sandboxd/sandboxd/internal/runnerapi"
 	"github.com/sandboxd/sandboxd/internal/stack"
 	"github.com/sandboxd/sandboxd/internal/tracing"
 	"github.com/sandboxd/sandboxd/internal/tracing/jaegertest"
@@ -185,30 +182,7 @@ func newTracedStack(b *testing.B) *tracedStack {
 	s := newStack(b, 0)
 	ctx := context.Background()
 
-	ca, err := pki.LoadOrCreateCA(b.TempDir(), "bench CA")
-	if err != nil {
-		b.Fatal(err)
-	}
-	serverTLS, err := runnerapi.ServerTLSConfig(ca, "r1", []string{"127.0.0.1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	rsrv := runnerapi.NewServer("r1", s.Runner, nil).HTTPServer(serverTLS)
-	go func() { _ = rsrv.ServeTLS(ln, "", "") }()
-	b.Cleanup(func() { _ = rsrv.Close() })
-	clientTLS, err := runnerapi.ClientTLSConfig(ca, "bench", "r1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	remote, err := runnerapi.NewClient(runnerapi.ClientConfig{ID: "r1", Addr: ln.Addr().String(), TLS: clientTLS})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(remote.Close)
+	remote := remoteRunner(b, s)
 	gw, _ := serveGateway(b, remote)
 	// The execs' sandbox lives for an hour (the default lifetime, 10 minutes, is shorter
 	// than a run of 50 rounds on a loaded machine).
