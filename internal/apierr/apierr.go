@@ -293,7 +293,7 @@ var table = []reasonCode{
 	{CheckpointNotSupported, connect.CodeFailedPrecondition, "the sandbox's runtime class cannot be checkpointed here (pause releasing resources, fork); the message names one that can"},
 	{NodeAgentUnavailable, connect.CodeUnavailable, "on a Kubernetes runner, the node agent of the sandbox's node (pause, resume, checkpoint) cannot be reached now; RetryInfo says when to retry"},
 	{NodeAgentRefused, connect.CodeFailedPrecondition, "on a Kubernetes runner, the node agent of the sandbox's node refused the pause, resume or checkpoint (its reason is in the runner's log)"},
-	{CheckpointSpaceExhausted, connect.CodeResourceExhausted, "the checkpoint store (on a Kubernetes runner: the node agent's quota or free space on the sandbox's node) has no room for the checkpoint of a pause or fork; the sandbox is left as it was"},
+	{CheckpointSpaceExhausted, connect.CodeResourceExhausted, "the checkpoint store has no room for the checkpoint of a pause or fork (a local runner: its `--checkpoint-quota-bytes` or `--checkpoint-min-free-bytes`, named in the message; a Kubernetes runner: the node agent's quota or free space on the sandbox's node); the sandbox is left as it was"},
 	{ResourceCeilingExceeded, connect.CodeInvalidArgument, "every violation is a sandbox-wide resource ceiling (total_*)"},
 	{RunnerCapacityExhausted, connect.CodeResourceExhausted, "no runner has room now; RetryInfo says when to retry"},
 	{QuotaExceeded, connect.CodeResourceExhausted, "the organization's quota has no room for the create: metadata quota (sandboxes, cpu_millicores, memory_bytes), limit, current, requested"},
