@@ -118,13 +118,7 @@ func TestSecurityResumeForeignCheckpointAgentAway(t *testing.T) {
 func TestSecurityInterruptedPauseOtherPod(t *testing.T) {
 	agent := &fakeNodeAgent{}
 	cs, _ := pausedBeforeRestart(t, recoverSpec("p-a"), agent)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName("p-a"), Namespace: "sbx", UID: "uid-running",
-		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: "p-a", LabelRunner: "r1"}},
-		Spec:   corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: containerMain, Image: "reg.example/app:1"}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
-	if _, err := cs.CoreV1().Pods("sbx").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	sandboxPodOn(t, cs, "p-a", "uid-running", corev1.PodRunning)
 	b2 := backendOn(t, recoverCfg(agent), cs)
 	if _, err := b2.Recover(t.Context()); err != nil {
 		t.Fatal(err)
@@ -191,13 +185,7 @@ func TestRecoverPausedConfigChanged(t *testing.T) {
 func TestRecoverInterruptedPauseDeleteFails(t *testing.T) {
 	agent := &fakeNodeAgent{}
 	cs, _ := pausedBeforeRestart(t, recoverSpec("p-d"), agent)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName("p-d"), Namespace: "sbx", UID: "uid-p-d",
-		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: "p-d", LabelRunner: "r1"}},
-		Spec:   corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: containerMain, Image: "reg.example/app:1"}}},
-		Status: corev1.PodStatus{Phase: corev1.PodFailed}}
-	if _, err := cs.CoreV1().Pods("sbx").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	sandboxPodOn(t, cs, "p-d", "uid-p-d", corev1.PodFailed)
 	cs.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
 		return true, nil, apierrors.NewInternalError(errors.New("etcd away"))
 	})

@@ -265,13 +265,7 @@ func TestRecoverFinishesInterruptedPause(t *testing.T) {
 	agent := &fakeNodeAgent{}
 	cs, _ := pausedBeforeRestart(t, recoverSpec("p-int"), agent)
 	// The Pod the pause would have deleted, its processes ended by the checkpoint.
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName("p-int"), Namespace: "sbx", UID: "uid-p-int",
-		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: "p-int", LabelRunner: "r1"}},
-		Spec:   corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: containerMain, Image: "reg.example/app:1"}}},
-		Status: corev1.PodStatus{Phase: corev1.PodFailed}}
-	if _, err := cs.CoreV1().Pods("sbx").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	pod := sandboxPodOn(t, cs, "p-int", "uid-p-int", corev1.PodFailed)
 	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}
 	pull, err := cs.CoreV1().Secrets("sbx").Get(t.Context(), pullSecretName("p-int"), metav1.GetOptions{})
 	if err != nil {
@@ -298,4 +292,18 @@ func TestRecoverFinishesInterruptedPause(t *testing.T) {
 	if got := agent.deletedIDs(); len(got) != 0 {
 		t.Errorf("checkpoints deleted %v, want none", got)
 	}
+}
+
+// sandboxPodOn creates on cs the Pod of sandbox id this runner (r1) left on node-1 with
+// uid and phase (a pause cut short before its Pod was deleted, or a running one).
+func sandboxPodOn(t *testing.T, cs *fake.Clientset, id string, uid types.UID, phase corev1.PodPhase) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "sbx", UID: uid,
+		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: id, LabelRunner: "r1"}},
+		Spec:   corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: containerMain, Image: "reg.example/app:1"}}},
+		Status: corev1.PodStatus{Phase: phase}}
+	if _, err := cs.CoreV1().Pods("sbx").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return pod
 }
